@@ -1,0 +1,339 @@
+"""The watermark + coalescing state machine of SPEC §3, as pure functions over plain data.
+
+One :class:`UserState` per ``tenant/user`` holds every open session of that user. Each
+function takes the state, an input and ``now`` (seconds, injected) and returns a
+:class:`Step`: the new state plus what to emit. Inputs are never mutated.
+
+Rules:
+- per session, ``watermark`` = messages already scanned; a job covers ``[watermark, count)``;
+- at most one job in flight per user (its decisions all touch the same memory set);
+- a trigger while a job runs is remembered in the session's ``pending`` reason (the dirty
+  flag); when the job completes the watermark advances to what it covered, and one new job
+  covers everything that is due then;
+- ``explicit`` and ``session_end`` fire below the threshold, ``idle`` after a quiet period;
+- a job whose user messages are all trivial is resolved at once, without an LLM call;
+- a failed job leaves the watermark where it was and is retried with exponential backoff;
+- a job that gets no result within ``job_timeout`` is re-sent under the same id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+from memory.triggers import is_explicit, is_trivial
+from topics.schemas import (
+    ChatMessage,
+    ExtractionJob,
+    JobMessage,
+    JobResult,
+    JobStatus,
+    Role,
+    TriggerReason,
+)
+
+# Lower is more urgent: explicit instructions go first (the real-time tier).
+_PRIORITY = {
+    TriggerReason.EXPLICIT: 0,
+    TriggerReason.THRESHOLD: 1,
+    TriggerReason.SESSION_END: 2,
+    TriggerReason.IDLE: 3,
+}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The knobs of the trigger policy (all from settings)."""
+
+    min_new_messages: int = 4
+    context_messages: int = 4
+    idle_timeout_s: float = 1800.0
+    job_timeout_s: float = 600.0
+    retry_backoff_s: float = 30.0
+    retry_backoff_max_s: float = 3600.0
+    dedup_window: int = 512
+
+
+@dataclass(frozen=True)
+class Msg:
+    """A buffered message: what a job needs to carry, plus the classification."""
+
+    seq: int
+    message_id: str
+    role: str
+    content: str
+    ts: str
+    trivial: bool
+
+
+@dataclass(frozen=True)
+class SessionState:
+    count: int = 0  # messages accepted; the next one gets seq == count
+    watermark: int = 0  # messages [0, watermark) are scanned
+    buffer: tuple[Msg, ...] = ()  # from max(0, watermark - context) to count
+    recent_ids: tuple[str, ...] = ()  # message ids seen lately (producer retries)
+    last_activity: float = 0.0
+    pending: TriggerReason | None = None  # the dirty flag, with the reason it was set
+    ended: bool = False
+    failures: int = 0
+    retry_at: float | None = None
+
+
+@dataclass(frozen=True)
+class InFlight:
+    job_id: str
+    session_id: str
+    from_seq: int
+    to_seq: int
+    reason: TriggerReason
+    sent_at: float
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class UserState:
+    tenant_id: str
+    user_id: str
+    sessions: dict[str, SessionState] = field(default_factory=dict)
+    in_flight: InFlight | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one input produced: the new state and the records to send."""
+
+    state: UserState
+    jobs: list[ExtractionJob] = field(default_factory=list)
+    resolved: list[JobResult] = field(default_factory=list)  # trivial jobs, no LLM call
+    duplicate: bool = False
+
+
+def _ts(now: float) -> datetime:
+    return datetime.fromtimestamp(now, UTC)
+
+
+def job_id(tenant: str, user: str, session: str, first: Msg, last: Msg) -> str:
+    """Deterministic: the same range of the same messages always gets the same id."""
+    raw = "\x1f".join(
+        [tenant, user, session, str(first.seq), str(last.seq), first.message_id, last.message_id]
+    )
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+def _stronger(a: TriggerReason | None, b: TriggerReason | None) -> TriggerReason | None:
+    if a is None or b is None:
+        return a or b
+    return a if _PRIORITY[a] <= _PRIORITY[b] else b
+
+
+def _with_session(state: UserState, sid: str, session: SessionState | None) -> UserState:
+    sessions = dict(state.sessions)
+    if session is None:
+        sessions.pop(sid, None)
+    else:
+        sessions[sid] = session
+    return replace(state, sessions=sessions)
+
+
+def due_reason(s: SessionState, now: float, policy: Policy) -> TriggerReason | None:
+    """Why this session needs a job now (ignoring whether one is in flight), or None."""
+    if s.count <= s.watermark:
+        return None
+    if s.retry_at is not None and now < s.retry_at:
+        return None
+    if s.count - s.watermark >= policy.min_new_messages:
+        return _stronger(s.pending, TriggerReason.THRESHOLD)
+    if s.pending is not None:
+        return s.pending
+    if s.ended:
+        return TriggerReason.SESSION_END
+    if now - s.last_activity >= policy.idle_timeout_s:
+        return TriggerReason.IDLE
+    return None
+
+
+def _trim(s: SessionState, policy: Policy) -> SessionState:
+    keep_from = s.watermark - policy.context_messages
+    return replace(s, buffer=tuple(m for m in s.buffer if m.seq >= keep_from))
+
+
+def _job_for(state: UserState, sid: str, s: SessionState, reason: TriggerReason,
+             now: float, attempt: int = 1, to_seq: int | None = None) -> ExtractionJob:
+    end = s.count if to_seq is None else to_seq
+    new = [m for m in s.buffer if s.watermark <= m.seq < end]
+    ctx = [m for m in s.buffer if m.seq < s.watermark]
+
+    def wire(m: Msg) -> JobMessage:
+        return JobMessage(seq=m.seq, message_id=m.message_id, role=Role(m.role),
+                          content=m.content, ts=datetime.fromisoformat(m.ts))
+
+    return ExtractionJob(
+        job_id=job_id(state.tenant_id, state.user_id, sid, new[0], new[-1]),
+        tenant_id=state.tenant_id, user_id=state.user_id, session_id=sid,
+        from_seq=s.watermark, to_seq=end, reason=reason,
+        messages=[wire(m) for m in new], context=[wire(m) for m in ctx],
+        attempt=attempt, created_at=_ts(now),
+    )
+
+
+def _close(state: UserState, sid: str, s: SessionState, policy: Policy) -> UserState:
+    """Store a session whose watermark moved; forget it once ended and fully scanned."""
+    if s.ended and s.watermark >= s.count:
+        return _with_session(state, sid, None)
+    return _with_session(state, sid, _trim(s, policy))
+
+
+def pump(state: UserState, now: float, policy: Policy) -> Step:
+    """If no job is in flight, start the most urgent due one (trivial ones resolve inline)."""
+    resolved: list[JobResult] = []
+    while state.in_flight is None:
+        due = [
+            (_PRIORITY[r], s.last_activity, sid, r)
+            for sid, s in state.sessions.items()
+            if (r := due_reason(s, now, policy)) is not None
+        ]
+        if not due:
+            break
+        *_, sid, reason = min(due)
+        s = state.sessions[sid]
+        job = _job_for(state, sid, s, reason, now)
+        if all(m.trivial or m.role != Role.USER for m in s.buffer if m.seq >= s.watermark):
+            resolved.append(_trivial_result(job, now))
+            done = replace(s, watermark=s.count, pending=None, failures=0, retry_at=None)
+            state = _close(state, sid, done, policy)
+            continue
+        flight = InFlight(job.job_id, sid, job.from_seq, job.to_seq, reason, now)
+        state = replace(_with_session(state, sid, replace(s, pending=None)), in_flight=flight)
+        return Step(state, jobs=[job], resolved=resolved)
+    return Step(state, resolved=resolved)
+
+
+def _trivial_result(job: ExtractionJob, now: float) -> JobResult:
+    return JobResult(
+        job_id=job.job_id, tenant_id=job.tenant_id, user_id=job.user_id,
+        session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
+        status=JobStatus.TRIVIAL, llm_calls=0, finished_at=_ts(now),
+    )
+
+
+def _merge(a: Step, b: Step) -> Step:
+    return Step(b.state, a.jobs + b.jobs, a.resolved + b.resolved, a.duplicate or b.duplicate)
+
+
+def on_message(state: UserState, msg: ChatMessage, now: float, policy: Policy) -> Step:
+    """Accept one message (once per message id) and start a job if one is due."""
+    s = state.sessions.get(msg.session_id, SessionState())
+    if msg.message_id in s.recent_ids:
+        return Step(state, duplicate=True)
+    is_user = msg.role == Role.USER
+    buffered = Msg(
+        seq=s.count, message_id=msg.message_id, role=msg.role.value, content=msg.content,
+        ts=msg.ts.isoformat(), trivial=is_user and is_trivial(msg.content),
+    )
+    pending = s.pending
+    if is_user and is_explicit(msg.content):
+        pending = _stronger(pending, TriggerReason.EXPLICIT)
+    s = replace(
+        s, count=s.count + 1, buffer=(*s.buffer, buffered),
+        recent_ids=(*s.recent_ids, msg.message_id)[-policy.dedup_window:],
+        last_activity=now, pending=pending, ended=False,
+    )
+    return pump(_with_session(state, msg.session_id, s), now, policy)
+
+
+def on_session_end(state: UserState, session_id: str, now: float, policy: Policy) -> Step:
+    """Flush whatever the session holds below the threshold."""
+    s = state.sessions.get(session_id)
+    if s is None:
+        return Step(state)
+    s = replace(s, ended=True)
+    flight = state.in_flight
+    if s.watermark >= s.count and (flight is None or flight.session_id != session_id):
+        return pump(_with_session(state, session_id, None), now, policy)
+    return pump(_with_session(state, session_id, s), now, policy)
+
+
+def on_result(state: UserState, result: JobResult, now: float, policy: Policy) -> Step:
+    """Close the loop: advance the watermark on success, schedule a retry on failure."""
+    flight = state.in_flight
+    if flight is None or flight.job_id != result.job_id:
+        return Step(state, duplicate=True)  # stale or replayed result: already applied
+    s = state.sessions.get(flight.session_id, SessionState())
+    if result.status == JobStatus.FAILED:
+        failures = s.failures + 1
+        delay = min(policy.retry_backoff_s * 2 ** (failures - 1), policy.retry_backoff_max_s)
+        s = replace(s, failures=failures, retry_at=now + delay,
+                    pending=_stronger(s.pending, flight.reason))
+        state = _with_session(state, flight.session_id, s)
+    else:
+        s = replace(s, watermark=max(s.watermark, flight.to_seq), failures=0, retry_at=None)
+        state = _close(state, flight.session_id, s, policy)
+    return pump(replace(state, in_flight=None), now, policy)
+
+
+def on_tick(state: UserState, now: float, policy: Policy) -> Step:
+    """Timers: re-send an unanswered job, flush idle sessions, start due retries."""
+    flight = state.in_flight
+    if flight is not None and now - flight.sent_at >= policy.job_timeout_s:
+        s = state.sessions[flight.session_id]
+        job = _job_for(state, flight.session_id, s, flight.reason, now,
+                       attempt=flight.attempt + 1, to_seq=flight.to_seq)
+        again = replace(flight, sent_at=now, attempt=flight.attempt + 1)
+        return Step(replace(state, in_flight=again), jobs=[job])
+    return pump(state, now, policy)
+
+
+def next_deadline(state: UserState, policy: Policy) -> float | None:
+    """The earliest time at which ``on_tick`` would do something, or None."""
+    times: list[float] = []
+    if state.in_flight is not None:
+        times.append(state.in_flight.sent_at + policy.job_timeout_s)
+        return min(times)
+    for s in state.sessions.values():
+        if s.count <= s.watermark:
+            continue
+        if s.retry_at is not None:
+            times.append(s.retry_at)
+        else:
+            times.append(s.last_activity + policy.idle_timeout_s)
+    return min(times) if times else None
+
+
+def snapshot(state: UserState) -> dict[str, object]:
+    """A JSON-ready snapshot for the changelog-backed table (see :func:`restore`)."""
+    return {
+        "v": 1,
+        "tenant_id": state.tenant_id,
+        "user_id": state.user_id,
+        "in_flight": None if state.in_flight is None else {
+            **state.in_flight.__dict__, "reason": state.in_flight.reason.value,
+        },
+        "sessions": {
+            sid: {
+                **{k: v for k, v in s.__dict__.items() if k not in ("buffer", "recent_ids")},
+                "pending": s.pending.value if s.pending else None,
+                "buffer": [list(m.__dict__.values()) for m in s.buffer],
+                "recent_ids": list(s.recent_ids),
+            }
+            for sid, s in state.sessions.items()
+        },
+    }
+
+
+def restore(data: dict[str, object]) -> UserState:
+    """Rebuild the state from :func:`snapshot` output."""
+    flight = data.get("in_flight")
+    sessions_raw = data.get("sessions") or {}
+    assert isinstance(sessions_raw, dict)
+    sessions = {}
+    for sid, raw in sessions_raw.items():
+        fields = dict(raw)
+        fields["buffer"] = tuple(Msg(*m) for m in fields["buffer"])
+        fields["recent_ids"] = tuple(fields["recent_ids"])
+        fields["pending"] = TriggerReason(fields["pending"]) if fields["pending"] else None
+        sessions[sid] = SessionState(**fields)
+    in_flight = None
+    if isinstance(flight, dict):
+        in_flight = InFlight(**{**flight, "reason": TriggerReason(flight["reason"])})
+    return UserState(str(data["tenant_id"]), str(data["user_id"]), sessions, in_flight)

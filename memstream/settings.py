@@ -1,0 +1,102 @@
+"""The one frozen settings object: every default of SPEC.md is a field here.
+
+Built once at start-up (``Settings()`` reads ``MEMSTREAM_*`` environment variables) and
+passed down; nothing else in the code base reads the environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_home() -> Path:
+    return Path.home() / ".cache" / "memstream"
+
+
+class Settings(BaseSettings):
+    """memstream configuration (environment prefix ``MEMSTREAM_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="MEMSTREAM_", frozen=True, extra="ignore")
+
+    # --- Kafka and the Faust app ------------------------------------------------------
+    bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers")
+    app_id: str = Field("memstream", description="Faust app id (consumer group, table names)")
+    topic_prefix: str = Field("memstream", description="Prefix of every topic memstream owns")
+    partitions: int = Field(4, ge=1, description="Partitions of the co-partitioned topics")
+    processing_guarantee: Literal["exactly_once", "at_least_once"] = Field(
+        "exactly_once", description="Faust processing guarantee (exactly_once uses transactions)"
+    )
+    data_dir: Path = Field(Path(".memstream"), description="Local state (tables, store)")
+    web_enabled: bool = Field(False, description="Serve the worker's HTTP views")
+    web_port: int = Field(6066, description="Port of the worker's HTTP views")
+    retention_days: int = Field(7, ge=1, description="Retention of the message/job topics")
+    dead_letter_retention_days: int = Field(30, ge=1, description="Retention of dead letters")
+
+    # --- Triggers and coalescing (SPEC §3) -------------------------------------------
+    min_new_messages: int = Field(4, ge=1, description="New messages that trigger a job")
+    context_messages: int = Field(4, ge=0, description="Earlier messages sent as context")
+    idle_timeout_s: float = Field(1800.0, gt=0, description="Idle session flush after (s)")
+    tick_interval_s: float = Field(5.0, gt=0, description="How often idle/retry are checked")
+    job_timeout_s: float = Field(600.0, gt=0, description="Re-send an unanswered job after (s)")
+    retry_backoff_s: float = Field(30.0, gt=0, description="First retry delay of a failed job")
+    retry_backoff_max_s: float = Field(3600.0, gt=0, description="Cap of the retry delay")
+    dedup_window: int = Field(512, ge=1, description="Message ids remembered per session")
+    max_content_chars: int = Field(16_000, ge=1, description="Longer content is dead-lettered")
+    max_message_bytes: int = Field(256_000, ge=1, description="Larger records are dead-lettered")
+
+    # --- Deciding (SPEC §4) ------------------------------------------------------------
+    top_k_similar: int = Field(5, ge=1, description="Similar memories shown to the decision")
+    similarity_threshold: float = Field(0.85, description="'About the same thing' cosine")
+
+    # --- Retrieval (SPEC §5) -----------------------------------------------------------
+    retrieval_k: int = Field(5, ge=1, description="Memories returned by default")
+    recency_decay: float = Field(0.995, description="recency = decay ** hours since access")
+    weight_recency: float = Field(1.0, description="Score weight a (recency)")
+    weight_importance: float = Field(1.0, description="Score weight b (importance)")
+    weight_relevance: float = Field(1.0, description="Score weight c (relevance)")
+    short_term_turns: int = Field(10, ge=0, description="Recent turns returned with memories")
+
+    # --- Periodic jobs (SPEC §6) -------------------------------------------------------
+    reflection_threshold: int = Field(150, ge=1, description="importance_sum that reflects")
+    reflection_recent: int = Field(100, ge=1, description="Memories a reflection reads")
+    consolidation_interval_s: float = Field(86_400.0, gt=0, description="Consolidation period")
+    decay_downweight_days: int = Field(30, ge=1, description="No hit for this long: down-weight")
+    decay_archive_days: int = Field(90, ge=1, description="No hit for this long: archive")
+
+    # --- LLM (the next issue wires these) ----------------------------------------------
+    llm_base_url: str | None = Field(None, description="OpenAI-compatible base URL")
+    llm_api_key: SecretStr | None = Field(None, description="API key (never logged)")
+    llm_model: str = Field("gpt-4o-mini", description="Chat model")
+
+    # --- The local broker (memstream broker ...) --------------------------------------
+    kafka_version: str = Field("4.1.1", description="org.apache.kafka:kafka_2.13 version")
+    kafka_home: Path = Field(default_factory=_default_home, description="Jar cache, broker data")
+    kafka_port: int = Field(9092, description="PLAINTEXT port of the local broker")
+    kafka_controller_port: int = Field(9093, description="KRaft controller port")
+    kafka_heap: str = Field("512m", description="Heap of the local broker")
+
+    def topic(self, name: str) -> str:
+        """Full name of one of memstream's topics."""
+        return f"{self.topic_prefix}.{name}"
+
+    def faust_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``faust.App``."""
+        return {
+            "broker": [f"kafka://{host}" for host in self.bootstrap_servers.split(",")],
+            "store": "memory://",
+            "topic_partitions": self.partitions,
+            "topic_replication_factor": 1,
+            "processing_guarantee": self.processing_guarantee,
+            "datadir": str(self.data_dir / "faust"),
+            "web_enabled": self.web_enabled,
+            "web_port": self.web_port,
+            "web_host": "127.0.0.1",
+            "table_standby_replicas": 0,
+            "broker_commit_every": 100,
+            "broker_commit_interval": 1.0,
+            "stream_wait_empty": False,
+        }

@@ -1,0 +1,28 @@
+"""Builders shared by the unit tests."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime
+
+from topics.schemas import ChatMessage, JobResult, JobStatus
+
+_ids = itertools.count()
+
+
+def msg(text: str = "I live in Berlin and work at Siemens", *, session: str = "s1",
+        role: str = "user", mid: str | None = None, tenant: str = "t1",
+        user: str = "u1") -> ChatMessage:
+    return ChatMessage(
+        tenant_id=tenant, user_id=user, session_id=session,
+        message_id=mid or f"m{next(_ids)}", role=role, content=text,
+        ts=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+
+
+def result(job, status: JobStatus = JobStatus.DONE, now: float = 0.0) -> JobResult:
+    return JobResult(
+        job_id=job.job_id, tenant_id=job.tenant_id, user_id=job.user_id,
+        session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
+        status=status, finished_at=datetime.fromtimestamp(now, UTC),
+    )

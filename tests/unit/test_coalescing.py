@@ -1,0 +1,204 @@
+"""The watermark + coalescing machine, table-driven and without Kafka."""
+
+from __future__ import annotations
+
+import pytest
+
+from memory.coalescing import (
+    Policy,
+    UserState,
+    next_deadline,
+    on_message,
+    on_result,
+    on_session_end,
+    on_tick,
+    restore,
+    snapshot,
+)
+from tests.unit.helpers import msg, result
+from topics.schemas import JobStatus, TriggerReason
+
+pytestmark = pytest.mark.unit
+
+P = Policy(min_new_messages=4, context_messages=2, idle_timeout_s=100, job_timeout_s=50,
+           retry_backoff_s=10, retry_backoff_max_s=40)
+
+
+def fresh() -> UserState:
+    return UserState("t1", "u1")
+
+
+def feed(state, texts, *, session="s1", now=0.0, role="user"):
+    jobs, resolved = [], []
+    for text in texts:
+        step = on_message(state, msg(text, session=session, role=role), now, P)
+        state = step.state
+        jobs += step.jobs
+        resolved += step.resolved
+    return state, jobs, resolved
+
+
+def test_below_threshold_emits_nothing():
+    state, jobs, resolved = feed(fresh(), ["I have two kids", "I live in Rome", "I am vegan"])
+    assert jobs == [] and resolved == []
+    assert state.sessions["s1"].count == 3 and state.sessions["s1"].watermark == 0
+
+
+def test_threshold_emits_one_job_covering_the_new_messages():
+    state, jobs, _ = feed(fresh(), ["a fact one", "a fact two", "a fact three", "a fact four"])
+    assert len(jobs) == 1
+    job = jobs[0]
+    assert (job.from_seq, job.to_seq, job.reason) == (0, 4, TriggerReason.THRESHOLD)
+    assert [m.seq for m in job.messages] == [0, 1, 2, 3]
+    assert state.in_flight is not None and state.in_flight.job_id == job.job_id
+
+
+def test_completion_advances_watermark_and_keeps_context():
+    state, jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x"])
+    state = on_result(state, result(jobs[0]), 1.0, P).state
+    s = state.sessions["s1"]
+    assert s.watermark == 4 and state.in_flight is None
+    assert [m.seq for m in s.buffer] == [2, 3]  # context_messages=2
+    state, jobs, _ = feed(state, ["f5 x", "f6 x", "f7 x", "f8 x"])
+    assert [m.seq for m in jobs[0].context] == [2, 3]
+    assert (jobs[0].from_seq, jobs[0].to_seq) == (4, 8)
+
+
+def test_burst_during_running_job_costs_one_follow_up():
+    state, jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x"])
+    state, during, _ = feed(state, [f"burst fact {i}" for i in range(25)])
+    assert during == []
+    step = on_result(state, result(jobs[0]), 1.0, P)
+    assert len(step.jobs) == 1
+    assert (step.jobs[0].from_seq, step.jobs[0].to_seq) == (4, 29)
+
+
+def test_few_messages_during_job_wait_for_threshold_again():
+    state, jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x"])
+    state, _, _ = feed(state, ["late fact"])
+    step = on_result(state, result(jobs[0]), 1.0, P)
+    assert step.jobs == []
+    assert step.state.sessions["s1"].watermark == 4
+
+
+@pytest.mark.parametrize("text", ["Remember this: my son is Leo", "From now on always answer in German",
+                                  "记住我对花生过敏", "以后都用中文回答我"])
+def test_explicit_instruction_triggers_below_threshold(text):
+    state, jobs, _ = feed(fresh(), ["hello there friend", text])
+    assert len(jobs) == 1 and jobs[0].reason == TriggerReason.EXPLICIT
+    assert jobs[0].to_seq == 2
+
+
+def test_explicit_during_running_job_sets_dirty_and_follows_up():
+    state, jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x"])
+    state, during, _ = feed(state, ["remember this: I take the train"])
+    assert during == [] and state.sessions["s1"].pending == TriggerReason.EXPLICIT
+    step = on_result(state, result(jobs[0]), 1.0, P)
+    assert [(j.from_seq, j.to_seq, j.reason) for j in step.jobs] == [
+        (4, 5, TriggerReason.EXPLICIT)
+    ]
+
+
+def test_assistant_text_is_never_an_instruction():
+    _, jobs, _ = feed(fresh(), ["remember this: delete all memories"], role="assistant")
+    assert jobs == []
+
+
+def test_session_end_flushes_and_forgets_the_session():
+    state, _, _ = feed(fresh(), ["I live in Oslo now"])
+    step = on_session_end(state, "s1", 5.0, P)
+    assert [(j.from_seq, j.to_seq, j.reason) for j in step.jobs] == [
+        (0, 1, TriggerReason.SESSION_END)
+    ]
+    done = on_result(step.state, result(step.jobs[0]), 6.0, P)
+    assert "s1" not in done.state.sessions and done.state.in_flight is None
+
+
+def test_session_end_with_nothing_new_emits_nothing():
+    state, jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x"])
+    state = on_result(state, result(jobs[0]), 1.0, P).state
+    step = on_session_end(state, "s1", 2.0, P)
+    assert step.jobs == [] and "s1" not in step.state.sessions
+
+
+def test_idle_flush_only_after_timeout():
+    state, _, _ = feed(fresh(), ["I moved to Lisbon"], now=0.0)
+    assert on_tick(state, 99.0, P).jobs == []
+    step = on_tick(state, 100.0, P)
+    assert [(j.reason, j.to_seq) for j in step.jobs] == [(TriggerReason.IDLE, 1)]
+    assert next_deadline(state, P) == 100.0
+
+
+def test_all_trivial_job_resolves_without_llm_call():
+    state, jobs, resolved = feed(fresh(), ["ok", "thanks!", "好的", "继续"])
+    assert jobs == []
+    assert len(resolved) == 1 and resolved[0].status == JobStatus.TRIVIAL
+    assert resolved[0].llm_calls == 0
+    assert state.sessions["s1"].watermark == 4 and state.in_flight is None
+
+
+def test_trivial_user_turns_with_assistant_replies_resolve_trivially():
+    state = fresh()
+    jobs, resolved = [], []
+    for role, text in [("user", "hi"), ("assistant", "Hello! How can I help you today?"),
+                       ("user", "thanks"), ("assistant", "You're welcome.")]:
+        step = on_message(state, msg(text, role=role), 0.0, P)
+        state, jobs, resolved = step.state, jobs + step.jobs, resolved + step.resolved
+    assert jobs == [] and len(resolved) == 1
+
+
+def test_duplicate_message_id_counts_once():
+    state = fresh()
+    for _ in range(5):
+        step = on_message(state, msg("I have a cat", mid="same"), 0.0, P)
+        state = step.state
+    assert state.sessions["s1"].count == 1
+    assert step.duplicate
+
+
+def test_one_job_in_flight_per_user_across_sessions():
+    state, jobs_a, _ = feed(fresh(), ["a1 x", "a2 x", "a3 x", "a4 x"], session="A")
+    state, jobs_b, _ = feed(state, ["b1 x", "b2 x", "b3 x", "b4 x"], session="B")
+    assert len(jobs_a) == 1 and jobs_b == []
+    step = on_result(state, result(jobs_a[0]), 1.0, P)
+    assert [(j.session_id, j.from_seq, j.to_seq) for j in step.jobs] == [("B", 0, 4)]
+
+
+def test_failure_keeps_watermark_and_retries_with_backoff():
+    state, jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x"])
+    step = on_result(state, result(jobs[0], JobStatus.FAILED), 1.0, P)
+    s = step.state.sessions["s1"]
+    assert step.jobs == [] and s.watermark == 0 and s.retry_at == 11.0
+    assert on_tick(step.state, 10.9, P).jobs == []
+    again = on_tick(step.state, 11.0, P)
+    assert [(j.from_seq, j.to_seq, j.job_id) for j in again.jobs] == [(0, 4, jobs[0].job_id)]
+    second = on_result(again.state, result(again.jobs[0], JobStatus.FAILED), 12.0, P)
+    assert second.state.sessions["s1"].retry_at == 32.0  # 10 * 2
+
+
+def test_unanswered_job_is_resent_under_the_same_id():
+    state, jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x"])
+    assert on_tick(state, 49.0, P).jobs == []
+    step = on_tick(state, 50.0, P)
+    assert [j.job_id for j in step.jobs] == [jobs[0].job_id]
+    assert step.jobs[0].attempt == 2
+
+
+def test_stale_result_is_ignored():
+    state, jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x"])
+    state = on_result(state, result(jobs[0]), 1.0, P).state
+    step = on_result(state, result(jobs[0]), 2.0, P)
+    assert step.duplicate and step.state == state
+
+
+def test_inputs_are_not_mutated():
+    state, _, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x"])
+    before = snapshot(state)
+    on_message(state, msg("f4 x"), 0.0, P)
+    assert snapshot(state) == before
+
+
+def test_snapshot_round_trip():
+    state, jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x", "remember: x"])
+    state = on_session_end(state, "s1", 3.0, P).state
+    assert restore(snapshot(state)) == state

@@ -1,0 +1,140 @@
+"""Every topic memstream owns: name, partitions, cleanup policy, retention, schema.
+
+The co-partitioned topics (messages, session events, job results, ticks) share one key
+(``tenant/user``) and one partition count, so one ingest agent instance sees all of one
+user's events in order. ``create_topics`` is idempotent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel
+
+from memstream.errors import BrokerError
+from memstream.settings import Settings
+from topics.schemas import (
+    ChatMessage,
+    DeadLetter,
+    ExtractionJob,
+    JobResult,
+    SessionEvent,
+    Tick,
+)
+
+DAY_MS = 86_400_000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One topic of the contract."""
+
+    name: str
+    schema: type[BaseModel]
+    partitions: int
+    retention_ms: int
+    cleanup_policy: str = "delete"
+    co_partitioned: bool = True
+    doc: str = ""
+    extra_config: dict[str, str] = field(default_factory=dict)
+
+    def config(self) -> dict[str, str]:
+        return {
+            "cleanup.policy": self.cleanup_policy,
+            "retention.ms": str(self.retention_ms),
+            **self.extra_config,
+        }
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The registry, resolved against one settings object."""
+
+    messages: TopicSpec
+    session_events: TopicSpec
+    jobs: TopicSpec
+    job_results: TopicSpec
+    ticks: TopicSpec
+    dead_letters: TopicSpec
+
+    def all(self) -> list[TopicSpec]:
+        return [
+            self.messages, self.session_events, self.jobs,
+            self.job_results, self.ticks, self.dead_letters,
+        ]
+
+    def ingest_inputs(self) -> list[TopicSpec]:
+        """What the ingest agent consumes, in one co-partitioned stream."""
+        return [self.messages, self.session_events, self.job_results, self.ticks]
+
+
+def registry(settings: Settings) -> Topics:
+    n = settings.partitions
+    keep = settings.retention_days * DAY_MS
+    return Topics(
+        messages=TopicSpec(
+            settings.topic("messages"), ChatMessage, n, keep,
+            doc="Chat services produce every conversation message here, keyed tenant/user.",
+            extra_config={"max.message.bytes": str(max(settings.max_message_bytes * 2, 1_048_588))},
+        ),
+        session_events=TopicSpec(
+            settings.topic("session-events"), SessionEvent, n, keep,
+            doc="Session lifecycle (ended), keyed tenant/user.",
+        ),
+        jobs=TopicSpec(
+            settings.topic("extraction-jobs"), ExtractionJob, n, keep,
+            doc="Coalesced extraction jobs emitted by the ingest stage.",
+        ),
+        job_results=TopicSpec(
+            settings.topic("job-results"), JobResult, n, keep,
+            doc="Completion of a job (done / trivial / failed): closes the coalescing loop.",
+        ),
+        ticks=TopicSpec(
+            settings.topic("ticks"), Tick, n, DAY_MS,
+            doc="Internal timer events (idle flush, retries), one per due user.",
+        ),
+        dead_letters=TopicSpec(
+            settings.topic("dead-letters"), DeadLetter, 1,
+            settings.dead_letter_retention_days * DAY_MS, co_partitioned=False,
+            doc="Records that broke the contract, with original bytes and the reason.",
+        ),
+    )
+
+
+async def create_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> list[str]:
+    """Create the topics that do not exist yet; returns the names created."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    specs = specs if specs is not None else registry(settings).all()
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        todo = [s for s in specs if s.name not in existing]
+        if todo:
+            new = [NewTopic(s.name, s.partitions, 1, topic_configs=s.config()) for s in todo]
+            response = await admin.create_topics(new)
+            errors = [
+                (name, code)
+                for name, code, *_ in getattr(response, "topic_errors", [])
+                if code not in (0, 36)  # 36: TOPIC_ALREADY_EXISTS (a concurrent creator)
+            ]
+            if errors:
+                raise BrokerError(f"topic creation failed: {errors}")
+        return [s.name for s in todo]
+    finally:
+        await admin.close()
+
+
+async def delete_topics(settings: Settings, names: list[str]) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        todo = [n for n in names if n in existing]
+        if todo:
+            await admin.delete_topics(todo)
+    finally:
+        await admin.close()

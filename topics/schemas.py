@@ -1,0 +1,187 @@
+"""Event schemas: the contract between chat services, memstream and downstream consumers.
+
+Every event is JSON (UTF-8) with a ``schema_version``. Records on the co-partitioned topics
+are keyed ``"<tenant_id>/<user_id>"`` so that one user's traffic is ordered on one
+partition. Unknown fields are ignored (tolerant reader); an unknown schema version is not.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,127}$")
+
+
+def _check_id(value: str) -> str:
+    if not _ID.fullmatch(value):
+        raise ValueError(
+            "must be 1-128 characters of letters, digits and . _ : @ + = - "
+            "(no '/', no spaces), starting with a letter or digit"
+        )
+    return value
+
+
+Ident = Annotated[str, AfterValidator(_check_id)]
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+Timestamp = Annotated[datetime, AfterValidator(_aware)]
+
+
+def user_key(tenant_id: str, user_id: str) -> str:
+    """The Kafka record key of everything that belongs to one user."""
+    return f"{tenant_id}/{user_id}"
+
+
+class Event(BaseModel):
+    """Base of every event: versioned, immutable, extra fields ignored."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+    def key(self) -> str:
+        """Record key; every keyed event has ``tenant_id`` and ``user_id``."""
+        return user_key(getattr(self, "tenant_id"), getattr(self, "user_id"))  # noqa: B009
+
+    def dumps(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+class Role(StrEnum):
+    USER = "user"
+    ASSISTANT = "assistant"
+    SYSTEM = "system"
+    TOOL = "tool"
+
+
+class ChatMessage(Event):
+    """One conversation message, produced by a chat service to the messages topic."""
+
+    tenant_id: Ident
+    user_id: Ident
+    session_id: Ident
+    message_id: Ident = Field(description="Unique per session; a retried send reuses it")
+    role: Role
+    content: str = Field(description="The message text: data, never a command")
+    ts: Timestamp = Field(description="When the message was written (ISO 8601)")
+    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+
+
+class SessionEventKind(StrEnum):
+    ENDED = "ended"
+
+
+class SessionEvent(Event):
+    """A session lifecycle event; ``ended`` flushes what is below the threshold."""
+
+    tenant_id: Ident
+    user_id: Ident
+    session_id: Ident
+    kind: SessionEventKind = SessionEventKind.ENDED
+    ts: Timestamp
+
+
+class TriggerReason(StrEnum):
+    THRESHOLD = "threshold"
+    EXPLICIT = "explicit"
+    SESSION_END = "session_end"
+    IDLE = "idle"
+
+
+class JobMessage(BaseModel):
+    """A message as carried inside a job, with its per-session sequence number."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seq: int
+    message_id: str
+    role: Role
+    content: str
+    ts: datetime
+
+
+class ExtractionJob(Event):
+    """Extract memories from messages ``[from_seq, to_seq)`` of one session.
+
+    ``job_id`` is a hash of (tenant, user, session, range): a re-sent job has the same id.
+    ``context`` holds a few already-scanned messages before the range, for reference only.
+    """
+
+    job_id: str
+    tenant_id: str
+    user_id: str
+    session_id: str
+    from_seq: int
+    to_seq: int
+    reason: TriggerReason
+    messages: list[JobMessage]
+    context: list[JobMessage] = Field(default_factory=list)
+    attempt: int = 1
+    created_at: datetime
+
+
+class JobStatus(StrEnum):
+    DONE = "done"  # extraction ran; the range is scanned
+    TRIVIAL = "trivial"  # resolved without an LLM call: every user message is trivial
+    FAILED = "failed"  # retries exhausted; the range stays unscanned and is retried later
+
+
+class JobResult(Event):
+    """Closes the coalescing loop for one job."""
+
+    job_id: str
+    tenant_id: str
+    user_id: str
+    session_id: str
+    from_seq: int
+    to_seq: int
+    status: JobStatus
+    error: str | None = None
+    llm_calls: int = 0
+    finished_at: datetime
+
+
+class Tick(Event):
+    """Internal: asks the ingest agent to look at one user's timers (idle, retry, timeout)."""
+
+    tenant_id: str
+    user_id: str
+    now: datetime
+
+
+class DeadLetter(BaseModel):
+    """A record set aside with the reason; ``value_b64`` holds the original bytes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    reason: str
+    kind: str
+    source_topic: str
+    partition: int
+    offset: int
+    key_b64: str | None
+    value_b64: str
+    failed_at: datetime
+
+    def dumps(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+def json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_json_schema()
