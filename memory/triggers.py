@@ -18,19 +18,22 @@ _EXPLICIT_EN = re.compile(
     r"down|for future reference|always remember|never forget)",
     re.IGNORECASE,
 )
-_EXPLICIT_ZH = re.compile(r"(记住|记下|记一下|别忘了|不要忘记|以后都|以后请|以后一律|从现在开始|今后都)")
+_EXPLICIT_ZH = re.compile(
+    r"(记住|记下|记一下|别忘了|不要忘记|以后都|以后请|以后一律|从现在开始|今后都)"
+)
 
 # Latin acknowledgement / greeting words; a message made only of these is trivial.
 _TRIVIAL_WORDS = frozenset(
-    """ok okay okey k kk alright allright fine cool great nice good perfect awesome thanks thank
-    you thx ty tysm cheers much so very lot a continue go on proceed next more sure gotcha got
-    it understood noted hi hello hey hiya morning evening bye goodbye cya see later
-    lol haha hmm uh um ah oh wow yep yup np welcome""".split()
+    """ok okay okey k kk alright allright fine cool great nice good perfect awesome thanks
+    thank you thx ty tysm cheers much so very lot a continue go on proceed next more sure
+    gotcha got it understood noted hi hello hey hiya morning evening bye goodbye cya see
+    later lol haha hmm uh um ah oh wow np welcome""".split()
 )
 # CJK acknowledgement / greeting phrases, matched by segmentation (no spaces in Chinese).
 _TRIVIAL_CJK = frozenset(
-    """好的 好 好吧 好哒 嗯 嗯嗯 哦 噢 啊 呀 明白了 明白 懂了 知道了 了解 收到 继续 接着 接着说 请继续 你好 您好
-    早上好 晚上好 谢谢 谢谢你 谢谢您 多谢 感谢 再见 拜拜 行 可以 没问题 哈哈 哈 了 的 啦 呢 吧""".split()
+    """好的 好 好吧 好哒 嗯 嗯嗯 哦 噢 啊 呀 明白了 明白 懂了 知道了 了解 收到 继续 接着
+    接着说 请继续 你好 您好 早上好 晚上好 谢谢 谢谢你 谢谢您 多谢 感谢 再见 拜拜 行 可以
+    没问题 哈哈 哈 了 的 啦 呢 吧""".split()
 )
 _MAX_TRIVIAL_CHARS = 40
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import shutil
 import signal
@@ -132,7 +133,9 @@ def fetch_jars(paths: BrokerPaths, log4j: str = "2.24.3") -> Path:
     ]
     proc = subprocess.run(cmd, cwd=build, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise BrokerError(f"mvn could not resolve kafka_2.13:{paths.version}:\n{proc.stdout[-2000:]}")
+        raise BrokerError(
+            f"mvn could not resolve kafka_2.13:{paths.version}:\n{proc.stdout[-2000:]}"
+        )
     marker.write_text(paths.version)
     return paths.lib
 
@@ -194,10 +197,8 @@ async def round_trip(bootstrap: str, timeout: float = 10.0) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
     await admin.start()
     try:
-        try:
+        with contextlib.suppress(TopicAlreadyExistsError):
             await admin.create_topics([NewTopic(topic, 1, 1)])
-        except TopicAlreadyExistsError:
-            pass
     finally:
         await admin.close()
     token = uuid.uuid4().bytes
@@ -236,7 +237,7 @@ def wait_ready(bootstrap: str, paths: BrokerPaths, timeout: float = 90.0) -> Non
             try:
                 asyncio.run(asyncio.wait_for(round_trip(bootstrap), 20))
                 return
-            except Exception as exc:  # noqa: BLE001 - retried until the deadline
+            except Exception as exc:
                 last = exc
         time.sleep(0.5)
     raise BrokerError(f"broker not ready after {timeout:.0f}s (last error: {last!r})")

@@ -30,6 +30,8 @@ class Settings(BaseSettings):
     processing_guarantee: Literal["exactly_once", "at_least_once"] = Field(
         "exactly_once", description="Faust processing guarantee (exactly_once uses transactions)"
     )
+    session_timeout_s: float = Field(30.0, gt=0, description="Consumer group session timeout")
+    heartbeat_interval_s: float = Field(3.0, gt=0, description="Consumer group heartbeat")
     data_dir: Path = Field(Path(".memstream"), description="Local state (tables, store)")
     web_enabled: bool = Field(False, description="Serve the worker's HTTP views")
     web_port: int = Field(6066, description="Port of the worker's HTTP views")
@@ -96,6 +98,8 @@ class Settings(BaseSettings):
             "web_port": self.web_port,
             "web_host": "127.0.0.1",
             "table_standby_replicas": 0,
+            "broker_session_timeout": self.session_timeout_s,
+            "broker_heartbeat_interval": self.heartbeat_interval_s,
             "broker_commit_every": 100,
             "broker_commit_interval": 1.0,
             "stream_wait_empty": False,

@@ -81,10 +81,11 @@ def test_few_messages_during_job_wait_for_threshold_again():
     assert step.state.sessions["s1"].watermark == 4
 
 
-@pytest.mark.parametrize("text", ["Remember this: my son is Leo", "From now on always answer in German",
+@pytest.mark.parametrize("text", ["Remember this: my son is Leo",
+                                  "From now on always answer in German",
                                   "记住我对花生过敏", "以后都用中文回答我"])
 def test_explicit_instruction_triggers_below_threshold(text):
-    state, jobs, _ = feed(fresh(), ["hello there friend", text])
+    _state, jobs, _ = feed(fresh(), ["hello there friend", text])
     assert len(jobs) == 1 and jobs[0].reason == TriggerReason.EXPLICIT
     assert jobs[0].to_seq == 2
 
@@ -199,6 +200,6 @@ def test_inputs_are_not_mutated():
 
 
 def test_snapshot_round_trip():
-    state, jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x", "remember: x"])
+    state, _jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x", "remember: x"])
     state = on_session_end(state, "s1", 3.0, P).state
     assert restore(snapshot(state)) == state

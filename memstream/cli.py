@@ -1,0 +1,128 @@
+"""The ``memstream`` console command."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import click
+
+from memstream import broker as local_broker
+from memstream.settings import Settings
+
+
+@click.group()
+@click.pass_context
+def main(ctx: click.Context) -> None:
+    """memstream: long-term memory for LLM agents on Kafka."""
+    ctx.obj = Settings()
+
+
+@main.group()
+def broker() -> None:
+    """The local Apache Kafka broker (KRaft, from Maven Central jars)."""
+
+
+@broker.command("start")
+@click.pass_obj
+def broker_start(settings: Settings) -> None:
+    """Fetch (once), format (once) and start the broker; wait until it serves clients."""
+    pid = local_broker.start(settings)
+    click.echo(f"kafka {settings.kafka_version} ready on 127.0.0.1:{settings.kafka_port} "
+               f"(pid {pid})")
+
+
+@broker.command("stop")
+@click.pass_obj
+def broker_stop(settings: Settings) -> None:
+    """Stop the broker (SIGTERM: controlled shutdown)."""
+    stopped = local_broker.stop(settings)
+    click.echo("stopped" if stopped else "not running")
+
+
+@broker.command("status")
+@click.pass_obj
+def broker_status(settings: Settings) -> None:
+    """Exit 0 if the broker runs and serves a round trip, 1 otherwise."""
+    paths = local_broker.paths_for(settings)
+    pid = local_broker.read_pid(paths)
+    if pid is None:
+        click.echo("not running")
+        sys.exit(1)
+    try:
+        asyncio.run(asyncio.wait_for(
+            local_broker.round_trip(f"127.0.0.1:{settings.kafka_port}"), 20))
+    except Exception as exc:
+        click.echo(f"pid {pid} runs but does not serve: {exc}")
+        sys.exit(1)
+    click.echo(f"running (pid {pid}), round trip ok; log: {paths.log_file}")
+
+
+@broker.command("wipe")
+@click.pass_obj
+def broker_wipe(settings: Settings) -> None:
+    """Delete the stopped broker's data directory."""
+    local_broker.wipe(settings)
+    click.echo("wiped")
+
+
+@main.group()
+def topics() -> None:
+    """The topics memstream owns."""
+
+
+@topics.command("create")
+@click.pass_obj
+def topics_create(settings: Settings) -> None:
+    """Create every topic of the registry that does not exist yet (idempotent)."""
+    from topics.registry import create_topics
+
+    created = asyncio.run(create_topics(settings))
+    click.echo(f"created {len(created)} topic(s): {', '.join(created) or '-'}")
+
+
+@topics.command("list")
+@click.pass_obj
+def topics_list(settings: Settings) -> None:
+    """Print the registry: name, partitions, cleanup policy, retention."""
+    from topics.registry import registry
+
+    for spec in registry(settings).all():
+        days = spec.retention_ms / 86_400_000
+        click.echo(f"{spec.name:40} {spec.partitions:>3}  {spec.cleanup_policy:8} "
+                   f"{days:>5.0f}d  {spec.schema.__name__}")
+
+
+@main.command()
+@click.option("--loglevel", default="info")
+@click.pass_obj
+def worker(settings: Settings, loglevel: str) -> None:
+    """Run the stream-processing worker (ingest stage)."""
+    import faust
+
+    from streams.app import build_app
+    from topics.registry import create_topics
+
+    (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
+    asyncio.run(create_topics(settings))
+    pipeline = build_app(settings)
+    faust.Worker(pipeline.app, loglevel=loglevel, quiet=True).execute_from_commandline()
+
+
+@main.command()
+@click.option("--keep-broker/--stop-broker", default=False,
+              help="Leave a broker that the demo started running afterwards.")
+@click.option("--extract-latency", default=0.3, show_default=True,
+              help="Seconds the stand-in extractor takes per job.")
+@click.pass_obj
+def demo(settings: Settings, keep_broker: bool, extract_latency: float) -> None:
+    """Broker + worker + the bundled sample conversations: print the jobs emitted."""
+    from memstream.demo import run_demo
+
+    logging.basicConfig(level=logging.WARNING)
+    run_demo(settings, keep_broker=keep_broker, extract_latency=extract_latency)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The composition root: one Faust app, its topics, tables and agents, built from settings.
+
+Nothing here runs at import time; ``build_app(settings)`` wires everything once and the
+agents receive what they need from the :class:`Pipeline` bundle.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+from faust.types import TableT
+
+from memory.coalescing import Policy
+from memstream.settings import Settings
+from streams.counters import Counters
+from topics.registry import Topics, registry
+
+
+def policy_from(settings: Settings) -> Policy:
+    return Policy(
+        min_new_messages=settings.min_new_messages,
+        context_messages=settings.context_messages,
+        idle_timeout_s=settings.idle_timeout_s,
+        job_timeout_s=settings.job_timeout_s,
+        retry_backoff_s=settings.retry_backoff_s,
+        retry_backoff_max_s=settings.retry_backoff_max_s,
+        dedup_window=settings.dedup_window,
+    )
+
+
+@dataclass
+class Pipeline:
+    """What the agents share: the app, topic handles, the state table, policy and clock."""
+
+    settings: Settings
+    app: faust.App
+    topics: Topics
+    inputs: faust.TopicT
+    jobs: faust.TopicT
+    job_results: faust.TopicT
+    ticks: faust.TopicT
+    dead_letters: faust.TopicT
+    state: TableT[bytes, Any]
+    policy: Policy
+    clock: Callable[[], float] = time.time
+    counters: Counters = field(default_factory=Counters)
+
+
+def _raw_topic(app: faust.App, *names: str) -> faust.TopicT:
+    return app.topic(*names, key_serializer="raw", value_serializer="raw")
+
+
+def build_app(settings: Settings, clock: Callable[[], float] = time.time) -> Pipeline:
+    """Create the Faust app with the ingest agent and its timer."""
+    from streams import ingest
+
+    app = faust.App(settings.app_id, **settings.faust_kwargs())
+    reg = registry(settings)
+    pipeline = Pipeline(
+        settings=settings,
+        app=app,
+        topics=reg,
+        inputs=_raw_topic(app, *[t.name for t in reg.ingest_inputs()]),
+        jobs=_raw_topic(app, reg.jobs.name),
+        job_results=_raw_topic(app, reg.job_results.name),
+        ticks=_raw_topic(app, reg.ticks.name),
+        dead_letters=_raw_topic(app, reg.dead_letters.name),
+        state=app.Table(
+            "ingest-state", default=None, partitions=settings.partitions,
+            key_type=bytes,  # raw keys "tenant/user"; values are JSON snapshots
+        ),
+        policy=policy_from(settings),
+        clock=clock,
+    )
+    ingest.register(pipeline)
+    return pipeline

@@ -1,0 +1,23 @@
+"""Worker-local counters of the ingest stage (exported as metrics, logged on shutdown)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Counters:
+    messages: int = 0
+    duplicates: int = 0
+    dead_letters: int = 0
+    session_events: int = 0
+    jobs_emitted: int = 0
+    jobs_resent: int = 0
+    trivial_resolved: int = 0
+    results_done: int = 0
+    results_failed: int = 0
+    stale_results: int = 0
+    ticks: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)

@@ -1,0 +1,171 @@
+"""The ingest agent: a thin shell around :mod:`memory.coalescing`.
+
+One agent consumes the co-partitioned messages, session-event, job-result and tick topics
+as one stream, so every event of a user is handled in order on one partition. Per event it
+decodes (bad records go to the dead-letter topic), loads the user's snapshot from the
+changelog-backed table, calls the pure machine, writes the snapshot back and sends the
+emitted jobs / trivial results. A timer sends a tick for every user whose next deadline
+(idle flush, retry, job timeout) has passed; the tick travels through Kafka so the state
+is only ever changed inside the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from pydantic import BaseModel
+
+from memory import coalescing as machine
+from memstream.errors import InvalidRecord
+from streams.app import Pipeline
+from topics.codec import check_message, dead_letter, decode
+from topics.schemas import ChatMessage, JobResult, JobStatus, SessionEvent, Tick
+
+log = logging.getLogger(__name__)
+
+
+def _models(p: Pipeline) -> dict[str, type[BaseModel]]:
+    t = p.topics
+    return {
+        t.messages.name: ChatMessage,
+        t.session_events.name: SessionEvent,
+        t.job_results.name: JobResult,
+        t.ticks.name: Tick,
+    }
+
+
+def decode_input(p: Pipeline, topic: str, key: bytes | None, value: bytes | None) -> BaseModel:
+    model = _models(p)[topic]
+    event = decode(model, value, key, max_bytes=p.settings.max_message_bytes)
+    if isinstance(event, ChatMessage):
+        check_message(event, p.settings.max_content_chars)
+    return event
+
+
+def step_for(p: Pipeline, state: machine.UserState, event: BaseModel, now: float) -> machine.Step:
+    """Route one decoded event to the machine (pure)."""
+    c, policy = p.counters, p.policy
+    if isinstance(event, ChatMessage):
+        c.messages += 1
+        return machine.on_message(state, event, now, policy)
+    if isinstance(event, SessionEvent):
+        c.session_events += 1
+        return machine.on_session_end(state, event.session_id, now, policy)
+    if isinstance(event, JobResult):
+        if event.status == JobStatus.TRIVIAL and event.llm_calls == 0 and (
+            state.in_flight is None or state.in_flight.job_id != event.job_id
+        ):
+            return machine.Step(state)  # our own inline resolution, echoed back
+        step = machine.on_result(state, event, now, policy)
+        if step.duplicate:
+            c.stale_results += 1
+        elif event.status == JobStatus.FAILED:
+            c.results_failed += 1
+        else:
+            c.results_done += 1
+        return step
+    c.ticks += 1
+    return machine.on_tick(state, now, policy)
+
+
+async def _dead_letter(p: Pipeline, exc: InvalidRecord, message: Any) -> None:
+    p.counters.dead_letters += 1
+    record = dead_letter(
+        exc, topic=message.topic, partition=message.partition, offset=message.offset,
+        key=message.key, value=message.value, now=datetime.fromtimestamp(p.clock(), UTC),
+    )
+    log.warning("dead letter %s[%s]@%s: %s", message.topic, message.partition,
+                message.offset, exc)
+    await p.dead_letters.send(key=message.key, value=record.dumps())
+
+
+async def handle(p: Pipeline, event: Any) -> None:
+    message = event.message
+    try:
+        decoded = decode_input(p, message.topic, message.key, message.value)
+    except InvalidRecord as exc:
+        await _dead_letter(p, exc, message)
+        return
+    kbytes: bytes = decoded.key().encode()  # type: ignore[attr-defined]
+    raw = p.state.get(kbytes)
+    state = machine.restore(raw) if raw else machine.UserState(
+        decoded.tenant_id, decoded.user_id  # type: ignore[attr-defined]
+    )
+    step = step_for(p, state, decoded, p.clock())
+    if step.duplicate and isinstance(decoded, ChatMessage):
+        p.counters.duplicates += 1
+    if step.state != state or raw is None:
+        snap = machine.snapshot(step.state)
+        snap["deadline"] = machine.next_deadline(step.state, p.policy)
+        p.state[kbytes] = snap
+    for job in step.jobs:
+        if job.attempt > 1:
+            p.counters.jobs_resent += 1
+        p.counters.jobs_emitted += 1
+        await p.jobs.send(key=kbytes, value=job.dumps())
+    for res in step.resolved:
+        p.counters.trivial_resolved += 1
+        await p.job_results.send(key=kbytes, value=res.dumps())
+
+
+class TickSender:
+    """Sends ticks with a plain (non-transactional) producer.
+
+    Under exactly-once, Faust wraps sends in the partition's open transaction, which is
+    only committed together with consumed offsets; a timer that fires while no input
+    arrives would leave its ticks invisible. Ticks are idempotent hints, so a plain
+    producer is right for them.
+    """
+
+    def __init__(self, p: Pipeline) -> None:
+        self.p = p
+        self.producer: AIOKafkaProducer | None = None
+
+    async def send_due(self) -> int:
+        """Send a tick for each locally owned user whose deadline has passed."""
+        p = self.p
+        now = p.clock()
+        due = [
+            (key, snap) for key, snap in list(p.state.items())
+            if snap and snap.get("deadline") is not None and snap["deadline"] <= now
+        ]
+        if not due:
+            return 0
+        if self.producer is None:
+            self.producer = AIOKafkaProducer(bootstrap_servers=p.settings.bootstrap_servers)
+            await self.producer.start()
+        stamp = datetime.fromtimestamp(now, UTC)
+        for _key, snap in due:
+            tick = Tick(tenant_id=snap["tenant_id"], user_id=snap["user_id"], now=stamp)
+            await self.producer.send(p.topics.ticks.name, key=tick.key().encode(),
+                                     value=tick.dumps())
+        await self.producer.flush()
+        return len(due)
+
+    async def close(self) -> None:
+        if self.producer is not None:
+            await self.producer.stop()
+            self.producer = None
+
+
+def register(p: Pipeline) -> None:
+    """Attach the agent and the timer to the app."""
+
+    @p.app.agent(p.inputs, name="ingest")
+    async def ingest(stream: Any) -> None:
+        async for event in stream.events():
+            await handle(p, event)
+
+    ticks = TickSender(p)
+
+    @p.app.timer(p.settings.tick_interval_s, name="ingest-ticker")
+    async def ticker() -> None:
+        await ticks.send_due()
+
+    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def on_shutdown(app: Any, **_: Any) -> None:
+        await ticks.close()
+        log.info("ingest counters: %s", p.counters.as_dict())

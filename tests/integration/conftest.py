@@ -1,0 +1,157 @@
+"""Integration fixtures: a real Kafka broker, uuid-named topics, worker subprocesses.
+
+The broker, in order of preference:
+1. ``MEMSTREAM_TEST_BOOTSTRAP`` (a broker someone already runs),
+2. a testcontainers Kafka where a Docker engine answers,
+3. the project's own broker from Maven Central jars (``memstream.broker``).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from memstream import broker as local_broker
+from memstream.kafka_io import TopicReader, send_events, send_raw, start_producer
+from memstream.process import WorkerProcess
+from memstream.settings import Settings
+from topics.registry import create_topics, delete_topics, registry
+from topics.schemas import ChatMessage, Event, ExtractionJob, JobResult, JobStatus, SessionEvent
+
+TEST_PORT = int(os.environ.get("MEMSTREAM_TEST_KAFKA_PORT", "19092"))
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    given = os.environ.get("MEMSTREAM_TEST_BOOTSTRAP")
+    if given:
+        yield given
+        return
+    if _docker_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer().with_kraft() as kafka:
+            yield kafka.get_bootstrap_server()
+        return
+    settings = Settings(kafka_port=TEST_PORT, kafka_controller_port=TEST_PORT + 1)
+    already = local_broker.read_pid(local_broker.paths_for(settings)) is not None
+    local_broker.start(settings)
+    yield f"127.0.0.1:{TEST_PORT}"
+    if not already:
+        local_broker.stop(settings)
+
+
+class Harness:
+    """One test's world: its own topics and app id, a producer, readers, workers."""
+
+    def __init__(self, bootstrap: str, tmp: Path, **overrides: object) -> None:
+        run = uuid.uuid4().hex[:10]
+        base: dict[str, object] = {
+            "bootstrap_servers": bootstrap, "topic_prefix": f"it-{run}", "app_id": f"it-{run}",
+            "partitions": 2, "data_dir": tmp / "data", "tick_interval_s": 0.5,
+            "web_enabled": False, "session_timeout_s": 10.0, "heartbeat_interval_s": 1.0,
+        }
+        self.settings = Settings(**{**base, **overrides})  # type: ignore[arg-type]
+        self.topics = registry(self.settings)
+        self.tmp = tmp
+        self.workers: list[WorkerProcess] = []
+        self.producer = None
+        self.jobs: TopicReader | None = None
+        self.results: TopicReader | None = None
+        self.dlq: TopicReader | None = None
+
+    async def start(self) -> Harness:
+        await create_topics(self.settings)
+        self.producer = await start_producer(self.settings.bootstrap_servers)
+        b = self.settings.bootstrap_servers
+        self.jobs = await TopicReader(b, self.topics.jobs.name).start()
+        self.results = await TopicReader(b, self.topics.job_results.name).start()
+        self.dlq = await TopicReader(b, self.topics.dead_letters.name).start()
+        return self
+
+    def worker(self) -> WorkerProcess:
+        w = WorkerProcess(self.settings, self.tmp / f"worker-{len(self.workers)}.log").start()
+        self.workers.append(w)
+        return w
+
+    async def send(self, *events: Event) -> None:
+        by_topic = {ChatMessage: self.topics.messages.name,
+                    SessionEvent: self.topics.session_events.name,
+                    JobResult: self.topics.job_results.name}
+        for e in events:
+            await send_events(self.producer, by_topic[type(e)], [e])
+
+    async def send_raw(self, value: bytes | None, key: bytes | None) -> None:
+        await send_raw(self.producer, self.topics.messages.name, value, key)
+
+    async def complete(self, job: ExtractionJob, status: JobStatus = JobStatus.DONE) -> None:
+        """Play the extractor: report the job's result."""
+        await self.send(JobResult(
+            job_id=job.job_id, tenant_id=job.tenant_id, user_id=job.user_id,
+            session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
+            status=status, finished_at=datetime.now(UTC),
+        ))
+
+    async def wait_jobs(self, n: int, timeout: float = 30.0) -> list[ExtractionJob]:
+        assert self.jobs is not None
+        await self.jobs.wait_for(lambda rs: len(rs) >= n, timeout)
+        return self.job_list()
+
+    def job_list(self) -> list[ExtractionJob]:
+        assert self.jobs is not None
+        return [ExtractionJob.model_validate_json(r.value) for r in self.jobs.records]
+
+    async def close(self) -> None:
+        for w in self.workers:
+            w.stop()
+        for reader in (self.jobs, self.results, self.dlq):
+            if reader is not None:
+                await reader.stop()
+        if self.producer is not None:
+            await self.producer.stop()
+        app = self.settings.app_id
+        await delete_topics(self.settings, [t.name for t in self.topics.all()] + [
+            f"{app}-ingest-state-changelog", f"{app}-__assignor-__leader",
+        ])
+
+
+@pytest.fixture
+async def harness(kafka_bootstrap: str, tmp_path: Path):
+    made: list[Harness] = []
+
+    async def make(**overrides: object) -> Harness:
+        h = await Harness(kafka_bootstrap, tmp_path, **overrides).start()
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        await h.close()
+
+
+def chat(text: str, *, session: str = "s1", user: str = "u1", tenant: str = "acme",
+         mid: str | None = None, role: str = "user") -> ChatMessage:
+    return ChatMessage(
+        tenant_id=tenant, user_id=user, session_id=session,
+        message_id=mid or uuid.uuid4().hex, role=role, content=text, ts=datetime.now(UTC),
+    )
+
+
+def end(session: str = "s1", user: str = "u1", tenant: str = "acme") -> SessionEvent:
+    return SessionEvent(tenant_id=tenant, user_id=user, session_id=session,
+                        ts=datetime.now(UTC))
