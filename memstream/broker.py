@@ -165,8 +165,8 @@ def configure(paths: BrokerPaths, settings: Settings) -> Path:
     ))
     (paths.run / "log4j2.xml").write_text(_LOG4J2.format(log=paths.log_file))
     if not (paths.data / "meta.properties").exists():
-        cmd = _java(paths, "kafka.tools.StorageTool", "format", "-t", _cluster_id(),
-                    "-c", str(props), "-g")
+        cmd = _java(paths, "kafka.tools.StorageTool", "format", f"--cluster-id={_cluster_id()}",
+                    f"--config={props}", "--ignore-formatted")
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise BrokerError(f"formatting KRaft storage failed:\n{proc.stdout}{proc.stderr}")

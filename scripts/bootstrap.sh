@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install everything memstream needs into .venv (idempotent). Java 17+ and Maven are
+# needed for the local Kafka broker; on Debian/Ubuntu as root they are installed here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkg=()
+command -v java >/dev/null 2>&1 || need_pkg+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need_pkg+=(maven)
+if [ ${#need_pkg[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing ${need_pkg[*]} ..." >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkg[@]}"
+  else
+    echo "memstream needs: ${need_pkg[*]} (Java 17+ and Maven run the local Kafka broker)" >&2
+    exit 1
+  fi
+fi
+
+PY=${PYTHON:-python3}
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+  echo "memstream needs Python >= 3.11 (set PYTHON=...)" >&2; exit 1; }
+
+stamp=.venv/.installed
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[dev]"
+  touch "$stamp"
+fi

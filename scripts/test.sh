@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The test command: install, start the real Kafka broker, run unit + integration tests,
+# stop the broker. Fails if any integration test was skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/bootstrap.sh
+
+port=${MEMSTREAM_TEST_KAFKA_PORT:-19092}
+export MEMSTREAM_KAFKA_PORT=$port MEMSTREAM_KAFKA_CONTROLLER_PORT=$((port + 1))
+started=0
+if [ -z "${MEMSTREAM_TEST_BOOTSTRAP:-}" ]; then
+  if ! .venv/bin/memstream broker status >/dev/null 2>&1; then
+    .venv/bin/memstream broker start
+    started=1
+  fi
+  export MEMSTREAM_TEST_BOOTSTRAP="127.0.0.1:${port}"
+fi
+stop_broker() {
+  if [ "$started" = 1 ]; then
+    MEMSTREAM_KAFKA_PORT=$port .venv/bin/memstream broker stop || true
+  fi
+}
+trap stop_broker EXIT
+# The test processes read only what they are told; keep broker settings out of them.
+unset MEMSTREAM_KAFKA_PORT MEMSTREAM_KAFKA_CONTROLLER_PORT
+
+export MEMSTREAM_REQUIRE_INTEGRATION=1
+.venv/bin/ruff check .
+.venv/bin/mypy memstream topics streams memory jobs
+.venv/bin/python -m pytest -m "unit or integration" "$@"
