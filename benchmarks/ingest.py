@@ -1,0 +1,258 @@
+"""Ingest-stage benchmark on the real broker with one worker (not a test).
+
+    .venv/bin/python benchmarks/ingest.py [--messages 100000] [--users 1000]
+
+Phase 1 (throughput): the messages of ``--users`` users with realistic session lengths
+are produced up front; one worker then drains them while a stand-in extractor acknowledges
+every job at once. Messages/s = messages / time until every message is covered by a
+completed job.
+Phase 2 (latency): a fresh run produced at a steady ``--rate``; the delay of each job is
+its broker timestamp minus the produce time of the newest message it covers (for
+session-end jobs: of the end event). Idle flushes are excluded (delayed by design).
+Prints a table and, last, one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from memstream import broker as local_broker  # noqa: E402
+from memstream.kafka_io import TopicReader, start_producer  # noqa: E402
+from memstream.process import WorkerProcess  # noqa: E402
+from memstream.settings import Settings  # noqa: E402
+from topics.registry import create_topics, delete_topics, registry  # noqa: E402
+from topics.schemas import (  # noqa: E402
+    ChatMessage,
+    Event,
+    ExtractionJob,
+    JobResult,
+    JobStatus,
+    SessionEvent,
+)
+
+FACTS = ["I moved to {c} last month", "We have {n} kids", "I work at {c} Labs",
+         "My budget this month is {n}k", "I prefer short answers about {c}",
+         "I am allergic to nuts and {c} pollen", "我住在{c}", "我们公司有{n}0名员工"]
+TRIVIAL = ["ok", "thanks", "continue", "好的", "明白了", "继续", "你好"]
+EXPLICIT = ["Remember this: my son is called {c}", "记住：我不吃{c}", "From now on always use {c}"]
+CITIES = ["Berlin", "Munich", "Lisbon", "Shanghai", "Shenzhen", "Oslo", "Rome"]
+
+
+def conversations(messages: int, users: int, seed: int = 7) -> list[Event]:
+    """Interleaved sessions; lengths log-normal around 12 messages (2..80)."""
+    rng = random.Random(seed)
+    per_user: list[list[Event]] = [[] for _ in range(users)]
+    made = 0
+    session_no = 0
+    while made < messages:
+        u = rng.randrange(users)
+        session_no += 1
+        length = max(2, min(80, int(rng.lognormvariate(2.3, 0.6))))
+        sid = f"s{session_no}"
+        for i in range(min(length, messages - made)):
+            role = "user" if i % 2 == 0 else "assistant"
+            roll = rng.random()
+            if role == "assistant":
+                text = rng.choice(["Noted.", "Sure, here you go.", "好的，已记录。"])
+            elif roll < 0.2:
+                text = rng.choice(TRIVIAL)
+            elif roll < 0.23:
+                text = rng.choice(EXPLICIT).format(c=rng.choice(CITIES))
+            else:
+                text = rng.choice(FACTS).format(c=rng.choice(CITIES), n=rng.randint(1, 9))
+            per_user[u].append(ChatMessage(
+                tenant_id="bench", user_id=f"u{u}", session_id=sid,
+                message_id=f"{sid}-{i}", role=role, content=text, ts=datetime.now(UTC)))
+            made += 1
+        if rng.random() < 0.8:
+            per_user[u].append(SessionEvent(tenant_id="bench", user_id=f"u{u}",
+                                            session_id=sid, ts=datetime.now(UTC)))
+    out: list[Event] = []
+    cursors = [0] * users
+    while len(out) < sum(len(q) for q in per_user):
+        for u in range(users):
+            if cursors[u] < len(per_user[u]):
+                out.append(per_user[u][cursors[u]])
+                cursors[u] += 1
+    return out
+
+
+@dataclass
+class Run:
+    jobs: list[tuple[ExtractionJob, float]] = field(default_factory=list)  # job, broker ts
+    trivial: int = 0
+    covered: int = 0
+    done_at: float = 0.0
+
+
+async def extractor(settings: Settings, run: Run, expected: int, timeout: float) -> None:
+    topics = registry(settings)
+    b = settings.bootstrap_servers
+    jobs = await TopicReader(b, topics.jobs.name).start()
+    results = await TopicReader(b, topics.job_results.name).start()
+    producer = await start_producer(b)
+    deadline = time.monotonic() + timeout
+    try:
+        while run.covered < expected and time.monotonic() < deadline:
+            for r in await jobs.poll(0.05):
+                job = ExtractionJob.model_validate_json(r.value)
+                run.jobs.append((job, r.timestamp / 1000))
+                run.covered += job.to_seq - job.from_seq
+                res = JobResult(
+                    job_id=job.job_id, tenant_id=job.tenant_id, user_id=job.user_id,
+                    session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
+                    status=JobStatus.DONE, finished_at=datetime.now(UTC))
+                await producer.send(topics.job_results.name, res.dumps(), key=r.key)
+            for r in await results.poll(0.01):
+                res = JobResult.model_validate_json(r.value)
+                if res.status == JobStatus.TRIVIAL:
+                    run.trivial += 1
+                    run.covered += res.to_seq - res.from_seq
+            jobs.records.clear()
+            results.records.clear()
+        run.done_at = time.time()
+    finally:
+        await producer.stop()
+        await jobs.stop()
+        await results.stop()
+
+
+async def produce(settings: Settings, events: list[Event], rate: float | None) -> dict[str, float]:
+    """Send events (re-stamping ``ts`` at send time); returns send time per session end."""
+    topics = registry(settings)
+    producer = await start_producer(settings.bootstrap_servers, max_batch_size=256_000)
+    ends: dict[str, float] = {}
+    start = time.monotonic()
+    try:
+        for i, e in enumerate(events):
+            if rate:
+                delay = start + i / rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            now = datetime.now(UTC)
+            if isinstance(e, ChatMessage):
+                e = e.model_copy(update={"ts": now})
+                topic = topics.messages.name
+            else:
+                ends[f"{e.user_id}/{e.session_id}"] = now.timestamp()  # type: ignore[attr-defined]
+                topic = topics.session_events.name
+            await producer.send(topic, e.dumps(), key=e.key().encode())
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return ends
+
+
+def delays(run: Run, ends: dict[str, float]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for job, emitted in run.jobs:
+        if job.reason.value == "idle":
+            continue
+        newest = max(m.ts.timestamp() for m in job.messages)
+        if job.reason.value == "session_end":
+            newest = max(newest, ends.get(f"{job.user_id}/{job.session_id}", newest))
+        out.setdefault(job.reason.value, []).append(max(0.0, emitted - newest) * 1000)
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def one_run(base: Settings, events: list[Event], rate: float | None, work: Path,
+                  label: str) -> tuple[Run, dict[str, float], float]:
+    name = f"bench-{label}-{uuid.uuid4().hex[:6]}"
+    settings = base.model_copy(update={"topic_prefix": name, "app_id": name,
+                                       "data_dir": work / name})
+    await create_topics(settings)
+    messages = sum(isinstance(e, ChatMessage) for e in events)
+    run = Run()
+    worker = None
+    try:
+        if rate is None:  # backlog first, then the worker drains it
+            ends = await produce(settings, events, None)
+            worker = WorkerProcess(settings, work / f"{name}.log").start()
+            t0 = time.time()
+            await extractor(settings, run, messages, timeout=1800)
+        else:
+            worker = WorkerProcess(settings, work / f"{name}.log").start()
+            t0 = time.time()
+            task = asyncio.create_task(extractor(settings, run, messages, timeout=1800))
+            ends = await produce(settings, events, rate)
+            await task
+        return run, ends, run.done_at - t0
+    finally:
+        if worker is not None:
+            worker.stop()
+        topics = [t.name for t in registry(settings).all()]
+        await delete_topics(settings, [*topics, f"{name}-ingest-state-changelog",
+                                       f"{name}-__assignor-__leader"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=100_000)
+    ap.add_argument("--users", type=int, default=1000)
+    ap.add_argument("--rate", type=float, default=1000.0, help="msg/s in the latency phase")
+    ap.add_argument("--latency-messages", type=int, default=20_000)
+    ap.add_argument("--guarantee", default="exactly_once",
+                    choices=["exactly_once", "at_least_once"])
+    args = ap.parse_args()
+    base = Settings(idle_timeout_s=5.0, tick_interval_s=1.0, partitions=4,
+                    processing_guarantee=args.guarantee)
+    if local_broker.read_pid(local_broker.paths_for(base)) is None:
+        local_broker.start(base)
+    work = Path(tempfile.mkdtemp(prefix="memstream-bench-"))
+    events = conversations(args.messages, args.users)
+    n = sum(isinstance(e, ChatMessage) for e in events)
+    run, _, seconds = asyncio.run(one_run(base, events, None, work, "tput"))
+    lat_events = conversations(args.latency_messages, args.users, seed=11)
+    n_lat = sum(isinstance(e, ChatMessage) for e in lat_events)
+    lat_run, ends, _ = asyncio.run(one_run(base, lat_events, args.rate, work, "lat"))
+    by_reason = delays(lat_run, ends)
+    every = [d for ds in by_reason.values() for d in ds]
+    result = {
+        "messages": n, "users": args.users, "guarantee": args.guarantee,
+        "throughput_msg_per_s": round(n / seconds, 1),
+        "jobs_per_100_messages": round(100 * len(run.jobs) / n, 2),
+        "trivial_resolved_per_100_messages": round(100 * run.trivial / n, 2),
+        "per_message_baseline_per_100": 100,
+        "latency_phase": {"messages": n_lat, "rate_msg_per_s": args.rate,
+                          "p50_ms": round(pct(every, 0.5), 1),
+                          "p99_ms": round(pct(every, 0.99), 1),
+                          "by_reason": {r: {"n": len(d), "p50_ms": round(pct(d, 0.5), 1),
+                                            "p99_ms": round(pct(d, 0.99), 1)}
+                                        for r, d in sorted(by_reason.items())}},
+    }
+    print(f"{'metric':44} value")
+    print(f"{'messages (users)':44} {n} ({args.users})")
+    print(f"{'ingest throughput, msg/s (one worker)':44} {result['throughput_msg_per_s']}")
+    print(f"{'extraction jobs per 100 messages':44} {result['jobs_per_100_messages']}"
+          f"   (one per message: 100)")
+    print(f"{'trivial jobs resolved without LLM / 100 msg':44} "
+          f"{result['trivial_resolved_per_100_messages']}")
+    print(f"{'trigger -> job delay p50 / p99, ms':44} {result['latency_phase']['p50_ms']} / "
+          f"{result['latency_phase']['p99_ms']}  (at {args.rate:.0f} msg/s)")
+    for r, d in result["latency_phase"]["by_reason"].items():
+        print(f"{'  ' + r:44} n={d['n']} p50={d['p50_ms']} p99={d['p99_ms']}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
