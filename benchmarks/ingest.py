@@ -18,8 +18,6 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -27,14 +25,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from memstream import broker as local_broker  # noqa: E402
-from memstream.kafka_io import TopicReader, start_producer  # noqa: E402
-from memstream.process import WorkerProcess  # noqa: E402
-from memstream.settings import Settings  # noqa: E402
-from topics.registry import create_topics, delete_topics, registry  # noqa: E402
-from topics.schemas import (  # noqa: E402
+from memstream import broker as local_broker
+from memstream.kafka_io import TopicReader, start_producer
+from memstream.process import WorkerProcess
+from memstream.settings import Settings
+from topics.registry import create_topics, delete_topics, registry
+from topics.schemas import (
     ChatMessage,
     Event,
     ExtractionJob,
@@ -130,6 +126,26 @@ async def extractor(settings: Settings, run: Run, expected: int, timeout: float)
         await results.stop()
 
 
+async def drained(settings: Settings, total: int, timeout: float = 1800) -> float:
+    """Wait until the worker's group has committed every message; returns that time."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    topic = registry(settings).messages.name
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            offsets = await admin.list_consumer_group_offsets(settings.app_id)
+            done = sum(meta.offset for tp, meta in offsets.items() if tp.topic == topic)
+            if done >= total:
+                return time.time()
+            await asyncio.sleep(0.05)
+    finally:
+        await admin.close()
+    raise TimeoutError("messages not drained")
+
+
 async def produce(settings: Settings, events: list[Event], rate: float | None) -> dict[str, float]:
     """Send events (re-stamping ``ts`` at send time); returns send time per session end."""
     topics = registry(settings)
@@ -189,7 +205,10 @@ async def one_run(base: Settings, events: list[Event], rate: float | None, work:
             ends = await produce(settings, events, None)
             worker = WorkerProcess(settings, work / f"{name}.log").start()
             t0 = time.time()
-            await extractor(settings, run, messages, timeout=1800)
+            task = asyncio.create_task(extractor(settings, run, messages, timeout=1800))
+            t_drained = await drained(settings, messages)
+            await task
+            return run, ends, t_drained - t0
         else:
             worker = WorkerProcess(settings, work / f"{name}.log").start()
             t0 = time.time()
@@ -234,6 +253,8 @@ def main() -> None:
         "trivial_resolved_per_100_messages": round(100 * run.trivial / n, 2),
         "per_message_baseline_per_100": 100,
         "latency_phase": {"messages": n_lat, "rate_msg_per_s": args.rate,
+                          "jobs_per_100_messages": round(100 * len(lat_run.jobs) / n_lat, 2),
+                          "trivial_per_100_messages": round(100 * lat_run.trivial / n_lat, 2),
                           "p50_ms": round(pct(every, 0.5), 1),
                           "p99_ms": round(pct(every, 0.99), 1),
                           "by_reason": {r: {"n": len(d), "p50_ms": round(pct(d, 0.5), 1),
@@ -243,10 +264,13 @@ def main() -> None:
     print(f"{'metric':44} value")
     print(f"{'messages (users)':44} {n} ({args.users})")
     print(f"{'ingest throughput, msg/s (one worker)':44} {result['throughput_msg_per_s']}")
-    print(f"{'extraction jobs per 100 messages':44} {result['jobs_per_100_messages']}"
+    print(f"{'backlog: extraction jobs per 100 messages':44} {result['jobs_per_100_messages']}"
           f"   (one per message: 100)")
     print(f"{'trivial jobs resolved without LLM / 100 msg':44} "
           f"{result['trivial_resolved_per_100_messages']}")
+    print(f"{'paced: jobs / trivial per 100 messages':44} "
+          f"{result['latency_phase']['jobs_per_100_messages']} / "
+          f"{result['latency_phase']['trivial_per_100_messages']}")
     print(f"{'trigger -> job delay p50 / p99, ms':44} {result['latency_phase']['p50_ms']} / "
           f"{result['latency_phase']['p99_ms']}  (at {args.rate:.0f} msg/s)")
     for r, d in result["latency_phase"]["by_reason"].items():

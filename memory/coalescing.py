@@ -13,7 +13,9 @@ Rules:
 - ``explicit`` and ``session_end`` fire below the threshold, ``idle`` after a quiet period;
 - a job whose user messages are all trivial is resolved at once, without an LLM call;
 - a failed job leaves the watermark where it was and is retried with exponential backoff;
-- a job that gets no result within ``job_timeout`` is re-sent under the same id.
+- a job that gets no result within ``job_timeout`` is re-sent under the same id;
+- a session that is fully scanned and quiet for ``forget_after`` is dropped, so the state
+  of a long-lived user stays bounded (an ended session is dropped once flushed).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Policy:
     retry_backoff_s: float = 30.0
     retry_backoff_max_s: float = 3600.0
     dedup_window: int = 512
+    forget_after_s: float = 7 * 86_400.0  # a fully scanned, quiet session is dropped
 
 
 @dataclass(frozen=True)
@@ -273,7 +276,7 @@ def on_result(state: UserState, result: JobResult, now: float, policy: Policy) -
 
 
 def on_tick(state: UserState, now: float, policy: Policy) -> Step:
-    """Timers: re-send an unanswered job, flush idle sessions, start due retries."""
+    """Timers: re-send an unanswered job, forget quiet sessions, flush idle ones, retry."""
     flight = state.in_flight
     if flight is not None and now - flight.sent_at >= policy.job_timeout_s:
         s = state.sessions[flight.session_id]
@@ -281,19 +284,26 @@ def on_tick(state: UserState, now: float, policy: Policy) -> Step:
                        attempt=flight.attempt + 1, to_seq=flight.to_seq)
         again = replace(flight, sent_at=now, attempt=flight.attempt + 1)
         return Step(replace(state, in_flight=again), jobs=[job])
+    busy = flight.session_id if flight is not None else None
+    stale = [
+        sid for sid, s in state.sessions.items()
+        if sid != busy and s.watermark >= s.count
+        and now - s.last_activity >= policy.forget_after_s
+    ]
+    for sid in stale:
+        state = _with_session(state, sid, None)
     return pump(state, now, policy)
 
 
 def next_deadline(state: UserState, policy: Policy) -> float | None:
     """The earliest time at which ``on_tick`` would do something, or None."""
-    times: list[float] = []
     if state.in_flight is not None:
-        times.append(state.in_flight.sent_at + policy.job_timeout_s)
-        return min(times)
+        return state.in_flight.sent_at + policy.job_timeout_s
+    times: list[float] = []
     for s in state.sessions.values():
         if s.count <= s.watermark:
-            continue
-        if s.retry_at is not None:
+            times.append(s.last_activity + policy.forget_after_s)
+        elif s.retry_at is not None:
             times.append(s.retry_at)
         else:
             times.append(s.last_activity + policy.idle_timeout_s)

@@ -13,6 +13,7 @@ from typing import Any
 
 import faust
 from faust.types import TableT
+from pydantic import BaseModel
 
 from memory.coalescing import Policy
 from memstream.settings import Settings
@@ -29,6 +30,7 @@ def policy_from(settings: Settings) -> Policy:
         retry_backoff_s=settings.retry_backoff_s,
         retry_backoff_max_s=settings.retry_backoff_max_s,
         dedup_window=settings.dedup_window,
+        forget_after_s=settings.session_forget_after_s,
     )
 
 
@@ -48,6 +50,11 @@ class Pipeline:
     policy: Policy
     clock: Callable[[], float] = time.time
     counters: Counters = field(default_factory=Counters)
+
+    @property
+    def input_models(self) -> dict[str, type[BaseModel]]:
+        """Which schema each input topic carries."""
+        return {t.name: t.schema for t in self.topics.ingest_inputs()}
 
 
 def _raw_topic(app: faust.App, *names: str) -> faust.TopicT:

@@ -27,18 +27,8 @@ from topics.schemas import ChatMessage, JobResult, JobStatus, SessionEvent, Tick
 log = logging.getLogger(__name__)
 
 
-def _models(p: Pipeline) -> dict[str, type[BaseModel]]:
-    t = p.topics
-    return {
-        t.messages.name: ChatMessage,
-        t.session_events.name: SessionEvent,
-        t.job_results.name: JobResult,
-        t.ticks.name: Tick,
-    }
-
-
 def decode_input(p: Pipeline, topic: str, key: bytes | None, value: bytes | None) -> BaseModel:
-    model = _models(p)[topic]
+    model = p.input_models[topic]
     event = decode(model, value, key, max_bytes=p.settings.max_message_bytes)
     if isinstance(event, ChatMessage):
         check_message(event, p.settings.max_content_chars)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -177,11 +177,3 @@ class DeadLetter(BaseModel):
 
     def dumps(self) -> bytes:
         return self.model_dump_json().encode()
-
-
-def now_utc() -> datetime:
-    return datetime.now(UTC)
-
-
-def json_schema(model: type[BaseModel]) -> dict[str, Any]:
-    return model.model_json_schema()

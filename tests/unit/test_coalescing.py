@@ -28,6 +28,15 @@ def fresh() -> UserState:
     return UserState("t1", "u1")
 
 
+def state_job(state):
+    """Rebuild the in-flight job the way a re-send would (for tests that need its id)."""
+    from memory.coalescing import _job_for
+
+    f = state.in_flight
+    return _job_for(state, f.session_id, state.sessions[f.session_id], f.reason, 0.0,
+                    to_seq=f.to_seq)
+
+
 def feed(state, texts, *, session="s1", now=0.0, role="user"):
     jobs, resolved = [], []
     for text in texts:
@@ -203,3 +212,17 @@ def test_snapshot_round_trip():
     state, _jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x", "remember: x"])
     state = on_session_end(state, "s1", 3.0, P).state
     assert restore(snapshot(state)) == state
+
+
+def test_quiet_scanned_sessions_are_forgotten_but_not_unscanned_ones():
+    p = Policy(min_new_messages=4, idle_timeout_s=100, forget_after_s=1000)
+    state = fresh()
+    for text in ["f1 x", "f2 x", "f3 x", "f4 x"]:
+        state = on_message(state, msg(text, session="done"), 0.0, p).state
+    state = on_result(state, result(state_job(state)), 1.0, p).state
+    assert next_deadline(state, p) == 1000.0
+    state = on_message(state, msg("one more", session="open"), 950.0, p).state
+    assert on_tick(state, 999.0, p).state == state
+    step = on_tick(state, 1000.0, p)
+    assert set(step.state.sessions) == {"open"} and step.jobs == []
+    assert step.state.sessions["open"].count == 1
