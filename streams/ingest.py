@@ -87,7 +87,10 @@ async def handle(p: Pipeline, event: Any) -> None:
     step = step_for(p, state, decoded, p.clock())
     if step.duplicate and isinstance(decoded, ChatMessage):
         p.counters.duplicates += 1
-    if step.state != state or raw is None:
+    if not step.state.sessions and step.state.in_flight is None:
+        if raw is not None:
+            del p.state[kbytes]  # nothing left to remember for this user
+    elif step.state != state or raw is None:
         snap = machine.snapshot(step.state)
         snap["deadline"] = machine.next_deadline(step.state, p.policy)
         p.state[kbytes] = snap
