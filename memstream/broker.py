@@ -12,6 +12,7 @@ import asyncio
 import base64
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,14 +30,16 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <version>1</version><packaging>pom</packaging>
   <dependencies>
     <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId>
-      <version>{version}</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId>
-      <version>{log4j}</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId>
-      <artifactId>log4j-slf4j-impl</artifactId><version>{log4j}</version></dependency>
+      <version>{version}</version></dependency>{extra}
   </dependencies>
 </project>
 """
+# Kafka 4.x logs through slf4j 1.7 with log4j2 on the runtime path but no binding: add the
+# binding at exactly the log4j version the broker resolves to.
+_SLF4J_BINDING = """
+    <dependency><groupId>org.apache.logging.log4j</groupId>
+      <artifactId>log4j-slf4j-impl</artifactId><version>{log4j}</version></dependency>"""
+_LOG4J_CORE = re.compile(r"org\.apache\.logging\.log4j:log4j-core:jar:([\w.\-]+):")
 
 _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 <Configuration status="WARN">
@@ -117,8 +120,16 @@ def paths_for(settings: Settings) -> BrokerPaths:
     return BrokerPaths(settings.kafka_home, settings.kafka_version, settings.kafka_port)
 
 
-def fetch_jars(paths: BrokerPaths, log4j: str = "2.24.3") -> Path:
-    """Resolve the broker and a log4j2 backend from Maven Central into ``paths.lib``."""
+def _mvn(build: Path, pom: str, *goal: str) -> None:
+    (build / "pom.xml").write_text(pom)
+    proc = subprocess.run(["mvn", "-q", "-B", *goal], cwd=build, capture_output=True,
+                          text=True, check=False)
+    if proc.returncode != 0:
+        raise BrokerError(f"mvn {goal[0]} failed:\n{proc.stdout[-2000:]}{proc.stderr[-1000:]}")
+
+
+def fetch_jars(paths: BrokerPaths) -> Path:
+    """Resolve the broker and its log4j2 slf4j binding from Maven Central into ``paths.lib``."""
     marker = paths.lib / ".complete"
     if marker.exists():
         return paths.lib
@@ -126,16 +137,17 @@ def fetch_jars(paths: BrokerPaths, log4j: str = "2.24.3") -> Path:
         raise BrokerError("mvn is not on PATH: install Maven (apt-get install maven)")
     build = paths.lib.parent / "resolve"
     build.mkdir(parents=True, exist_ok=True)
-    (build / "pom.xml").write_text(_POM.format(version=paths.version, log4j=log4j))
-    cmd = [
-        "mvn", "-q", "-B", "dependency:copy-dependencies",
-        "-DincludeScope=runtime", f"-DoutputDirectory={paths.lib}",
-    ]
-    proc = subprocess.run(cmd, cwd=build, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise BrokerError(
-            f"mvn could not resolve kafka_2.13:{paths.version}:\n{proc.stdout[-2000:]}"
-        )
+    listing = build / "deps.txt"
+    _mvn(build, _POM.format(version=paths.version, extra=""),
+         "dependency:list", "-DincludeScope=runtime", f"-DoutputFile={listing}")
+    found = _LOG4J_CORE.search(listing.read_text())
+    if found is None:
+        raise BrokerError(f"kafka_2.13:{paths.version} brings no log4j-core: only Kafka 4.x "
+                          "is supported by this script")
+    extra = _SLF4J_BINDING.format(log4j=found.group(1))
+    _mvn(build, _POM.format(version=paths.version, extra=extra),
+         "dependency:copy-dependencies", "-DincludeScope=runtime",
+         f"-DoutputDirectory={paths.lib}")
     marker.write_text(paths.version)
     return paths.lib
 

@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     llm_model: str = Field("gpt-4o-mini", description="Chat model")
 
     # --- The local broker (memstream broker ...) --------------------------------------
-    kafka_version: str = Field("4.1.1", description="org.apache.kafka:kafka_2.13 version")
+    kafka_version: str = Field("4.4.0", description="org.apache.kafka:kafka_2.13 version")
     kafka_home: Path = Field(default_factory=_default_home, description="Jar cache, broker data")
     kafka_port: int = Field(9092, description="PLAINTEXT port of the local broker")
     kafka_controller_port: int = Field(9093, description="KRaft controller port")
