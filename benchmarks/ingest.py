@@ -21,21 +21,18 @@ import random
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from memstream import broker as local_broker
-from memstream.kafka_io import TopicReader, start_producer
+from memstream.kafka_io import start_producer
 from memstream.process import WorkerProcess
 from memstream.settings import Settings
+from memstream.stand_in import AckExtractor
 from topics.registry import create_topics, delete_topics, registry
 from topics.schemas import (
     ChatMessage,
     Event,
-    ExtractionJob,
-    JobResult,
-    JobStatus,
     SessionEvent,
 )
 
@@ -86,46 +83,6 @@ def conversations(messages: int, users: int, seed: int = 7) -> list[Event]:
     return out
 
 
-@dataclass
-class Run:
-    jobs: list[tuple[ExtractionJob, float]] = field(default_factory=list)  # job, broker ts
-    trivial: int = 0
-    covered: int = 0
-    done_at: float = 0.0
-
-
-async def extractor(settings: Settings, run: Run, expected: int, timeout: float) -> None:
-    topics = registry(settings)
-    b = settings.bootstrap_servers
-    jobs = await TopicReader(b, topics.jobs.name).start()
-    results = await TopicReader(b, topics.job_results.name).start()
-    producer = await start_producer(b)
-    deadline = time.monotonic() + timeout
-    try:
-        while run.covered < expected and time.monotonic() < deadline:
-            for r in await jobs.poll(0.05):
-                job = ExtractionJob.model_validate_json(r.value)
-                run.jobs.append((job, r.timestamp / 1000))
-                run.covered += job.to_seq - job.from_seq
-                res = JobResult(
-                    job_id=job.job_id, tenant_id=job.tenant_id, user_id=job.user_id,
-                    session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
-                    status=JobStatus.DONE, finished_at=datetime.now(UTC))
-                await producer.send(topics.job_results.name, res.dumps(), key=r.key)
-            for r in await results.poll(0.01):
-                res = JobResult.model_validate_json(r.value)
-                if res.status == JobStatus.TRIVIAL:
-                    run.trivial += 1
-                    run.covered += res.to_seq - res.from_seq
-            jobs.records.clear()
-            results.records.clear()
-        run.done_at = time.time()
-    finally:
-        await producer.stop()
-        await jobs.stop()
-        await results.stop()
-
-
 async def drained(settings: Settings, total: int, timeout: float = 1800) -> float:
     """Wait until the worker's group has committed every message; returns that time."""
     from aiokafka.admin import AIOKafkaAdminClient
@@ -172,7 +129,7 @@ async def produce(settings: Settings, events: list[Event], rate: float | None) -
     return ends
 
 
-def delays(run: Run, ends: dict[str, float]) -> dict[str, list[float]]:
+def delays(run: AckExtractor, ends: dict[str, float]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for job, emitted in run.jobs:
         if job.reason.value == "idle":
@@ -192,27 +149,27 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def one_run(base: Settings, events: list[Event], rate: float | None, work: Path,
-                  label: str) -> tuple[Run, dict[str, float], float]:
+                  label: str) -> tuple[AckExtractor, dict[str, float], float]:
     name = f"bench-{label}-{uuid.uuid4().hex[:6]}"
     settings = base.model_copy(update={"topic_prefix": name, "app_id": name,
                                        "data_dir": work / name})
     await create_topics(settings)
     messages = sum(isinstance(e, ChatMessage) for e in events)
-    run = Run()
+    run = AckExtractor(settings)
     worker = None
     try:
         if rate is None:  # backlog first, then the worker drains it
             ends = await produce(settings, events, None)
             worker = WorkerProcess(settings, work / f"{name}.log").start()
             t0 = time.time()
-            task = asyncio.create_task(extractor(settings, run, messages, timeout=1800))
+            task = asyncio.create_task(run.run(messages, timeout=1800))
             t_drained = await drained(settings, messages)
             await task
             return run, ends, t_drained - t0
         else:
             worker = WorkerProcess(settings, work / f"{name}.log").start()
             t0 = time.time()
-            task = asyncio.create_task(extractor(settings, run, messages, timeout=1800))
+            task = asyncio.create_task(run.run(messages, timeout=1800))
             ends = await produce(settings, events, rate)
             await task
         return run, ends, run.done_at - t0
@@ -250,11 +207,11 @@ def main() -> None:
         "messages": n, "users": args.users, "guarantee": args.guarantee,
         "throughput_msg_per_s": round(n / seconds, 1),
         "jobs_per_100_messages": round(100 * len(run.jobs) / n, 2),
-        "trivial_resolved_per_100_messages": round(100 * run.trivial / n, 2),
+        "trivial_resolved_per_100_messages": round(100 * len(run.trivial) / n, 2),
         "per_message_baseline_per_100": 100,
         "latency_phase": {"messages": n_lat, "rate_msg_per_s": args.rate,
                           "jobs_per_100_messages": round(100 * len(lat_run.jobs) / n_lat, 2),
-                          "trivial_per_100_messages": round(100 * lat_run.trivial / n_lat, 2),
+                          "trivial_per_100_messages": round(100 * len(lat_run.trivial) / n_lat, 2),
                           "p50_ms": round(pct(every, 0.5), 1),
                           "p99_ms": round(pct(every, 0.99), 1),
                           "by_reason": {r: {"n": len(d), "p50_ms": round(pct(d, 0.5), 1),

@@ -213,15 +213,7 @@ def pump(state: UserState, now: float, policy: Policy) -> Step:
 
 
 def _trivial_result(job: ExtractionJob, now: float) -> JobResult:
-    return JobResult(
-        job_id=job.job_id, tenant_id=job.tenant_id, user_id=job.user_id,
-        session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
-        status=JobStatus.TRIVIAL, llm_calls=0, finished_at=_ts(now),
-    )
-
-
-def _merge(a: Step, b: Step) -> Step:
-    return Step(b.state, a.jobs + b.jobs, a.resolved + b.resolved, a.duplicate or b.duplicate)
+    return JobResult.for_job(job, JobStatus.TRIVIAL, _ts(now))
 
 
 def on_message(state: UserState, msg: ChatMessage, now: float, policy: Policy) -> Step:

@@ -151,6 +151,16 @@ class JobResult(Event):
     llm_calls: int = 0
     finished_at: datetime
 
+    @classmethod
+    def for_job(cls, job: ExtractionJob, status: JobStatus, finished_at: datetime,
+                *, llm_calls: int = 0, error: str | None = None) -> JobResult:
+        """The result that closes ``job``'s loop."""
+        return cls(
+            job_id=job.job_id, tenant_id=job.tenant_id, user_id=job.user_id,
+            session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
+            status=status, error=error, llm_calls=llm_calls, finished_at=finished_at,
+        )
+
 
 class Tick(Event):
     """Internal: asks the ingest agent to look at one user's timers (idle, retry, timeout)."""

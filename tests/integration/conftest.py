@@ -101,11 +101,7 @@ class Harness:
 
     async def complete(self, job: ExtractionJob, status: JobStatus = JobStatus.DONE) -> None:
         """Play the extractor: report the job's result."""
-        await self.send(JobResult(
-            job_id=job.job_id, tenant_id=job.tenant_id, user_id=job.user_id,
-            session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
-            status=status, finished_at=datetime.now(UTC),
-        ))
+        await self.send(JobResult.for_job(job, status, datetime.now(UTC)))
 
     async def wait_jobs(self, n: int, timeout: float = 30.0) -> list[ExtractionJob]:
         assert self.jobs is not None

@@ -21,8 +21,4 @@ def msg(text: str = "I live in Berlin and work at Siemens", *, session: str = "s
 
 
 def result(job, status: JobStatus = JobStatus.DONE, now: float = 0.0) -> JobResult:
-    return JobResult(
-        job_id=job.job_id, tenant_id=job.tenant_id, user_id=job.user_id,
-        session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
-        status=status, finished_at=datetime.fromtimestamp(now, UTC),
-    )
+    return JobResult.for_job(job, status, datetime.fromtimestamp(now, UTC))
