@@ -1,0 +1,146 @@
+"""Deciding what changes (SPEC §4), as pure functions.
+
+The decision maker (LLM or rules) sees a candidate fact and the user's most similar live
+memories numbered 1..k — never their real ids — and answers ADD, UPDATE(i), DELETE(i) or
+NOOP. :func:`resolve` turns that answer into planned ops with deterministic op ids:
+
+- an index the maker was not shown is rejected (:class:`InvalidDecision`: retried);
+- a DELETE that comes with a new fact (a contradiction) becomes an UPDATE of the target, so
+  the new fact is never lost; a DELETE without a new fact ("I no longer use mocks") stays;
+- UPDATE closes the target version and opens ``version + 1`` under the same memory id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from memory.model import (
+    Memory,
+    MemoryType,
+    OpKind,
+    Source,
+    Status,
+    new_memory_id,
+)
+from memstream.errors import MemstreamError
+
+
+class InvalidDecision(MemstreamError):
+    """The decision names a memory it was not shown, or is otherwise unusable."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A fact worth remembering, as extracted from the messages."""
+
+    text: str
+    type: MemoryType = MemoryType.EPISODIC
+    importance: int = 5
+    expires_in_days: float | None = None
+    slot: str | None = None
+    new_fact: bool = True  # False for a pure retraction ("I no longer use mocks")
+
+
+@dataclass(frozen=True)
+class Decision:
+    op: OpKind
+    target: int | None = None  # 1-based index into the memories shown
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class IdMap:
+    """Real memory ids <-> the small integers the decision maker sees."""
+
+    memories: tuple[Memory, ...]
+
+    def shown(self) -> list[tuple[int, Memory]]:
+        return list(enumerate(self.memories, start=1))
+
+    def lookup(self, index: int | None) -> Memory:
+        if index is None or not 1 <= index <= len(self.memories):
+            raise InvalidDecision(
+                f"target {index!r} is not one of the {len(self.memories)} memories shown"
+            )
+        return self.memories[index - 1]
+
+
+@dataclass(frozen=True)
+class PlannedOp:
+    """One change to apply.
+
+    ``before`` is the live version it acts on (None for ADD), ``after`` the version it
+    leaves (the new version; for DELETE the closed one), ``writes`` every version record
+    to store — UPDATE writes the closed old version and the new one.
+    """
+
+    op_id: str
+    kind: OpKind
+    memory_id: str
+    before: Memory | None
+    after: Memory
+    writes: tuple[Memory, ...]
+    reason: str
+
+
+def op_id(job_id: str, index: int, kind: OpKind) -> str:
+    return hashlib.sha256(f"{job_id}\x1f{index}\x1f{kind.value}".encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where the candidate came from and when it is applied."""
+
+    tenant_id: str
+    user_id: str
+    session_id: str
+    from_seq: int
+    to_seq: int
+    job_id: str
+    now: float
+    message_ids: tuple[str, ...] = ()
+
+    def source(self, op: str) -> Source:
+        return Source(self.session_id, self.from_seq, self.to_seq, self.job_id, op,
+                      self.message_ids)
+
+
+def _expires(c: Candidate, now: float) -> float | None:
+    return None if c.expires_in_days is None else now + c.expires_in_days * 86_400
+
+
+def _opened(c: Candidate, ctx: Context, op: str, memory_id: str, version: int,
+            created_at: float) -> Memory:
+    return Memory(
+        memory_id=memory_id, tenant_id=ctx.tenant_id, user_id=ctx.user_id, type=c.type,
+        content=c.text, importance=max(1, min(10, c.importance)), created_at=created_at,
+        updated_at=ctx.now, valid_from=ctx.now, expires_at=_expires(c, ctx.now),
+        source=ctx.source(op), version=version, slot=c.slot,
+    )
+
+
+def resolve(c: Candidate, index: int, shown: IdMap, d: Decision, ctx: Context) -> list[PlannedOp]:
+    """Planned ops for candidate number ``index`` of job ``ctx.job_id``."""
+    kind = d.op
+    if kind == OpKind.NOOP:
+        return []
+    if kind == OpKind.DELETE and c.new_fact:
+        kind = OpKind.UPDATE  # a contradiction: replace, never drop the new fact
+    oid = op_id(ctx.job_id, index, kind)
+    if kind == OpKind.ADD:
+        mid = new_memory_id(oid)
+        added = _opened(c, ctx, oid, mid, 1, ctx.now)
+        return [PlannedOp(oid, kind, mid, None, added, (added,), d.reason)]
+    target = shown.lookup(d.target)
+    closed = target.evolve(
+        valid_to=ctx.now, updated_at=ctx.now,
+        status=Status.SUPERSEDED if kind == OpKind.UPDATE else Status.DELETED,
+        extra={**target.extra, "closed_by": oid},
+    )
+    if kind == OpKind.DELETE:
+        return [PlannedOp(oid, kind, target.memory_id, target, closed, (closed,), d.reason)]
+    opened = _opened(c, ctx, oid, target.memory_id, target.version + 1, target.created_at)
+    opened = opened.evolve(slot=c.slot or target.slot,
+                           importance=max(opened.importance, target.importance))
+    return [PlannedOp(oid, kind, target.memory_id, target, opened, (closed, opened), d.reason)]

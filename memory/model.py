@@ -1,0 +1,107 @@
+"""The memory record and the types around it (SPEC §2, §4): plain data, no I/O.
+
+Every version of a memory is its own record: an UPDATE closes the old version
+(``valid_to``, status ``superseded``) and opens a new one with ``version + 1`` under the
+same ``memory_id``, so history stays answerable ("where did the user live in March?").
+Status is a keyword, never a boolean (qdrant-edge 0.9.0 matches ``False`` against ``0``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+GLOBAL_USER = "__global__"  # the scope of semantic knowledge, readable by every user
+_NS = uuid.UUID("6f1c2a8e-4b7d-4e55-9a0e-3c1d2b7f9e01")
+
+
+class MemoryType(StrEnum):
+    SEMANTIC = "semantic"  # shared knowledge, global scope
+    EPISODIC = "episodic"  # one user's facts and events
+    PROCEDURAL = "procedural"  # rules of how to act, returned as a block
+
+
+class Status(StrEnum):
+    ACTIVE = "active"
+    SUPERSEDED = "superseded"  # an older version, closed by an UPDATE
+    ARCHIVED = "archived"  # decayed: kept, not returned by default
+    DELETED = "deleted"  # DELETE op or user request: kept for audit until erased
+
+
+class OpKind(StrEnum):
+    ADD = "add"
+    UPDATE = "update"
+    DELETE = "delete"
+    NOOP = "noop"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Lineage: which messages, job and op produced this version."""
+
+    session_id: str
+    from_seq: int
+    to_seq: int
+    job_id: str
+    op_id: str
+    message_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Memory:
+    memory_id: str
+    tenant_id: str
+    user_id: str  # GLOBAL_USER for semantic knowledge
+    type: MemoryType
+    content: str
+    importance: int
+    created_at: float
+    updated_at: float
+    valid_from: float
+    source: Source
+    version: int = 1
+    valid_to: float | None = None
+    expires_at: float | None = None
+    last_accessed_at: float | None = None
+    access_count: int = 0
+    status: Status = Status.ACTIVE
+    slot: str | None = None  # what single-valued thing it is about ("residence", ...)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def point_id(self) -> str:
+        """Deterministic id of this version in the vector store."""
+        return version_point_id(self.memory_id, self.version)
+
+    @property
+    def live(self) -> bool:
+        return self.status == Status.ACTIVE
+
+    def to_payload(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["type"] = self.type.value
+        data["status"] = self.status.value
+        data["source"]["message_ids"] = list(self.source.message_ids)
+        return data
+
+    @classmethod
+    def from_payload(cls, data: dict[str, Any]) -> Memory:
+        src = dict(data["source"])
+        src["message_ids"] = tuple(src.get("message_ids") or ())
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**{**fields, "type": MemoryType(data["type"]),
+                      "status": Status(data["status"]), "source": Source(**src)})
+
+    def evolve(self, **changes: Any) -> Memory:
+        return replace(self, **changes)
+
+
+def version_point_id(memory_id: str, version: int) -> str:
+    return str(uuid.uuid5(_NS, f"{memory_id}:{version}"))
+
+
+def new_memory_id(op_id: str) -> str:
+    """A memory created by op ``op_id`` always gets the same id (replays are idempotent)."""
+    return str(uuid.uuid5(_NS, f"memory:{op_id}"))

@@ -1,0 +1,60 @@
+"""The memory store: one small protocol, two Qdrant implementations.
+
+- :class:`memory.store_edge.EdgeStore` — Qdrant Edge in-process (``qdrant-edge-py``),
+  persistent on disk: the embedded default. One process owns a path.
+- :class:`memory.store_server.ServerStore` — a Qdrant server through ``qdrant-client``
+  (URL + API key) for multi-worker deployments; ``QdrantClient(":memory:")`` in tests.
+
+Every read is scoped to one tenant and one user (plus, where asked, the global scope of
+semantic knowledge); there is no unscoped query in the protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from memory.model import GLOBAL_USER, Memory
+from memstream.errors import MemstreamError
+
+INDEXED_KEYWORDS = ("tenant_id", "user_id", "status", "memory_id", "slot", "source.op_id",
+                    "extra.closed_by")
+
+
+class StoreError(MemstreamError):
+    """The vector store failed or refused an operation."""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Whose memories a call may touch."""
+
+    tenant_id: str
+    user_id: str
+    include_global: bool = False
+
+    def users(self) -> list[str]:
+        return [self.user_id, GLOBAL_USER] if self.include_global else [self.user_id]
+
+
+class MemoryStore(Protocol):
+    def write(self, memories: Sequence[Memory], vectors: Sequence[list[float] | None]) -> None:
+        """Upsert version records; a ``None`` vector keeps the stored one (payload only)."""
+        ...
+
+    def search(self, scope: Scope, vector: list[float], k: int,
+               statuses: Sequence[str] = ("active",)) -> list[tuple[Memory, float]]:
+        """Top-k by cosine among the scope's memories with one of ``statuses``."""
+        ...
+
+    def list(self, scope: Scope, statuses: Sequence[str] | None = ("active",),
+             limit: int = 10_000) -> list[Memory]:
+        """Every version record in the scope (all statuses when ``statuses`` is None)."""
+        ...
+
+    def op_applied(self, scope: Scope, op_id: str) -> bool:
+        """Has op ``op_id`` already left a record in this scope (idempotent apply)?"""
+        ...
+
+    def close(self) -> None: ...

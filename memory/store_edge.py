@@ -1,0 +1,91 @@
+"""The embedded default store: the Qdrant engine in-process (qdrant-edge-py 0.9.0)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from memory.model import Memory
+from memory.store import INDEXED_KEYWORDS, Scope, StoreError
+
+
+class EdgeStore:
+    """Persistent on disk at ``path``; one process owns a path."""
+
+    def __init__(self, path: Path, dim: int) -> None:
+        import qdrant_edge as qe
+
+        self._qe = qe
+        self._lock = threading.Lock()  # the shard is shared by the agent's threads
+        path.mkdir(parents=True, exist_ok=True)
+        shard_dir = path / "shard"
+        try:
+            if shard_dir.exists() and any(shard_dir.iterdir()):
+                self._shard = qe.EdgeShard.load(str(shard_dir))
+            else:
+                config = qe.EdgeConfig(vectors=qe.EdgeVectorParams(
+                    size=dim, distance=qe.Distance.Cosine))
+                self._shard = qe.EdgeShard.create(str(shard_dir), config)
+                for name in INDEXED_KEYWORDS:
+                    self._shard.update(qe.UpdateOperation.create_field_index(
+                        name, qe.PayloadSchemaType.Keyword))
+        except Exception as exc:
+            raise StoreError(f"cannot open the Qdrant Edge shard at {shard_dir}: {exc}") from exc
+
+    def _filter(self, scope: Scope, statuses: Sequence[str] | None,
+                extra: list[Any] | None = None) -> Any:
+        qe = self._qe
+        must = [
+            qe.FieldCondition(key="tenant_id", match=qe.MatchValue(scope.tenant_id)),
+            qe.FieldCondition(key="user_id", match=qe.MatchAny(scope.users())),
+        ]
+        if statuses is not None:
+            must.append(qe.FieldCondition(key="status", match=qe.MatchAny(list(statuses))))
+        return qe.Filter(must=must + (extra or []))
+
+    def write(self, memories: Sequence[Memory], vectors: Sequence[list[float] | None]) -> None:
+        qe = self._qe
+        points = [qe.Point(m.point_id, v, m.to_payload())
+                  for m, v in zip(memories, vectors, strict=True) if v is not None]
+        with self._lock:
+            if points:
+                self._shard.update(qe.UpdateOperation.upsert_points(points))
+            for m, v in zip(memories, vectors, strict=True):
+                if v is None:
+                    self._shard.update(qe.UpdateOperation.set_payload([m.point_id],
+                                                                      m.to_payload()))
+            self._shard.flush()
+
+    def search(self, scope: Scope, vector: list[float], k: int,
+               statuses: Sequence[str] = ("active",)) -> list[tuple[Memory, float]]:
+        qe = self._qe
+        request = qe.QueryRequest(limit=k, query=qe.Query.Nearest(vector),
+                                  filter=self._filter(scope, statuses), with_payload=True)
+        with self._lock:
+            hits = self._shard.query(request)
+        return [(Memory.from_payload(h.payload or {}), float(h.score)) for h in hits]
+
+    def list(self, scope: Scope, statuses: Sequence[str] | None = ("active",),
+             limit: int = 10_000) -> list[Memory]:
+        qe = self._qe
+        with self._lock:
+            records, _ = self._shard.scroll(qe.ScrollRequest(
+                limit=limit, filter=self._filter(scope, statuses), with_payload=True))
+        return [Memory.from_payload(r.payload or {}) for r in records]
+
+    def op_applied(self, scope: Scope, op_id: str) -> bool:
+        qe = self._qe
+        for key in ("source.op_id", "extra.closed_by"):
+            cond = qe.FieldCondition(key=key, match=qe.MatchValue(op_id))
+            with self._lock:
+                n = self._shard.count(qe.CountRequest(filter=self._filter(scope, None, [cond])))
+            if n:
+                return True
+        return False
+
+    def close(self) -> None:
+        with self._lock:
+            self._shard.flush()
+            self._shard.close()
