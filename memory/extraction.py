@@ -18,7 +18,7 @@ from typing import Protocol
 
 from memory import rules
 from memory.decisions import Candidate, Context, Decision, IdMap, PlannedOp, resolve
-from memory.embedding import Embedder
+from memory.embedding import Embedder, cosine
 from memory.model import Memory, OpKind
 from memory.store import MemoryStore, Scope
 from memory.triggers import is_trivial
@@ -68,7 +68,9 @@ class RulesModel:
 
 @dataclass
 class JobOutcome:
-    applied: list[PlannedOp] = field(default_factory=list)
+    """What deciding one job produced: ops (with the vector of each new version)."""
+
+    ops: list[tuple[PlannedOp, list[float] | None]] = field(default_factory=list)
     decisions: Counter[str] = field(default_factory=Counter)
     usage: Usage = Usage()
     trivial: bool = False
@@ -78,16 +80,40 @@ def all_trivial(job: ExtractionJob) -> bool:
     return all(m.role != Role.USER or is_trivial(m.content) for m in job.messages)
 
 
+class _Overlay:
+    """The store as it will be once this job's earlier ops are applied."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+        self.pending: dict[str, tuple[Memory, list[float]]] = {}  # memory_id -> live version
+        self.gone: set[str] = set()  # memory ids this job closed
+
+    def search(self, scope: Scope, vector: list[float], k: int) -> list[tuple[Memory, float]]:
+        touched = self.gone | set(self.pending)
+        hits = [(m, s) for m, s in self.store.search(scope, vector, k + len(touched))
+                if m.memory_id not in touched]
+        hits += [(m, cosine(v, vector)) for m, v in self.pending.values()]
+        return sorted(hits, key=lambda h: -h[1])[:k]
+
+    def record(self, op: PlannedOp, vector: list[float]) -> None:
+        if op.kind == OpKind.DELETE:
+            self.gone.add(op.memory_id)
+            self.pending.pop(op.memory_id, None)
+        else:
+            self.gone.discard(op.memory_id)
+            self.pending[op.memory_id] = (op.after, vector)
+
+
 @dataclass(frozen=True)
 class Extractor:
-    """Everything a job needs, injected once."""
+    """Decides one job against the store; applying is :func:`memory.apply.apply_op`."""
 
     model: MemoryModel
     embedder: Embedder
     store: MemoryStore
     top_k: int = 5
 
-    def run(self, job: ExtractionJob, now: float) -> JobOutcome:
+    def decide(self, job: ExtractionJob, now: float) -> JobOutcome:
         out = JobOutcome()
         if all_trivial(job):
             out.trivial = True
@@ -95,30 +121,18 @@ class Extractor:
         candidates, usage = self.model.extract(job.messages, job.context)
         out.usage += usage
         scope = Scope(job.tenant_id, job.user_id)
+        view = _Overlay(self.store)
         ctx = Context(job.tenant_id, job.user_id, job.session_id, job.from_seq, job.to_seq,
                       job.job_id, now, tuple(m.message_id for m in job.messages))
-        for index, cand in enumerate(candidates):
-            vector = self.embedder.embed([cand.text])[0]
-            similar = self.store.search(scope, vector, self.top_k)
+        vectors = self.embedder.embed([c.text for c in candidates])
+        for index, (cand, vector) in enumerate(zip(candidates, vectors, strict=True)):
+            similar = view.search(scope, vector, self.top_k)
             shown = IdMap(tuple(m for m, _ in similar))
             numbered = [(i, m, score) for i, (m, score) in enumerate(similar, start=1)]
             decision, usage = self.model.decide(cand, numbered, self.embedder.same_threshold)
             out.usage += usage
             out.decisions[decision.op.value] += 1
             for op in resolve(cand, index, shown, decision, ctx):
-                if self.apply(scope, op, vector):
-                    out.applied.append(op)
+                view.record(op, vector)
+                out.ops.append((op, None if op.kind == OpKind.DELETE else vector))
         return out
-
-    def apply(self, scope: Scope, op: PlannedOp, vector: list[float] | None = None) -> bool:
-        """Write the op's records unless it was applied before; True if written now."""
-        if op.kind == OpKind.NOOP or self.store.op_applied(scope, op.op_id):
-            return False
-        vectors: list[list[float] | None] = []
-        for record in op.writes:
-            if record.source.op_id != op.op_id:
-                vectors.append(None)  # a closed version keeps its vector
-            else:
-                vectors.append(vector or self.embedder.embed([record.content])[0])
-        self.store.write(op.writes, vectors)
-        return True

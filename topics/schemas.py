@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -187,3 +187,62 @@ class DeadLetter(BaseModel):
 
     def dumps(self) -> bytes:
         return self.model_dump_json().encode()
+
+
+class Lineage(BaseModel):
+    """Which conversation a change came from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    from_seq: int
+    to_seq: int
+    job_id: str
+    message_ids: list[str] = Field(default_factory=list)
+
+
+class MemoryChange(Event):
+    """One applied ADD / UPDATE / DELETE, on the memory-change topic (the store's source of
+    truth: replaying these in order into an empty store rebuilds it without any LLM call).
+
+    ``records`` are the version records to store (UPDATE: the closed old version and the
+    new one); ``vector`` is the embedding of the new version (None for DELETE).
+    """
+
+    change_id: str  # the deterministic op id: downstream consumers deduplicate on it
+    op: Literal["add", "update", "delete"]
+    tenant_id: str
+    user_id: str
+    memory_id: str
+    version: int
+    before: dict[str, Any] | None
+    after: dict[str, Any]
+    records: list[dict[str, Any]]
+    vector: list[float] | None = None
+    reason: str = ""
+    lineage: Lineage
+    model: str
+    prompt_version: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    decided_at: datetime
+
+
+class JobDecision(Event):
+    """Internal: what the extract agent decided for one job, for the apply agent."""
+
+    job_id: str
+    tenant_id: str
+    user_id: str
+    session_id: str
+    from_seq: int
+    to_seq: int
+    status: JobStatus
+    changes: list[MemoryChange] = Field(default_factory=list)
+    decisions: dict[str, int] = Field(default_factory=dict)
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model: str = ""
+    prompt_version: str = ""
+    error: str | None = None
