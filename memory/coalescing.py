@@ -15,7 +15,11 @@ Rules:
 - a failed job leaves the watermark where it was and is retried with exponential backoff;
 - a job that gets no result within ``job_timeout`` is re-sent under the same id;
 - a session that is fully scanned and quiet for ``forget_after`` is dropped, so the state
-  of a long-lived user stays bounded (an ended session is dropped once flushed).
+  of a long-lived user stays bounded;
+- an ended session is kept (trimmed) until then: a message that arrives up to
+  ``late_grace`` after the end event (the end travels on another topic and may overtake
+  the last messages) is flushed at once, a later one reopens the session, and sequence
+  numbers never restart.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class Policy:
     retry_backoff_max_s: float = 3600.0
     dedup_window: int = 512
     forget_after_s: float = 7 * 86_400.0  # a fully scanned, quiet session is dropped
+    late_grace_s: float = 60.0  # a message this soon after the end event still belongs to it
+    ended_dedup_ids: int = 64  # message ids an ended session keeps (producer retries)
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,7 @@ class SessionState:
     last_activity: float = 0.0
     pending: TriggerReason | None = None  # the dirty flag, with the reason it was set
     ended: bool = False
+    ended_at: float | None = None
     failures: int = 0
     retry_at: float | None = None
 
@@ -181,9 +188,10 @@ def _job_for(state: UserState, sid: str, s: SessionState, reason: TriggerReason,
 
 
 def _close(state: UserState, sid: str, s: SessionState, policy: Policy) -> UserState:
-    """Store a session whose watermark moved; forget it once ended and fully scanned."""
+    """Store a session whose watermark moved; an ended, fully scanned one is slimmed."""
     if s.ended and s.watermark >= s.count:
-        return _with_session(state, sid, None)
+        s = replace(s, buffer=(), recent_ids=s.recent_ids[-policy.ended_dedup_ids:])
+        return _with_session(state, sid, s)
     return _with_session(state, sid, _trim(s, policy))
 
 
@@ -227,12 +235,14 @@ def on_message(state: UserState, msg: ChatMessage, now: float, policy: Policy) -
         ts=msg.ts.isoformat(), trivial=is_user and is_trivial(msg.content),
     )
     pending = s.pending
+    ended = s.ended and s.ended_at is not None and now - s.ended_at <= policy.late_grace_s
     if is_user and is_explicit(msg.content):
         pending = _stronger(pending, TriggerReason.EXPLICIT)
     s = replace(
         s, count=s.count + 1, buffer=(*s.buffer, buffered),
         recent_ids=(*s.recent_ids, msg.message_id)[-policy.dedup_window:],
-        last_activity=now, pending=pending, ended=False,
+        last_activity=now, pending=pending, ended=ended,
+        ended_at=s.ended_at if ended else None,
     )
     return pump(_with_session(state, msg.session_id, s), now, policy)
 
@@ -240,13 +250,12 @@ def on_message(state: UserState, msg: ChatMessage, now: float, policy: Policy) -
 def on_session_end(state: UserState, session_id: str, now: float, policy: Policy) -> Step:
     """Flush whatever the session holds below the threshold."""
     s = state.sessions.get(session_id)
-    if s is None:
+    if s is not None and s.ended:
         return Step(state)
-    s = replace(s, ended=True)
-    flight = state.in_flight
-    if s.watermark >= s.count and (flight is None or flight.session_id != session_id):
-        return pump(_with_session(state, session_id, None), now, policy)
-    return pump(_with_session(state, session_id, s), now, policy)
+    if s is None:  # the end overtook every message of the session (another topic)
+        s = SessionState(last_activity=now)
+    return pump(_with_session(state, session_id, replace(s, ended=True, ended_at=now)),
+                now, policy)
 
 
 def on_result(state: UserState, result: JobResult, now: float, policy: Policy) -> Step:

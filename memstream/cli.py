@@ -89,9 +89,9 @@ def topics_list(settings: Settings) -> None:
     from topics.registry import registry
 
     for spec in registry(settings).all():
-        days = spec.retention_ms / 86_400_000
+        keep = "forever" if spec.retention_ms < 0 else f"{spec.retention_ms / 86_400_000:.0f}d"
         click.echo(f"{spec.name:40} {spec.partitions:>3}  {spec.cleanup_policy:8} "
-                   f"{days:>5.0f}d  {spec.schema.__name__}")
+                   f"{keep:>7}  {spec.schema.__name__}")
 
 
 @main.command()

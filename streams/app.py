@@ -16,6 +16,7 @@ from faust.types import TableT
 from pydantic import BaseModel
 
 from memory.coalescing import Policy
+from memory.services import Services, build_services
 from memstream.settings import Settings
 from streams.counters import Counters
 from topics.registry import Topics, registry
@@ -48,6 +49,9 @@ class Pipeline:
     dead_letters: faust.TopicT
     state: TableT[bytes, Any]
     policy: Policy
+    decisions: faust.TopicT
+    memory_changes: faust.TopicT
+    services: Services
     clock: Callable[[], float] = time.time
     counters: Counters = field(default_factory=Counters)
 
@@ -61,9 +65,10 @@ def _raw_topic(app: faust.App, *names: str) -> faust.TopicT:
     return app.topic(*names, key_serializer="raw", value_serializer="raw")
 
 
-def build_app(settings: Settings, clock: Callable[[], float] = time.time) -> Pipeline:
-    """Create the Faust app with the ingest agent and its timer."""
-    from streams import ingest
+def build_app(settings: Settings, clock: Callable[[], float] = time.time,
+              services: Services | None = None) -> Pipeline:
+    """Create the Faust app: the ingest agent and its timer, the extract and apply agents."""
+    from streams import extract, ingest
 
     app = faust.App(settings.app_id, **settings.faust_kwargs())
     reg = registry(settings)
@@ -81,7 +86,12 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time) -> Pip
             key_type=bytes,  # raw keys "tenant/user"; values are JSON snapshots
         ),
         policy=policy_from(settings),
+        decisions=_raw_topic(app, reg.decisions.name),
+        memory_changes=_raw_topic(app, reg.memory_changes.name),
+        services=services or build_services(settings),
         clock=clock,
     )
     ingest.register(pipeline)
+    if settings.extract_enabled:
+        extract.register(pipeline)
     return pipeline

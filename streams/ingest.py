@@ -22,7 +22,7 @@ from memory import coalescing as machine
 from memstream.errors import InvalidRecord
 from streams.app import Pipeline
 from topics.codec import check_message, dead_letter, decode
-from topics.schemas import ChatMessage, JobResult, JobStatus, SessionEvent, Tick
+from topics.schemas import ChatMessage, DeadLetter, JobResult, JobStatus, SessionEvent, Tick
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +61,18 @@ def step_for(p: Pipeline, state: machine.UserState, event: BaseModel, now: float
     return machine.on_tick(state, now, policy)
 
 
-async def _dead_letter(p: Pipeline, exc: InvalidRecord, message: Any) -> None:
+def dead_letter_record(p: Pipeline, exc: InvalidRecord, message: Any) -> DeadLetter:
     p.counters.dead_letters += 1
-    record = dead_letter(
+    log.warning("dead letter %s[%s]@%s: %s", message.topic, message.partition,
+                message.offset, exc)
+    return dead_letter(
         exc, topic=message.topic, partition=message.partition, offset=message.offset,
         key=message.key, value=message.value, now=datetime.fromtimestamp(p.clock(), UTC),
     )
-    log.warning("dead letter %s[%s]@%s: %s", message.topic, message.partition,
-                message.offset, exc)
+
+
+async def _dead_letter(p: Pipeline, exc: InvalidRecord, message: Any) -> None:
+    record = dead_letter_record(p, exc, message)
     await p.dead_letters.send(key=message.key, value=record.dumps())
 
 

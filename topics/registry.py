@@ -17,7 +17,9 @@ from topics.schemas import (
     ChatMessage,
     DeadLetter,
     ExtractionJob,
+    JobDecision,
     JobResult,
+    MemoryChange,
     SessionEvent,
     Tick,
 )
@@ -56,11 +58,13 @@ class Topics:
     job_results: TopicSpec
     ticks: TopicSpec
     dead_letters: TopicSpec
+    decisions: TopicSpec
+    memory_changes: TopicSpec
 
     def all(self) -> list[TopicSpec]:
         return [
-            self.messages, self.session_events, self.jobs,
-            self.job_results, self.ticks, self.dead_letters,
+            self.messages, self.session_events, self.jobs, self.job_results, self.ticks,
+            self.dead_letters, self.decisions, self.memory_changes,
         ]
 
     def ingest_inputs(self) -> list[TopicSpec]:
@@ -97,6 +101,15 @@ def registry(settings: Settings) -> Topics:
             settings.topic("dead-letters"), DeadLetter, 1,
             settings.dead_letter_retention_days * DAY_MS, co_partitioned=False,
             doc="Records that broke the contract, with original bytes and the reason.",
+        ),
+        decisions=TopicSpec(
+            settings.topic("decisions"), JobDecision, n, keep,
+            doc="Internal: a job's decided changes, applied in order by the apply agent.",
+        ),
+        memory_changes=TopicSpec(
+            settings.topic("memory-changes"), MemoryChange, n, -1,
+            doc="Every applied ADD/UPDATE/DELETE with before/after, reason and lineage; "
+                "the store's source of truth (kept forever, replayable).",
         ),
     )
 

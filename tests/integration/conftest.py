@@ -65,6 +65,7 @@ class Harness:
             "bootstrap_servers": bootstrap, "topic_prefix": f"it-{run}", "app_id": f"it-{run}",
             "partitions": 2, "data_dir": tmp / "data", "tick_interval_s": 0.5,
             "web_enabled": False, "session_timeout_s": 10.0, "heartbeat_interval_s": 1.0,
+            "extract_enabled": False,  # the ingest tests play the extractor themselves
         }
         self.settings = Settings(**{**base, **overrides})  # type: ignore[arg-type]
         self.topics = registry(self.settings)

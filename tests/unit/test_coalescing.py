@@ -114,21 +114,49 @@ def test_assistant_text_is_never_an_instruction():
     assert jobs == []
 
 
-def test_session_end_flushes_and_forgets_the_session():
+def test_session_end_flushes_and_keeps_a_slim_session():
     state, _, _ = feed(fresh(), ["I live in Oslo now"])
     step = on_session_end(state, "s1", 5.0, P)
     assert [(j.from_seq, j.to_seq, j.reason) for j in step.jobs] == [
         (0, 1, TriggerReason.SESSION_END)
     ]
     done = on_result(step.state, result(step.jobs[0]), 6.0, P)
-    assert "s1" not in done.state.sessions and done.state.in_flight is None
+    s = done.state.sessions["s1"]
+    assert done.state.in_flight is None and s.buffer == () and s.watermark == s.count == 1
+
+
+def test_message_overtaken_by_the_end_event_is_flushed_at_once():
+    p = Policy(min_new_messages=4, late_grace_s=60)
+    state = on_message(fresh(), msg("I live in Oslo now"), 0.0, p).state
+    state = on_session_end(state, "s1", 1.0, p).state  # the end overtook "Noted."
+    state = on_result(state, result(state_job(state)), 2.0, p).state
+    late = on_message(state, msg("my son is Leo, remember that"), 30.0, p)
+    assert [(j.from_seq, j.to_seq) for j in late.jobs] == [(1, 2)]  # seq continues
+
+
+def test_end_event_before_any_message_still_flushes_them():
+    p = Policy(min_new_messages=4, late_grace_s=60)
+    state = on_session_end(fresh(), "s1", 0.0, p).state
+    step = on_message(state, msg("I live in Oslo"), 1.0, p)
+    assert [(j.from_seq, j.to_seq, j.reason) for j in step.jobs] == [
+        (0, 1, TriggerReason.SESSION_END)]
+
+
+def test_message_long_after_the_end_reopens_the_session():
+    p = Policy(min_new_messages=4, late_grace_s=60)
+    state = on_message(fresh(), msg("I live in Oslo now"), 0.0, p).state
+    state = on_session_end(state, "s1", 1.0, p).state
+    state = on_result(state, result(state_job(state)), 2.0, p).state
+    step = on_message(state, msg("back again with a fact"), 500.0, p)
+    assert step.jobs == [] and step.state.sessions["s1"].ended is False
+    assert step.state.sessions["s1"].count == 2
 
 
 def test_session_end_with_nothing_new_emits_nothing():
     state, jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x"])
     state = on_result(state, result(jobs[0]), 1.0, P).state
     step = on_session_end(state, "s1", 2.0, P)
-    assert step.jobs == [] and "s1" not in step.state.sessions
+    assert step.jobs == [] and step.state.sessions["s1"].ended
 
 
 def test_idle_flush_only_after_timeout():

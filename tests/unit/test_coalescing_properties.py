@@ -50,8 +50,6 @@ class World:
         self.state = step.state
 
     def message(self, session: str, kind: str, dup: bool) -> None:
-        if session in self.ended:
-            return
         if dup and session in self.last_id:
             before = self.state.sessions.get(session)
             step = on_message(self.state, msg(TEXTS[kind], session=session,
@@ -87,10 +85,9 @@ class World:
 
     def drain(self) -> None:
         for s in SESSIONS:
-            if s not in self.ended:
-                self.ended.add(s)
-                self.absorb(on_session_end(self.state, s, self.now, P))
-        for _ in range(1000):
+            self.ended.add(s)
+            self.absorb(on_session_end(self.state, s, self.now, P))
+        for _ in range(2000):
             if self.outstanding:
                 self.complete("done")
             elif self.state.sessions:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from memory.apply import apply_change, change_for
 from memory.calibrate import calibrate, load_pairs
 from memory.decisions import Candidate, Context, Decision, IdMap, InvalidDecision, resolve
 from memory.embedding import HashingEmbedder, UseEmbedder
-from memory.apply import apply_change, change_for
 from memory.extraction import Extractor, JobOutcome, RulesModel
 from memory.model import Memory, OpKind, Source, Status
 from memory.store import Scope
@@ -122,7 +122,8 @@ def run(ex: Extractor, j: ExtractionJob, now: float) -> tuple[JobOutcome, list]:
     """Decide, then apply every change like the apply agent does; returns applied ops."""
     out = ex.decide(j, now)
     changes = [change_for(op, vec, j, out, ex.model, now) for op, vec in out.ops]
-    applied = [op for (op, _), ch in zip(out.ops, changes) if apply_change(ex.store, ch)]
+    applied = [op for (op, _), ch in zip(out.ops, changes, strict=True)
+               if apply_change(ex.store, ch)]
     return out, applied
 
 

@@ -1,0 +1,69 @@
+"""The composition root of the memory core: backends chosen by settings, built once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memory.embedding import Embedder, HashingEmbedder, OpenAIEmbedder, UseEmbedder
+from memory.extraction import Extractor, MemoryModel, RulesModel
+from memory.store import MemoryStore
+from memstream.errors import ConfigError
+from memstream.settings import Settings
+
+
+@dataclass(frozen=True)
+class Services:
+    model: MemoryModel
+    embedder: Embedder
+    store: MemoryStore
+    extractor: Extractor
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _openai_client(settings: Settings) -> object:
+    from openai import OpenAI
+
+    key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else "unused"
+    return OpenAI(base_url=settings.llm_base_url, api_key=key, max_retries=0,
+                  timeout=settings.llm_timeout_s)
+
+
+def build_embedder(settings: Settings) -> Embedder:
+    if settings.embedder == "hashing":
+        return HashingEmbedder()
+    if settings.embedder == "openai":
+        return OpenAIEmbedder(settings.embedding_model, settings.embedding_dim,
+                              client=_openai_client(settings))
+    return UseEmbedder()
+
+
+def build_store(settings: Settings, dim: int) -> MemoryStore:
+    if settings.store == "server":
+        from memory.store_server import ServerStore
+
+        if not settings.qdrant_url:
+            raise ConfigError("store=server needs MEMSTREAM_QDRANT_URL")
+        key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
+        return ServerStore.connect(settings.qdrant_url, key, settings.qdrant_collection, dim)
+    from memory.store_edge import EdgeStore
+
+    return EdgeStore(settings.data_dir / "qdrant", dim)
+
+
+def build_model(settings: Settings) -> MemoryModel:
+    if settings.llm == "openai":
+        raise ConfigError("MEMSTREAM_LLM=openai: the OpenAI-compatible gateway has not landed "
+                          "yet; the rules model (MEMSTREAM_LLM=rules) is the default")
+    return RulesModel()
+
+
+def build_services(settings: Settings) -> Services:
+    embedder = build_embedder(settings)
+    if settings.similarity_threshold is not None:
+        embedder.same_threshold = settings.similarity_threshold
+    store = build_store(settings, embedder.dim)
+    model = build_model(settings)
+    return Services(model, embedder, store,
+                    Extractor(model, embedder, store, top_k=settings.top_k_similar))

@@ -1,0 +1,114 @@
+"""The extract and apply agents: thin shells around :mod:`memory.extraction` / :mod:`memory.apply`.
+
+extract (jobs -> decisions): decode the job, decide it against the store in a worker
+thread (one job per user at a time; other users concurrently), retry transient failures
+with backoff, and send one :class:`JobDecision` — ``failed`` after the last retry, with
+the job set aside on the dead-letter topic so its messages stay recoverable.
+
+apply (decisions -> store, memory-changes, job-results): apply each change idempotently
+in order, publish it on the memory-change topic, then send the job result that lets the
+ingest stage emit the user's next job. Because the result is only sent once the changes
+are in the store, the next decision for that user never works from a stale snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+from memory.apply import apply_change, change_for
+from memory.extraction import JobOutcome
+from memstream.errors import InvalidRecord
+from streams.app import Pipeline
+from streams.ingest import dead_letter_record
+from topics.codec import decode
+from topics.schemas import ExtractionJob, JobDecision, JobResult, JobStatus
+
+log = logging.getLogger(__name__)
+
+
+def decision_for(p: Pipeline, job: ExtractionJob, out: JobOutcome, now: float) -> JobDecision:
+    model = p.services.model
+    changes = [change_for(op, vec, job, out, model, now) for op, vec in out.ops]
+    return JobDecision(
+        job_id=job.job_id, tenant_id=job.tenant_id, user_id=job.user_id,
+        session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
+        status=JobStatus.TRIVIAL if out.trivial else JobStatus.DONE, changes=changes,
+        decisions=dict(out.decisions), llm_calls=out.usage.calls,
+        prompt_tokens=out.usage.prompt_tokens, completion_tokens=out.usage.completion_tokens,
+        model=model.name, prompt_version=model.prompt_version,
+    )
+
+
+def failed_decision(job: ExtractionJob, error: str) -> JobDecision:
+    return JobDecision(
+        job_id=job.job_id, tenant_id=job.tenant_id, user_id=job.user_id,
+        session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
+        status=JobStatus.FAILED, error=error,
+    )
+
+
+async def decide_with_retries(p: Pipeline, job: ExtractionJob) -> JobDecision:
+    s = p.settings
+    delay = s.extract_backoff_s
+    for attempt in range(s.extract_retries + 1):
+        now = p.clock()
+        try:
+            out = await asyncio.to_thread(p.services.extractor.decide, job, now)
+            return decision_for(p, job, out, now)
+        except Exception as exc:  # every failure is retried, then reported
+            reason = f"{type(exc).__name__}: {exc}"[:500]
+            log.warning("job %s attempt %d failed: %s", job.job_id, attempt + 1, reason)
+            if attempt == s.extract_retries:
+                return failed_decision(job, reason)
+            await asyncio.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+def register(p: Pipeline) -> None:
+    locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    @p.app.agent(p.jobs, name="extract", concurrency=p.settings.extract_concurrency)
+    async def extract(stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            try:
+                job = decode(ExtractionJob, message.value, message.key)
+            except InvalidRecord as exc:
+                await p.dead_letters.send(key=message.key, value=dead_letter_record(
+                    p, exc, message).dumps())
+                continue
+            key = job.key()
+            async with locks[key]:
+                decision = await decide_with_retries(p, job)
+            if decision.status == JobStatus.FAILED:
+                failure = InvalidRecord("extraction_failed", decision.error or "failed")
+                await p.dead_letters.send(key=message.key, value=dead_letter_record(
+                    p, failure, message).dumps())
+            await p.decisions.send(key=key.encode(), value=decision.dumps())
+
+    @p.app.agent(p.decisions, name="apply")
+    async def apply(stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            try:
+                decision = decode(JobDecision, message.value, message.key)
+            except InvalidRecord as exc:
+                await p.dead_letters.send(key=message.key, value=dead_letter_record(
+                    p, exc, message).dumps())
+                continue
+            for change in decision.changes:
+                await asyncio.to_thread(apply_change, p.services.store, change)
+                await p.memory_changes.send(key=message.key, value=change.dumps())
+            result = JobResult(
+                job_id=decision.job_id, tenant_id=decision.tenant_id,
+                user_id=decision.user_id, session_id=decision.session_id,
+                from_seq=decision.from_seq, to_seq=decision.to_seq, status=decision.status,
+                error=decision.error, llm_calls=decision.llm_calls,
+                finished_at=datetime.fromtimestamp(p.clock(), UTC),
+            )
+            await p.job_results.send(key=message.key, value=result.dumps())
