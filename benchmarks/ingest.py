@@ -190,7 +190,7 @@ def main() -> None:
     ap.add_argument("--guarantee", default="exactly_once",
                     choices=["exactly_once", "at_least_once"])
     args = ap.parse_args()
-    base = Settings(idle_timeout_s=5.0, tick_interval_s=1.0, partitions=4,
+    base = Settings(idle_timeout_s=5.0, tick_interval_s=1.0, partitions=4, extract_enabled=False,
                     processing_guarantee=args.guarantee)
     if local_broker.read_pid(local_broker.paths_for(base)) is None:
         local_broker.start(base)

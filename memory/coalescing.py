@@ -39,7 +39,7 @@ from topics.schemas import (
     TriggerReason,
 )
 
-# Lower is more urgent: explicit instructions go first (the real-time tier).
+# Which reason a session's dirty flag keeps when several apply (lower wins).
 _PRIORITY = {
     TriggerReason.EXPLICIT: 0,
     TriggerReason.THRESHOLD: 1,
@@ -163,6 +163,11 @@ def due_reason(s: SessionState, now: float, policy: Policy) -> TriggerReason | N
     return None
 
 
+def _oldest_unscanned(s: SessionState) -> str:
+    """ISO timestamp of the session's first unscanned message (UTC, sortable)."""
+    return next((m.ts for m in s.buffer if m.seq >= s.watermark), "")
+
+
 def _trim(s: SessionState, policy: Policy) -> SessionState:
     keep_from = s.watermark - policy.context_messages
     return replace(s, buffer=tuple(m for m in s.buffer if m.seq >= keep_from))
@@ -199,14 +204,18 @@ def pump(state: UserState, now: float, policy: Policy) -> Step:
     """If no job is in flight, start the most urgent due one (trivial ones resolve inline)."""
     resolved: list[JobResult] = []
     while state.in_flight is None:
+        # Among due sessions, the one whose oldest unscanned message is oldest goes first:
+        # facts must reach the store in conversation order, or an older "2 kids" decided
+        # after a newer "3 kids" would overwrite it. (Explicit makes a session due at once;
+        # it does not let newer messages overtake older ones.)
         due = [
-            (_PRIORITY[r], s.last_activity, sid, r)
+            (_oldest_unscanned(s), sid, r)
             for sid, s in state.sessions.items()
             if (r := due_reason(s, now, policy)) is not None
         ]
         if not due:
             break
-        *_, sid, reason = min(due)
+        _, sid, reason = min(due)
         s = state.sessions[sid]
         job = _job_for(state, sid, s, reason, now)
         if all(m.trivial or m.role != Role.USER for m in s.buffer if m.seq >= s.watermark):
@@ -232,7 +241,7 @@ def on_message(state: UserState, msg: ChatMessage, now: float, policy: Policy) -
     is_user = msg.role == Role.USER
     buffered = Msg(
         seq=s.count, message_id=msg.message_id, role=msg.role.value, content=msg.content,
-        ts=msg.ts.isoformat(), trivial=is_user and is_trivial(msg.content),
+        ts=msg.ts.astimezone(UTC).isoformat(), trivial=is_user and is_trivial(msg.content),
     )
     pending = s.pending
     ended = s.ended and s.ended_at is not None and now - s.ended_at <= policy.late_grace_s

@@ -111,17 +111,38 @@ def worker(settings: Settings, loglevel: str) -> None:
 
 
 @main.command()
+@click.option("--tenant", required=True)
+@click.option("--user", required=True)
+@click.option("-k", "k", default=None, type=int, help="How many memories (default: settings)")
+@click.argument("query")
+@click.pass_obj
+def search(settings: Settings, tenant: str, user: str, k: int | None, query: str) -> None:
+    """Top-k live memories of one user (plus global ones) for QUERY, with scores.
+
+    Asks the running worker's HTTP view when MEMSTREAM_API_KEY is set and it answers;
+    otherwise opens the store directly (the worker must not be running on it then).
+    """
+    import json
+
+    from memstream.search_client import search_http, search_local
+
+    k = k or settings.retrieval_k
+    result = search_http(settings, tenant, user, query, k)
+    if result is None:
+        result = search_local(settings, tenant, user, query, k)
+    click.echo(json.dumps(result, ensure_ascii=False, indent=2))
+
+
+@main.command()
 @click.option("--keep-broker/--stop-broker", default=False,
               help="Leave a broker that the demo started running afterwards.")
-@click.option("--extract-latency", default=0.3, show_default=True,
-              help="Seconds the stand-in extractor takes per job.")
 @click.pass_obj
-def demo(settings: Settings, keep_broker: bool, extract_latency: float) -> None:
-    """Broker + worker + the bundled sample conversations: print the jobs emitted."""
+def demo(settings: Settings, keep_broker: bool) -> None:
+    """Broker + worker + the bundled sample conversations: print the memories built."""
     from memstream.demo import run_demo
 
     logging.basicConfig(level=logging.WARNING)
-    run_demo(settings, keep_broker=keep_broker, extract_latency=extract_latency)
+    run_demo(settings, keep_broker=keep_broker)
 
 
 if __name__ == "__main__":

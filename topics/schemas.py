@@ -16,11 +16,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION: Literal[1] = 1
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,127}$")
+ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,127}$")
 
 
 def _check_id(value: str) -> str:
-    if not _ID.fullmatch(value):
+    if not ID_PATTERN.fullmatch(value):
         raise ValueError(
             "must be 1-128 characters of letters, digits and . _ : @ + = - "
             "(no '/', no spaces), starting with a letter or digit"

@@ -12,11 +12,11 @@ _ids = itertools.count()
 
 def msg(text: str = "I live in Berlin and work at Siemens", *, session: str = "s1",
         role: str = "user", mid: str | None = None, tenant: str = "t1",
-        user: str = "u1") -> ChatMessage:
+        user: str = "u1", minute: int = 0) -> ChatMessage:
     return ChatMessage(
         tenant_id=tenant, user_id=user, session_id=session,
         message_id=mid or f"m{next(_ids)}", role=role, content=text,
-        ts=datetime(2026, 1, 1, tzinfo=UTC),
+        ts=datetime(2026, 1, 1, 0, minute, tzinfo=UTC),
     )
 
 

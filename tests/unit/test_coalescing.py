@@ -254,3 +254,16 @@ def test_quiet_scanned_sessions_are_forgotten_but_not_unscanned_ones():
     step = on_tick(state, 1000.0, p)
     assert set(step.state.sessions) == {"open"} and step.jobs == []
     assert step.state.sessions["open"].count == 1
+
+
+def test_due_sessions_go_in_conversation_order_not_by_trigger():
+    state = fresh()
+    for i in range(4):  # session A: a job in flight
+        state = on_message(state, msg(f"a fact {i}", session="A", minute=i), 0.0, P).state
+    first = state.in_flight
+    state = on_message(state, msg("we have 2 kids", session="old", minute=5), 0.0, P).state
+    state = on_session_end(state, "old", 0.0, P).state
+    state = on_message(state, msg("remember: 3 kids now", session="new", minute=9), 0.0, P).state
+    assert first is not None and state.sessions["new"].pending == TriggerReason.EXPLICIT
+    step = on_result(state, result(state_job(state)), 1.0, P)
+    assert [j.session_id for j in step.jobs] == ["old"]  # older messages first
