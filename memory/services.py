@@ -54,8 +54,12 @@ def build_store(settings: Settings, dim: int) -> MemoryStore:
 
 def build_model(settings: Settings) -> MemoryModel:
     if settings.llm == "openai":
-        raise ConfigError("MEMSTREAM_LLM=openai: the OpenAI-compatible gateway has not landed "
-                          "yet; the rules model (MEMSTREAM_LLM=rules) is the default")
+        from memory.llm import OpenAIModel
+
+        if not settings.llm_base_url and settings.llm_api_key is None:
+            raise ConfigError("MEMSTREAM_LLM=openai needs MEMSTREAM_LLM_API_KEY or "
+                              "MEMSTREAM_LLM_BASE_URL")
+        return OpenAIModel(settings, client=_openai_client(settings))
     return RulesModel()
 
 

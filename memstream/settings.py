@@ -94,6 +94,8 @@ class Settings(BaseSettings):
     llm_api_key: SecretStr | None = Field(None, description="API key (never logged)")
     llm_model: str = Field("gpt-4o-mini", description="Chat model")
     llm_timeout_s: float = Field(30.0, gt=0, description="Timeout of one LLM call")
+    llm_retries: int = Field(3, ge=0, description="Retries of one LLM call (429/5xx/invalid)")
+    llm_backoff_s: float = Field(1.0, gt=0, description="First LLM retry delay (doubles)")
 
     # --- The local broker (memstream broker ...) --------------------------------------
     kafka_version: str = Field("4.4.0", description="org.apache.kafka:kafka_2.13 version")

@@ -1,0 +1,187 @@
+"""The OpenAI-compatible memory model: extraction and decision as two validated calls.
+
+Works against OpenAI, vLLM, Ollama or anything that speaks ``/v1/chat/completions``:
+- structured output through a JSON-schema response format, falling back to JSON mode
+  (and remembering it) when the server rejects ``json_schema``;
+- every reply is validated by a pydantic model; callers get the model, never a dict;
+- 429, 5xx, timeouts, connection errors, malformed JSON and schema-invalid replies are
+  retried with exponential backoff; other 4xx fail at once (:class:`LLMError`);
+- prompts are versioned files (``memory/prompts/<name>-v<N>.md``); the version travels
+  with every decision; token counts come back in :class:`Usage`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from functools import cache
+from importlib import resources
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, Field, ValidationError
+
+from memory.decisions import Candidate, Decision
+from memory.extraction import Usage
+from memory.model import Memory, MemoryType, OpKind
+from memstream.errors import MemstreamError
+from memstream.settings import Settings
+from topics.schemas import JobMessage, Role
+
+T = TypeVar("T", bound=BaseModel)
+EXTRACT_PROMPT = "extract-v1"
+DECIDE_PROMPT = "decide-v1"
+
+
+class LLMError(MemstreamError):
+    """The model could not produce a valid answer (after retries, or a permanent error)."""
+
+
+class InvalidReply(Exception):
+    """The reply was not valid JSON for the schema (retried)."""
+
+    def __init__(self, message: str, usage: Usage) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class FactOut(BaseModel):
+    text: str = Field(min_length=1, max_length=500)
+    type: Literal["episodic", "semantic", "procedural"] = "episodic"
+    importance: int = Field(ge=1, le=10)
+    expires_in_days: float | None = Field(default=None, gt=0)
+    slot: str | None = None
+    retraction: bool = False
+
+
+class ExtractReply(BaseModel):
+    facts: list[FactOut] = Field(max_length=50)
+
+
+class DecideReply(BaseModel):
+    op: Literal["ADD", "UPDATE", "DELETE", "NOOP"]
+    target: int | None = None
+    reason: str = Field(default="", max_length=500)
+
+
+@cache
+def prompt(name: str) -> str:
+    return resources.files("memory").joinpath(f"prompts/{name}.md").read_text("utf-8")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """One place decides what is worth retrying."""
+    import openai
+
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code == 429 or exc.status_code >= 500
+    return isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, InvalidReply))
+
+
+class OpenAIModel:
+    """Two calls per job: extract (one per job), decide (one per candidate)."""
+
+    name = "openai"
+
+    def __init__(self, settings: Settings, *, client: Any,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.model = settings.llm_model
+        self.name = f"openai:{settings.llm_model}"
+        self.prompt_version = f"{EXTRACT_PROMPT}+{DECIDE_PROMPT}"
+        self.retries = settings.llm_retries
+        self.backoff_s = settings.llm_backoff_s
+        self._client = client
+        self._sleep = sleep
+        self._json_mode = False  # set once the server rejected json_schema
+
+    # --- the protocol -------------------------------------------------------------------
+    def extract(self, messages: Sequence[JobMessage],
+                context: Sequence[JobMessage]) -> tuple[list[Candidate], Usage]:
+        def line(m: JobMessage) -> str:
+            return json.dumps({"role": m.role.value, "text": m.content}, ensure_ascii=False)
+
+        user = ("Earlier messages (context only, already processed):\n"
+                + "\n".join(line(m) for m in context)
+                + "\n\nNew messages to extract from:\n"
+                + "\n".join(line(m) for m in messages if m.role != Role.SYSTEM))
+        reply, usage = self._ask(EXTRACT_PROMPT, ExtractReply, user)
+        return [Candidate(f.text, MemoryType(f.type), f.importance, f.expires_in_days,
+                          f.slot, new_fact=not f.retraction) for f in reply.facts], usage
+
+    def decide(self, candidate: Candidate, shown: list[tuple[int, Memory, float]],
+               threshold: float) -> tuple[Decision, Usage]:
+        listed = "\n".join(
+            f"{i}. {m.content}" + ("  [about the same thing]" if score >= threshold else "")
+            for i, m, score in shown) or "(none)"
+        kind = "retraction" if not candidate.new_fact else "new fact"
+        user = f"Stored memories:\n{listed}\n\n{kind.capitalize()}: {candidate.text}"
+
+        def names_a_listed_memory(r: DecideReply) -> None:
+            if r.op in ("UPDATE", "DELETE") and not 1 <= (r.target or 0) <= len(shown):
+                raise ValueError(f"{r.op} target {r.target} is not one of 1..{len(shown)}")
+
+        reply, usage = self._ask(DECIDE_PROMPT, DecideReply, user, names_a_listed_memory)
+        return Decision(OpKind(reply.op.lower()), reply.target, reply.reason), usage
+
+    # --- one validated call with retries -------------------------------------------------
+    def _ask(self, prompt_name: str, schema: type[T], user: str,
+             check: Callable[[T], None] | None = None) -> tuple[T, Usage]:
+        system = prompt(prompt_name).replace(
+            "{schema}", json.dumps(schema.model_json_schema(), ensure_ascii=False))
+        usage = Usage()
+        delay = self.backoff_s
+        last: BaseException | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                reply, used = self._call(system, user, schema)
+                if check is not None:
+                    try:
+                        check(reply)
+                    except ValueError as exc:
+                        raise InvalidReply(str(exc), used) from exc
+                return reply, usage + used
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise LLMError(f"{prompt_name}: {type(exc).__name__}: {exc}") from exc
+                last = exc
+                if isinstance(exc, InvalidReply):
+                    usage += exc.usage
+            if attempt < self.retries:
+                self._sleep(delay)
+                delay *= 2
+        raise LLMError(f"{prompt_name}: no valid answer after {self.retries + 1} attempts: "
+                       f"{type(last).__name__}: {last}")
+
+    def _call(self, system: str, user: str, schema: type[T]) -> tuple[T, Usage]:
+        import openai
+
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        if not self._json_mode:
+            fmt: dict[str, Any] = {"type": "json_schema", "json_schema": {
+                "name": schema.__name__, "schema": schema.model_json_schema()}}
+            try:
+                resp = self._client.chat.completions.create(
+                    model=self.model, messages=messages, response_format=fmt, temperature=0)
+            except openai.BadRequestError as exc:
+                if "response_format" not in str(exc) and "json_schema" not in str(exc):
+                    raise
+                self._json_mode = True
+        if self._json_mode:
+            resp = self._client.chat.completions.create(
+                model=self.model, messages=messages, response_format={"type": "json_object"},
+                temperature=0)
+        used = Usage(1, getattr(resp.usage, "prompt_tokens", 0) or 0,
+                     getattr(resp.usage, "completion_tokens", 0) or 0)
+        text = resp.choices[0].message.content or ""
+        try:
+            return schema.model_validate_json(_strip_fences(text)), used
+        except ValidationError as exc:
+            raise InvalidReply(f"invalid {schema.__name__}: {exc.errors()[:3]}", used) from exc
+
+
+def _strip_fences(text: str) -> str:
+    text = text.strip()
+    if text.startswith("```"):
+        text = text.split("\n", 1)[1] if "\n" in text else ""
+        text = text.rsplit("```", 1)[0]
+    return text

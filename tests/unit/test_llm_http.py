@@ -1,0 +1,149 @@
+"""The OpenAI-compatible path over real HTTP against a local scripted test server."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from openai import OpenAI
+
+from memory.decisions import Candidate
+from memory.embedding import EmbeddingError, HashingEmbedder, OpenAIEmbedder
+from memory.extraction import Extractor
+from memory.llm import DECIDE_PROMPT, EXTRACT_PROMPT, LLMError, OpenAIModel
+from memory.model import Memory, OpKind, Source
+from memory.store import Scope
+from memory.store_edge import EdgeStore
+from memstream.settings import Settings
+from tests.fakes.openai_server import OpenAITestServer, Reply, chat, chat_json, error
+from topics.schemas import ExtractionJob, JobMessage, TriggerReason
+
+pytestmark = pytest.mark.unit
+
+FACTS = {"facts": [{"text": "Lives in Munich", "type": "episodic", "importance": 7,
+                    "slot": "residence"}]}
+
+
+@pytest.fixture
+def server():
+    with OpenAITestServer() as s:
+        yield s
+
+
+def model(server, retries=3, timeout=2.0) -> OpenAIModel:
+    settings = Settings(llm="openai", llm_base_url=server.url, llm_api_key="sk-test",
+                        llm_model="test-model", llm_retries=retries, llm_timeout_s=timeout)
+    client = OpenAI(base_url=server.url, api_key="sk-test", max_retries=0, timeout=timeout)
+    return OpenAIModel(settings, client=client, sleep=lambda s: None)
+
+
+def msgs(*texts):
+    return [JobMessage(seq=i, message_id=f"m{i}", role="user", content=t,
+                       ts=datetime(2026, 1, 1, tzinfo=UTC)) for i, t in enumerate(texts)]
+
+
+def mem(content, mid="real-uuid-1"):
+    return Memory(mid, "t", "u", "episodic", content, 5, 0.0, 0.0, 0.0,
+                  Source("s", 0, 1, "j", "o"), slot="residence")
+
+
+def test_extract_uses_json_schema_and_counts_tokens(server):
+    server.script = [chat_json(FACTS, prompt_tokens=321, completion_tokens=12)]
+    cands, usage = model(server).extract(msgs("We moved to Munich"), [])
+    assert [(c.text, c.slot) for c in cands] == [("Lives in Munich", "residence")]
+    assert (usage.calls, usage.prompt_tokens, usage.completion_tokens) == (1, 321, 12)
+    path, body = server.requests[0]
+    assert path == "/v1/chat/completions" and body["model"] == "test-model"
+    assert body["response_format"]["type"] == "json_schema"
+    assert "We moved to Munich" in body["messages"][1]["content"]
+
+
+def test_falls_back_to_json_mode_and_remembers(server):
+    m = model(server)
+    server.script = [error(400, "response_format json_schema is not supported"),
+                     chat_json(FACTS), chat_json(FACTS)]
+    m.extract(msgs("x"), [])
+    m.extract(msgs("y"), [])
+    formats = [body["response_format"]["type"] for _, body in server.requests]
+    assert formats == ["json_schema", "json_object", "json_object"]
+
+
+@pytest.mark.parametrize("failure", [
+    error(429, "rate limited"), error(500), error(503),
+    chat("this is not json {"), chat_json({"facts": [{"text": "x", "importance": 42}]}),
+    chat_json({"something": "else"}),
+], ids=["429", "500", "503", "malformed-json", "schema-invalid", "wrong-shape"])
+def test_transient_failures_are_retried(server, failure):
+    server.script = [failure, chat_json(FACTS)]
+    cands, usage = model(server).extract(msgs("We moved to Munich"), [])
+    assert [c.text for c in cands] == ["Lives in Munich"] and len(server.requests) == 2
+    assert usage.calls >= 1
+
+
+def test_timeout_is_retried(server):
+    server.script = [Reply(200, {}, delay=1.5), chat_json(FACTS)]
+    cands, _ = model(server, timeout=0.5).extract(msgs("We moved to Munich"), [])
+    assert [c.text for c in cands] == ["Lives in Munich"]
+
+
+def test_gives_up_after_the_retries(server):
+    server.script = [error(500)] * 3
+    with pytest.raises(LLMError, match="after 3 attempts"):
+        model(server, retries=2).extract(msgs("x"), [])
+    assert len(server.requests) == 3
+
+
+def test_permanent_errors_are_not_retried(server):
+    server.script = [error(401, "bad key"), chat_json(FACTS)]
+    with pytest.raises(LLMError, match="AuthenticationError"):
+        model(server).extract(msgs("x"), [])
+    assert len(server.requests) == 1
+
+
+def test_decide_sees_small_integers_never_real_ids(server):
+    server.script = [chat_json({"op": "UPDATE", "target": 2, "reason": "moved"})]
+    shown = [(1, mem("Works at Acme", "uuid-aaa"), 0.2), (2, mem("Lives in Berlin", "uuid-bbb"), 0.8)]
+    decision, _ = model(server).decide(Candidate("Lives in Munich", slot="residence"), shown, 0.57)
+    assert (decision.op, decision.target) == (OpKind.UPDATE, 2)
+    prompt_text = server.requests[0][1]["messages"][1]["content"]
+    assert "uuid-aaa" not in prompt_text and "uuid-bbb" not in prompt_text
+    assert "2. Lives in Berlin" in prompt_text
+
+
+def test_an_invented_target_is_retried(server):
+    server.script = [chat_json({"op": "DELETE", "target": 7}), chat_json({"op": "ADD"})]
+    shown = [(1, mem("Lives in Berlin"), 0.8)]
+    decision, usage = model(server).decide(Candidate("Lives in Munich"), shown, 0.57)
+    assert decision.op == OpKind.ADD and usage.calls == 2
+
+
+def test_prompts_are_versioned_files():
+    m = OpenAIModel(Settings(llm_model="x"), client=None)
+    assert m.prompt_version == f"{EXTRACT_PROMPT}+{DECIDE_PROMPT}" == "extract-v1+decide-v1"
+
+
+def test_extractor_end_to_end_over_http(server, tmp_path):
+    store = EdgeStore(tmp_path / "s", HashingEmbedder().dim)
+    ex = Extractor(model(server), HashingEmbedder(), store)
+    server.script = [chat_json({"facts": [{"text": "Lives in Berlin", "importance": 7,
+                                           "slot": "residence"}]}),
+                     chat_json({"op": "ADD", "reason": "new"})]
+    job = ExtractionJob(job_id="j1", tenant_id="t", user_id="u", session_id="s", from_seq=0,
+                        to_seq=1, reason=TriggerReason.EXPLICIT, messages=msgs("I live in Berlin"),
+                        created_at=datetime(2026, 1, 1, tzinfo=UTC))
+    out = ex.decide(job, 1.0)
+    assert [op.kind for op, _ in out.ops] == [OpKind.ADD] and out.usage.calls == 2
+    store.close()
+
+
+def test_openai_embedder_over_http(server):
+    server.script = [Reply(200, {"object": "list", "model": "e", "data": [
+        {"object": "embedding", "index": 1, "embedding": [0.0, 2.0]},
+        {"object": "embedding", "index": 0, "embedding": [3.0, 4.0]}],
+        "usage": {"prompt_tokens": 2, "total_tokens": 2}}), error(500)]
+    client = OpenAI(base_url=server.url, api_key="k", max_retries=0)
+    emb = OpenAIEmbedder("e", 2, client=client)
+    assert emb.embed(["a", "b"]) == [[0.6, 0.8], [0.0, 1.0]]
+    with pytest.raises(EmbeddingError):
+        emb.embed(["c"])
+    assert Scope("t", "u").users() == ["u"]
