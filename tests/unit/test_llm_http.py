@@ -102,7 +102,8 @@ def test_permanent_errors_are_not_retried(server):
 
 def test_decide_sees_small_integers_never_real_ids(server):
     server.script = [chat_json({"op": "UPDATE", "target": 2, "reason": "moved"})]
-    shown = [(1, mem("Works at Acme", "uuid-aaa"), 0.2), (2, mem("Lives in Berlin", "uuid-bbb"), 0.8)]
+    shown = [(1, mem("Works at Acme", "uuid-aaa"), 0.2),
+             (2, mem("Lives in Berlin", "uuid-bbb"), 0.8)]
     decision, _ = model(server).decide(Candidate("Lives in Munich", slot="residence"), shown, 0.57)
     assert (decision.op, decision.target) == (OpKind.UPDATE, 2)
     prompt_text = server.requests[0][1]["messages"][1]["content"]
