@@ -37,7 +37,10 @@ def _clean(text: str) -> str:
 
 def _children(m: re.Match[str]) -> Candidate | None:
     n = _n(m.group("n"))
-    return None if n is None else Candidate(f"Has {n} children", importance=7, slot="children")
+    if n is None:
+        return None
+    text = f"有{n}个孩子" if "孩子" in m.group(0) else f"Has {n} children"
+    return Candidate(text, importance=7, slot="children")
 
 
 def _budget(period: str, what: str | None, amount: str) -> Candidate:
