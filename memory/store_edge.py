@@ -56,7 +56,8 @@ class EdgeStore:
                 if v is None:
                     self._shard.update(qe.UpdateOperation.set_payload([m.point_id],
                                                                       m.to_payload()))
-            self._shard.flush()
+            # No flush per write: updates go through the shard's write-ahead log, and the
+            # memory-change topic can rebuild the store anyway. close() flushes.
 
     def search(self, scope: Scope, vector: list[float], k: int,
                statuses: Sequence[str] = ("active",)) -> list[tuple[Memory, float]]:
