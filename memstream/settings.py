@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     retry_backoff_s: float = Field(30.0, gt=0, description="First retry delay of a failed job")
     retry_backoff_max_s: float = Field(3600.0, gt=0, description="Cap of the retry delay")
     dedup_window: int = Field(512, ge=1, description="Message ids remembered per session")
+    session_late_grace_s: float = Field(
+        60.0, ge=0, description="A message this soon after its session ended is flushed"
+    )
     session_forget_after_s: float = Field(
         7 * 86_400.0, gt=0, description="Drop a fully scanned session quiet for this long"
     )

@@ -32,6 +32,7 @@ def policy_from(settings: Settings) -> Policy:
         retry_backoff_max_s=settings.retry_backoff_max_s,
         dedup_window=settings.dedup_window,
         forget_after_s=settings.session_forget_after_s,
+        late_grace_s=settings.session_late_grace_s,
     )
 
 
