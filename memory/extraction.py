@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from memory import rules
 from memory.decisions import Candidate, Context, Decision, IdMap, PlannedOp, resolve
@@ -45,6 +45,18 @@ class MemoryModel(Protocol):
 
     def decide(self, candidate: Candidate, shown: list[tuple[int, Memory, float]],
                threshold: float) -> tuple[Decision, Usage]: ...
+
+
+@runtime_checkable
+class CombinedModel(Protocol):
+    """A model that extracts and decides a whole job in one call."""
+
+    combined: bool
+
+    def extract_and_decide(
+        self, messages: Sequence[JobMessage], context: Sequence[JobMessage],
+        shown: list[tuple[int, Memory, float]], threshold: float,
+    ) -> tuple[list[tuple[Candidate, Decision]], Usage]: ...
 
 
 class RulesModel:
@@ -118,12 +130,14 @@ class Extractor:
         if all_trivial(job):
             out.trivial = True
             return out
-        candidates, usage = self.model.extract(job.messages, job.context)
-        out.usage += usage
         scope = Scope(job.tenant_id, job.user_id)
-        view = _Overlay(self.store)
         ctx = Context(job.tenant_id, job.user_id, job.session_id, job.from_seq, job.to_seq,
                       job.job_id, now, tuple(m.message_id for m in job.messages))
+        if isinstance(self.model, CombinedModel) and self.model.combined:
+            return self._decide_combined(self.model, job, scope, ctx, out)
+        candidates, usage = self.model.extract(job.messages, job.context)
+        out.usage += usage
+        view = _Overlay(self.store)
         vectors = self.embedder.embed([c.text for c in candidates])
         for index, (cand, vector) in enumerate(zip(candidates, vectors, strict=True)):
             similar = view.search(scope, vector, self.top_k)
@@ -135,4 +149,34 @@ class Extractor:
             for op in resolve(cand, index, shown, decision, ctx):
                 view.record(op, vector)
                 out.ops.append((op, None if op.kind == OpKind.DELETE else vector))
+        return out
+
+    def _decide_combined(self, model: CombinedModel, job: ExtractionJob, scope: Scope,
+                         ctx: Context, out: JobOutcome) -> JobOutcome:
+        """One call: the model sees the memories nearest to any user message of the job."""
+        texts = [m.content for m in job.messages if m.role == Role.USER]
+        nearest: dict[str, tuple[Memory, float]] = {}
+        for vector in self.embedder.embed(texts):
+            for m, score in self.store.search(scope, vector, self.top_k):
+                if m.memory_id not in nearest or nearest[m.memory_id][1] < score:
+                    nearest[m.memory_id] = (m, score)
+        ranked = sorted(nearest.values(), key=lambda h: -h[1])[: 2 * self.top_k]
+        shown = IdMap(tuple(m for m, _ in ranked))
+        numbered = [(i, m, score) for i, (m, score) in enumerate(ranked, start=1)]
+        pairs, usage = model.extract_and_decide(job.messages, job.context, numbered,
+                                                self.embedder.same_threshold)
+        out.usage += usage
+        vectors = iter(self.embedder.embed([c.text for c, _ in pairs if c.text]))
+        by_target: dict[str, int] = {}  # a memory changed twice: the last change wins
+        for index, (cand, decision) in enumerate(pairs):
+            vec = next(vectors) if cand.text else None
+            out.decisions[decision.op.value] += 1
+            for op in resolve(cand, index, shown, decision, ctx):
+                entry = (op, None if op.kind == OpKind.DELETE else vec)
+                if op.before is not None and op.memory_id in by_target:
+                    out.ops[by_target[op.memory_id]] = entry
+                    continue
+                if op.before is not None:
+                    by_target[op.memory_id] = len(out.ops)
+                out.ops.append(entry)
         return out

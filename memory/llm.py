@@ -31,6 +31,7 @@ from topics.schemas import JobMessage, Role
 T = TypeVar("T", bound=BaseModel)
 EXTRACT_PROMPT = "extract-v1"
 DECIDE_PROMPT = "decide-v1"
+COMBINED_PROMPT = "combined-v1"
 
 
 class LLMError(MemstreamError):
@@ -64,6 +65,17 @@ class DecideReply(BaseModel):
     reason: str = Field(default="", max_length=500)
 
 
+class ChangeOut(BaseModel):
+    op: Literal["ADD", "UPDATE", "DELETE", "NOOP"]
+    target: int | None = None
+    fact: FactOut | None = None
+    reason: str = Field(default="", max_length=500)
+
+
+class CombinedReply(BaseModel):
+    changes: list[ChangeOut] = Field(max_length=50)
+
+
 @cache
 def prompt(name: str) -> str:
     return resources.files("memory").joinpath(f"prompts/{name}.md").read_text("utf-8")
@@ -79,7 +91,9 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class OpenAIModel:
-    """Two calls per job: extract (one per job), decide (one per candidate)."""
+    """``two_step``: extract once per job, decide once per candidate (1 + n calls).
+    ``combined``: one call per job that extracts and decides together (see the README for
+    the measured difference)."""
 
     name = "openai"
 
@@ -87,7 +101,9 @@ class OpenAIModel:
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.model = settings.llm_model
         self.name = f"openai:{settings.llm_model}"
-        self.prompt_version = f"{EXTRACT_PROMPT}+{DECIDE_PROMPT}"
+        self.combined = settings.llm_mode == "combined"
+        self.prompt_version = (COMBINED_PROMPT if self.combined
+                               else f"{EXTRACT_PROMPT}+{DECIDE_PROMPT}")
         self.retries = settings.llm_retries
         self.backoff_s = settings.llm_backoff_s
         self._client = client
@@ -97,24 +113,39 @@ class OpenAIModel:
     # --- the protocol -------------------------------------------------------------------
     def extract(self, messages: Sequence[JobMessage],
                 context: Sequence[JobMessage]) -> tuple[list[Candidate], Usage]:
-        def line(m: JobMessage) -> str:
-            return json.dumps({"role": m.role.value, "text": m.content}, ensure_ascii=False)
+        reply, usage = self._ask(EXTRACT_PROMPT, ExtractReply, _excerpt(messages, context))
+        return [_candidate(f) for f in reply.facts], usage
 
-        user = ("Earlier messages (context only, already processed):\n"
-                + "\n".join(line(m) for m in context)
-                + "\n\nNew messages to extract from:\n"
-                + "\n".join(line(m) for m in messages if m.role != Role.SYSTEM))
-        reply, usage = self._ask(EXTRACT_PROMPT, ExtractReply, user)
-        return [Candidate(f.text, MemoryType(f.type), f.importance, f.expires_in_days,
-                          f.slot, new_fact=not f.retraction) for f in reply.facts], usage
+    def extract_and_decide(
+        self, messages: Sequence[JobMessage], context: Sequence[JobMessage],
+        shown: list[tuple[int, Memory, float]], threshold: float,
+    ) -> tuple[list[tuple[Candidate, Decision]], Usage]:
+        user = f"Stored memories:\n{_listing(shown, threshold)}\n\n" + _excerpt(messages, context)
+
+        def valid(r: CombinedReply) -> None:
+            for c in r.changes:
+                if c.op in ("UPDATE", "DELETE") and not 1 <= (c.target or 0) <= len(shown):
+                    raise ValueError(f"{c.op} target {c.target} is not one of 1..{len(shown)}")
+                if c.op in ("ADD", "UPDATE") and c.fact is None:
+                    raise ValueError(f"{c.op} without a fact")
+
+        reply, usage = self._ask(COMBINED_PROMPT, CombinedReply, user, valid)
+        out = []
+        for c in reply.changes:
+            if c.op == "NOOP":
+                continue
+            cand = (_candidate(c.fact) if c.fact is not None
+                    else Candidate("", new_fact=False))
+            if c.op == "DELETE":
+                cand = Candidate(cand.text, cand.type, cand.importance, new_fact=False)
+            out.append((cand, Decision(OpKind(c.op.lower()), c.target, c.reason)))
+        return out, usage
 
     def decide(self, candidate: Candidate, shown: list[tuple[int, Memory, float]],
                threshold: float) -> tuple[Decision, Usage]:
-        listed = "\n".join(
-            f"{i}. {m.content}" + ("  [about the same thing]" if score >= threshold else "")
-            for i, m, score in shown) or "(none)"
         kind = "retraction" if not candidate.new_fact else "new fact"
-        user = f"Stored memories:\n{listed}\n\n{kind.capitalize()}: {candidate.text}"
+        user = (f"Stored memories:\n{_listing(shown, threshold)}\n\n"
+                f"{kind.capitalize()}: {candidate.text}")
 
         def names_a_listed_memory(r: DecideReply) -> None:
             if r.op in ("UPDATE", "DELETE") and not 1 <= (r.target or 0) <= len(shown):
@@ -177,6 +208,28 @@ class OpenAIModel:
             return schema.model_validate_json(_strip_fences(text)), used
         except ValidationError as exc:
             raise InvalidReply(f"invalid {schema.__name__}: {exc.errors()[:3]}", used) from exc
+
+
+def _line(m: JobMessage) -> str:
+    return json.dumps({"role": m.role.value, "text": m.content}, ensure_ascii=False)
+
+
+def _excerpt(messages: Sequence[JobMessage], context: Sequence[JobMessage]) -> str:
+    return ("Earlier messages (context only, already processed):\n"
+            + "\n".join(_line(m) for m in context)
+            + "\n\nNew messages:\n"
+            + "\n".join(_line(m) for m in messages if m.role != Role.SYSTEM))
+
+
+def _listing(shown: list[tuple[int, Memory, float]], threshold: float) -> str:
+    return "\n".join(
+        f"{i}. {m.content}" + ("  [about the same thing]" if score >= threshold else "")
+        for i, m, score in shown) or "(none)"
+
+
+def _candidate(f: FactOut) -> Candidate:
+    return Candidate(f.text, MemoryType(f.type), f.importance, f.expires_in_days, f.slot,
+                     new_fact=not f.retraction)
 
 
 def _strip_fences(text: str) -> str:

@@ -96,6 +96,9 @@ class Settings(BaseSettings):
     llm_base_url: str | None = Field(None, description="OpenAI-compatible base URL")
     llm_api_key: SecretStr | None = Field(None, description="API key (never logged)")
     llm_model: str = Field("gpt-4o-mini", description="Chat model")
+    llm_mode: Literal["combined", "two_step"] = Field(
+        "combined", description="One LLM call per job, or extract + one decide per fact"
+    )
     llm_timeout_s: float = Field(30.0, gt=0, description="Timeout of one LLM call")
     llm_retries: int = Field(3, ge=0, description="Retries of one LLM call (429/5xx/invalid)")
     llm_backoff_s: float = Field(1.0, gt=0, description="First LLM retry delay (doubles)")

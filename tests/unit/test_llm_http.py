@@ -30,9 +30,10 @@ def server():
         yield s
 
 
-def model(server, retries=3, timeout=2.0) -> OpenAIModel:
+def model(server, retries=3, timeout=2.0, mode="two_step") -> OpenAIModel:
     settings = Settings(llm="openai", llm_base_url=server.url, llm_api_key="sk-test",
-                        llm_model="test-model", llm_retries=retries, llm_timeout_s=timeout)
+                        llm_model="test-model", llm_retries=retries, llm_timeout_s=timeout,
+                        llm_mode=mode)
     client = OpenAI(base_url=server.url, api_key="sk-test", max_retries=0, timeout=timeout)
     return OpenAIModel(settings, client=client, sleep=lambda s: None)
 
@@ -119,22 +120,59 @@ def test_an_invented_target_is_retried(server):
 
 
 def test_prompts_are_versioned_files():
-    m = OpenAIModel(Settings(llm_model="x"), client=None)
-    assert m.prompt_version == f"{EXTRACT_PROMPT}+{DECIDE_PROMPT}" == "extract-v1+decide-v1"
+    two = OpenAIModel(Settings(llm_model="x", llm_mode="two_step"), client=None)
+    assert two.prompt_version == f"{EXTRACT_PROMPT}+{DECIDE_PROMPT}" == "extract-v1+decide-v1"
+    one = OpenAIModel(Settings(llm_model="x"), client=None)
+    assert one.combined and one.prompt_version == "combined-v1"
 
 
-def test_extractor_end_to_end_over_http(server, tmp_path):
+def _job(job_id, text):
+    return ExtractionJob(job_id=job_id, tenant_id="t", user_id="u", session_id="s",
+                         from_seq=0, to_seq=1, reason=TriggerReason.EXPLICIT,
+                         messages=msgs(text), created_at=datetime(2026, 1, 1, tzinfo=UTC))
+
+
+BERLIN = {"text": "Lives in Berlin", "importance": 7, "slot": "residence"}
+MUNICH = {"text": "Lives in Munich", "importance": 7, "slot": "residence"}
+SCRIPTS = {  # the same conversation, answered the way each mode asks
+    "two_step": [chat_json({"facts": [BERLIN]}), chat_json({"op": "ADD"}),
+                 chat_json({"facts": [MUNICH]}), chat_json({"op": "UPDATE", "target": 1})],
+    "combined": [chat_json({"changes": [{"op": "ADD", "fact": BERLIN}]}),
+                 chat_json({"changes": [{"op": "UPDATE", "target": 1, "fact": MUNICH}]})],
+}
+
+
+@pytest.mark.parametrize("mode", ["two_step", "combined"])
+def test_both_modes_turn_a_move_into_one_live_address(server, tmp_path, mode):
+    from memory.apply import apply_change, change_for
+
     store = EdgeStore(tmp_path / "s", HashingEmbedder().dim)
-    ex = Extractor(model(server), HashingEmbedder(), store)
-    server.script = [chat_json({"facts": [{"text": "Lives in Berlin", "importance": 7,
-                                           "slot": "residence"}]}),
-                     chat_json({"op": "ADD", "reason": "new"})]
-    job = ExtractionJob(job_id="j1", tenant_id="t", user_id="u", session_id="s", from_seq=0,
-                        to_seq=1, reason=TriggerReason.EXPLICIT, messages=msgs("I live in Berlin"),
-                        created_at=datetime(2026, 1, 1, tzinfo=UTC))
-    out = ex.decide(job, 1.0)
-    assert [op.kind for op, _ in out.ops] == [OpKind.ADD] and out.usage.calls == 2
+    m = model(server, mode=mode)
+    ex = Extractor(m, HashingEmbedder(), store)
+    server.script = list(SCRIPTS[mode])
+    calls = 0
+    for i, text in enumerate(["I live in Berlin", "We moved to Munich"]):
+        job = _job(f"j{i}", text)
+        out = ex.decide(job, float(i))
+        calls += out.usage.calls
+        for op, vec in out.ops:
+            apply_change(store, change_for(op, vec, job, out, m, float(i)))
+    assert [x.content for x in store.list(Scope("t", "u"))] == ["Lives in Munich"]
+    assert calls == (4 if mode == "two_step" else 2)
+    if mode == "combined":
+        listing = server.requests[1][1]["messages"][1]["content"]
+        assert "1. Lives in Berlin" in listing
     store.close()
+
+
+def test_combined_rejects_invented_targets_and_facts_missing(server):
+    server.script = [chat_json({"changes": [{"op": "UPDATE", "target": 3, "fact": MUNICH}]}),
+                     chat_json({"changes": [{"op": "ADD"}]}),
+                     chat_json({"changes": [{"op": "ADD", "fact": MUNICH}]})]
+    pairs, usage = model(server, mode="combined").extract_and_decide(
+        msgs("We moved to Munich"), [], [(1, mem("Lives in Berlin"), 0.8)], 0.57)
+    assert [(c.text, d.op) for c, d in pairs] == [("Lives in Munich", OpKind.ADD)]
+    assert usage.calls == 3
 
 
 def test_openai_embedder_over_http(server):

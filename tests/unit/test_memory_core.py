@@ -213,3 +213,33 @@ def test_replaying_the_change_log_rebuilds_the_same_store(store, tmp_path):
     assert everything(fresh) == everything(store)
     assert live(fresh) == ["Has 3 children", "Lives in Munich"]
     fresh.close()
+
+
+class _TwiceModel:
+    """A combined model that changes the same memory twice in one answer."""
+
+    name = "fake"
+    prompt_version = "fake-1"
+    combined = True
+
+    def extract(self, messages, context):
+        raise AssertionError("a combined model is asked once per job")
+
+    def decide(self, candidate, shown, threshold):
+        raise AssertionError("a combined model is asked once per job")
+
+    def extract_and_decide(self, messages, context, shown, threshold):
+        from memory.extraction import Usage
+
+        kids = [Candidate(f"Has {n} children", slot="children") for n in (3, 4)]
+        return [(c, Decision(OpKind.UPDATE, 1)) for c in kids], Usage(1)
+
+
+def test_combined_answer_changing_one_memory_twice_keeps_the_last(store):
+    rules = Extractor(RulesModel(), HashingEmbedder(), store)
+    run(rules, job(["we have 2 kids"], job_id="a"), 1.0)
+    assert live(store) == ["Has 2 children"]
+    _, applied = run(Extractor(_TwiceModel(), HashingEmbedder(), store),
+                     job(["we have 3 kids... no wait, 4 kids"], job_id="b"), 2.0)
+    assert [op.after.content for op in applied] == ["Has 4 children"]
+    assert live(store) == ["Has 4 children"]
