@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -40,8 +41,9 @@ def error(status: int, message: str = "scripted error") -> Reply:
 
 
 class OpenAITestServer:
-    def __init__(self) -> None:
+    def __init__(self, responder: Callable[[dict[str, Any]], Reply] | None = None) -> None:
         self.script: list[Reply] = []
+        self.responder = responder  # answers when the script is empty
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self._lock = threading.Lock()
         server = self
@@ -55,7 +57,12 @@ class OpenAITestServer:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with server._lock:
                     server.requests.append((self.path, body))
-                    reply = server.script.pop(0) if server.script else error(500, "no script")
+                    if server.script:
+                        reply = server.script.pop(0)
+                    elif server.responder is not None:
+                        reply = server.responder(body)
+                    else:
+                        reply = error(500, "no script")
                 if reply.delay:
                     time.sleep(reply.delay)
                 data = json.dumps(reply.body).encode()
