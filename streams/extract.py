@@ -23,8 +23,7 @@ from memory.apply import apply_change, change_for
 from memory.extraction import JobOutcome
 from memstream.errors import InvalidRecord
 from streams.app import Pipeline
-from streams.ingest import dead_letter_record
-from topics.codec import decode
+from streams.ingest import decode_or_dead_letter, send_dead_letter
 from topics.schemas import ExtractionJob, JobDecision, JobResult, JobStatus
 
 log = logging.getLogger(__name__)
@@ -76,30 +75,23 @@ def register(p: Pipeline) -> None:
     async def extract(stream: Any) -> None:
         async for event in stream.events():
             message = event.message
-            try:
-                job = decode(ExtractionJob, message.value, message.key)
-            except InvalidRecord as exc:
-                await p.dead_letters.send(key=message.key, value=dead_letter_record(
-                    p, exc, message).dumps())
+            job = await decode_or_dead_letter(p, ExtractionJob, message)
+            if job is None:
                 continue
             key = job.key()
             async with locks[key]:
                 decision = await decide_with_retries(p, job)
             if decision.status == JobStatus.FAILED:
                 failure = InvalidRecord("extraction_failed", decision.error or "failed")
-                await p.dead_letters.send(key=message.key, value=dead_letter_record(
-                    p, failure, message).dumps())
+                await send_dead_letter(p, failure, message)
             await p.decisions.send(key=key.encode(), value=decision.dumps())
 
     @p.app.agent(p.decisions, name="apply")
     async def apply(stream: Any) -> None:
         async for event in stream.events():
             message = event.message
-            try:
-                decision = decode(JobDecision, message.value, message.key)
-            except InvalidRecord as exc:
-                await p.dead_letters.send(key=message.key, value=dead_letter_record(
-                    p, exc, message).dumps())
+            decision = await decode_or_dead_letter(p, JobDecision, message)
+            if decision is None:
                 continue
             for change in decision.changes:
                 await asyncio.to_thread(apply_change, p.services.store, change)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
@@ -22,9 +22,10 @@ from memory import coalescing as machine
 from memstream.errors import InvalidRecord
 from streams.app import Pipeline
 from topics.codec import check_message, dead_letter, decode
-from topics.schemas import ChatMessage, DeadLetter, JobResult, JobStatus, SessionEvent, Tick
+from topics.schemas import ChatMessage, JobResult, JobStatus, SessionEvent, Tick
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
 
 
 def decode_input(p: Pipeline, topic: str, key: bytes | None, value: bytes | None) -> BaseModel:
@@ -61,19 +62,25 @@ def step_for(p: Pipeline, state: machine.UserState, event: BaseModel, now: float
     return machine.on_tick(state, now, policy)
 
 
-def dead_letter_record(p: Pipeline, exc: InvalidRecord, message: Any) -> DeadLetter:
+async def send_dead_letter(p: Pipeline, exc: InvalidRecord, message: Any) -> None:
+    """Set the record aside on the dead-letter topic with the reason and its bytes."""
     p.counters.dead_letters += 1
     log.warning("dead letter %s[%s]@%s: %s", message.topic, message.partition,
                 message.offset, exc)
-    return dead_letter(
+    record = dead_letter(
         exc, topic=message.topic, partition=message.partition, offset=message.offset,
         key=message.key, value=message.value, now=datetime.fromtimestamp(p.clock(), UTC),
     )
-
-
-async def _dead_letter(p: Pipeline, exc: InvalidRecord, message: Any) -> None:
-    record = dead_letter_record(p, exc, message)
     await p.dead_letters.send(key=message.key, value=record.dumps())
+
+
+async def decode_or_dead_letter(p: Pipeline, model: type[M], message: Any) -> M | None:
+    """The decoded record, or None after dead-lettering it."""
+    try:
+        return decode(model, message.value, message.key)
+    except InvalidRecord as exc:
+        await send_dead_letter(p, exc, message)
+        return None
 
 
 async def handle(p: Pipeline, event: Any) -> None:
@@ -81,7 +88,7 @@ async def handle(p: Pipeline, event: Any) -> None:
     try:
         decoded = decode_input(p, message.topic, message.key, message.value)
     except InvalidRecord as exc:
-        await _dead_letter(p, exc, message)
+        await send_dead_letter(p, exc, message)
         return
     kbytes: bytes = decoded.key().encode()  # type: ignore[attr-defined]
     raw = p.state.get(kbytes)
