@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,7 +25,7 @@ from memory.extraction import JobOutcome
 from memstream.errors import InvalidRecord
 from streams.app import Pipeline
 from streams.ingest import decode_or_dead_letter, send_dead_letter
-from topics.schemas import ExtractionJob, JobDecision, JobResult, JobStatus
+from topics.schemas import ExtractionJob, JobDecision, JobResult, JobStatus, MemoryChange
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,47 @@ async def decide_with_retries(p: Pipeline, job: ExtractionJob) -> JobDecision:
     raise AssertionError("unreachable")
 
 
+class UserLocks:
+    """One asyncio lock per user with work in progress; dropped when nobody holds it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
+async def apply_with_retries(p: Pipeline, change: MemoryChange) -> None:
+    """The store must take the change before the job is reported done: retry until it does
+    (the partition waits, so one user's changes stay in order)."""
+    delay = p.settings.extract_backoff_s
+    while True:
+        try:
+            await asyncio.to_thread(apply_change, p.services.store, change)
+            return
+        except Exception as exc:  # a store outage: wait and try again
+            log.error("applying change %s failed (%s); retrying in %.1fs",
+                      change.change_id, type(exc).__name__, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 60.0)
+
+
 def register(p: Pipeline) -> None:
-    locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+    locks = UserLocks()
 
     @p.app.agent(p.jobs, name="extract", concurrency=p.settings.extract_concurrency)
     async def extract(stream: Any) -> None:
@@ -79,7 +119,7 @@ def register(p: Pipeline) -> None:
             if job is None:
                 continue
             key = job.key()
-            async with locks[key]:
+            async with locks.hold(key):
                 decision = await decide_with_retries(p, job)
             if decision.status == JobStatus.FAILED:
                 failure = InvalidRecord("extraction_failed", decision.error or "failed")
@@ -94,7 +134,7 @@ def register(p: Pipeline) -> None:
             if decision is None:
                 continue
             for change in decision.changes:
-                await asyncio.to_thread(apply_change, p.services.store, change)
+                await apply_with_retries(p, change)
                 await p.memory_changes.send(key=message.key, value=change.dumps())
             result = JobResult(
                 job_id=decision.job_id, tenant_id=decision.tenant_id,
