@@ -52,6 +52,10 @@ def _budget(period: str, what: str | None, amount: str) -> Candidate:
                      slot=f"budget:{what.lower() or 'general'}")
 
 
+def _sentence_case(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def _preference(text: str) -> Candidate:
     """A preference about how the agent should answer is a rule of behaviour."""
     kind = MemoryType.PROCEDURAL if _ABOUT_ANSWERS.search(text) else MemoryType.EPISODIC
@@ -127,7 +131,7 @@ _RULES: list[Rule] = [
      lambda m: Candidate(f"不喜欢{m.group('what')}", importance=5)),
     # --- standing instructions (procedural)
     (re.compile(r"\bfrom now on,? (?P<what>[\w ,'-]+?)" + r"(?=[.;!?。]|$)", re.I),
-     lambda m: Candidate(_clean(m.group("what")).capitalize(), MemoryType.PROCEDURAL, 7)),
+     lambda m: Candidate(_sentence_case(_clean(m.group("what"))), MemoryType.PROCEDURAL, 7)),
     (re.compile(r"以后都(?P<what>[\u4e00-\u9fffA-Za-z]{2,20})"),
      lambda m: Candidate(f"以后都{_clean(m.group('what'))}", MemoryType.PROCEDURAL, 7)),
 ]
