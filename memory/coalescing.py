@@ -58,7 +58,7 @@ class Policy:
     job_timeout_s: float = 600.0
     retry_backoff_s: float = 30.0
     retry_backoff_max_s: float = 3600.0
-    dedup_window: int = 512
+    dedup_window: int = 64
     forget_after_s: float = 7 * 86_400.0  # a fully scanned, quiet session is dropped
     late_grace_s: float = 60.0  # a message this soon after the end event still belongs to it
     ended_dedup_ids: int = 64  # message ids an ended session keeps (producer retries)

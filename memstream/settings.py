@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     job_timeout_s: float = Field(600.0, gt=0, description="Re-send an unanswered job after (s)")
     retry_backoff_s: float = Field(30.0, gt=0, description="First retry delay of a failed job")
     retry_backoff_max_s: float = Field(3600.0, gt=0, description="Cap of the retry delay")
-    dedup_window: int = Field(512, ge=1, description="Message ids remembered per session")
+    dedup_window: int = Field(64, ge=1, description="Message ids remembered per session")
     session_late_grace_s: float = Field(
         60.0, ge=0, description="A message this soon after its session ended is flushed"
     )

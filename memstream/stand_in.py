@@ -1,9 +1,8 @@
 """A stand-in extractor that closes the coalescing loop without extracting anything.
 
-Until the memory core (LLM, embeddings, Qdrant) consumes the jobs topic, the demo and the
-ingest benchmark use this to answer every job with a ``done`` result after ``latency``
-seconds, the way the real extractor will, and to count what the ingest stage produced.
-It extracts nothing and is never used by the worker.
+The ingest benchmark runs the worker with ``extract_enabled=False`` and uses this to answer
+every job with a ``done`` result after ``latency`` seconds, so that it measures the ingest
+stage alone, and to count what the ingest stage produced. Never used by the worker.
 """
 
 from __future__ import annotations
