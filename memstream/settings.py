@@ -130,6 +130,7 @@ class Settings(BaseSettings):
             "broker_session_timeout": self.session_timeout_s,
             "broker_heartbeat_interval": self.heartbeat_interval_s,
             "broker_commit_every": 100,
+            "producer_max_request_size": 16 * 1024 * 1024,
             "broker_commit_interval": 1.0,
             "stream_wait_empty": False,
         }

@@ -21,6 +21,8 @@ from memstream.settings import Settings
 from streams.counters import Counters
 from topics.registry import Topics, registry
 
+SNAPSHOT_MAX_BYTES = 16 * 1024 * 1024
+
 
 def policy_from(settings: Settings) -> Policy:
     return Policy(
@@ -85,6 +87,9 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
         state=app.Table(
             "ingest-state", default=None, partitions=settings.partitions,
             key_type=bytes,  # raw keys "tenant/user"; values are JSON snapshots
+            # A snapshot carries the user's unscanned messages: while an LLM outage keeps
+            # jobs failing it grows, so allow large records (see README, known limits).
+            extra_topic_configs={"max.message.bytes": str(SNAPSHOT_MAX_BYTES)},
         ),
         policy=policy_from(settings),
         decisions=_raw_topic(app, reg.decisions.name),
