@@ -7,6 +7,7 @@ agents receive what they need from the :class:`Pipeline` bundle.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,7 @@ import faust
 from faust.types import TableT
 from pydantic import BaseModel
 
-from memory.coalescing import Policy
+from memory.coalescing import Policy, UserState
 from memory.services import Services, build_services
 from memstream.settings import Settings
 from streams.counters import Counters
@@ -38,6 +39,34 @@ def policy_from(settings: Settings) -> Policy:
     )
 
 
+class RestoredStates:
+    """The states last written to the table, so the next event of a user skips re-parsing
+    its snapshot. Valid only while the table still holds that very snapshot object (the
+    in-memory store returns what was stored; after recovery or with another store the
+    identity check fails and the snapshot is restored again). Bounded, least recent out.
+    """
+
+    def __init__(self, size: int = 50_000) -> None:
+        self._size = size
+        self._items: OrderedDict[bytes, tuple[object, UserState]] = OrderedDict()
+
+    def get(self, key: bytes, snapshot: object) -> UserState | None:
+        hit = self._items.get(key)
+        if hit is None or snapshot is None or hit[0] is not snapshot:
+            return None
+        self._items.move_to_end(key)
+        return hit[1]
+
+    def put(self, key: bytes, snapshot: object, state: UserState) -> None:
+        self._items[key] = (snapshot, state)
+        self._items.move_to_end(key)
+        if len(self._items) > self._size:
+            self._items.popitem(last=False)
+
+    def forget(self, key: bytes) -> None:
+        self._items.pop(key, None)
+
+
 @dataclass
 class Pipeline:
     """What the agents share: the app, topic handles, the state table, policy and clock."""
@@ -57,6 +86,7 @@ class Pipeline:
     services: Services
     clock: Callable[[], float] = time.time
     counters: Counters = field(default_factory=Counters)
+    restored: RestoredStates = field(default_factory=RestoredStates)
 
     @property
     def input_models(self) -> dict[str, type[BaseModel]]:

@@ -92,19 +92,23 @@ async def handle(p: Pipeline, event: Any) -> None:
         return
     kbytes: bytes = decoded.key().encode()  # type: ignore[attr-defined]
     raw = p.state.get(kbytes)
-    state = machine.restore(raw) if raw else machine.UserState(
-        decoded.tenant_id, decoded.user_id  # type: ignore[attr-defined]
-    )
+    state = p.restored.get(kbytes, raw)
+    if state is None:
+        state = machine.restore(raw) if raw else machine.UserState(
+            decoded.tenant_id, decoded.user_id  # type: ignore[attr-defined]
+        )
     step = step_for(p, state, decoded, p.clock())
     if step.duplicate and isinstance(decoded, ChatMessage):
         p.counters.duplicates += 1
     if not step.state.sessions and step.state.in_flight is None:
         if raw is not None:
             del p.state[kbytes]  # nothing left to remember for this user
+            p.restored.forget(kbytes)
     elif step.state != state or raw is None:
         snap = machine.snapshot(step.state)
         snap["deadline"] = machine.next_deadline(step.state, p.policy)
         p.state[kbytes] = snap
+        p.restored.put(kbytes, snap, step.state)
     for job in step.jobs:
         if job.attempt > 1:
             p.counters.jobs_resent += 1
