@@ -30,6 +30,7 @@ class Settings(BaseSettings):
     processing_guarantee: Literal["exactly_once", "at_least_once"] = Field(
         "exactly_once", description="Faust processing guarantee (exactly_once uses transactions)"
     )
+    commit_every: int = Field(1000, ge=1, description="Commit (a transaction) every N events")
     session_timeout_s: float = Field(30.0, gt=0, description="Consumer group session timeout")
     heartbeat_interval_s: float = Field(3.0, gt=0, description="Consumer group heartbeat")
     data_dir: Path = Field(Path(".memstream"), description="Local state (tables, store)")
@@ -129,7 +130,7 @@ class Settings(BaseSettings):
             "table_standby_replicas": 0,
             "broker_session_timeout": self.session_timeout_s,
             "broker_heartbeat_interval": self.heartbeat_interval_s,
-            "broker_commit_every": 100,
+            "broker_commit_every": self.commit_every,
             "producer_max_request_size": 16 * 1024 * 1024,
             "broker_commit_interval": 1.0,
             "stream_wait_empty": False,
