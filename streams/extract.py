@@ -25,18 +25,24 @@ from memory.extraction import JobOutcome
 from memstream.errors import InvalidRecord
 from streams.app import Pipeline
 from streams.ingest import decode_or_dead_letter, send_dead_letter
-from topics.schemas import ExtractionJob, JobDecision, JobResult, JobStatus, MemoryChange
+from topics.schemas import (
+    ExtractionJob,
+    JobDecision,
+    JobRange,
+    JobResult,
+    JobStatus,
+    MemoryChange,
+)
 
 log = logging.getLogger(__name__)
 
 
 def decision_for(p: Pipeline, job: ExtractionJob, out: JobOutcome, now: float) -> JobDecision:
     model = p.services.model
-    changes = [change_for(op, vec, job, out, model, now) for op, vec in out.ops]
     return JobDecision(
-        job_id=job.job_id, tenant_id=job.tenant_id, user_id=job.user_id,
-        session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
-        status=JobStatus.TRIVIAL if out.trivial else JobStatus.DONE, changes=changes,
+        **JobRange.fields_of(job),
+        status=JobStatus.TRIVIAL if out.trivial else JobStatus.DONE,
+        changes=[change_for(op, vec, job, out, model, now) for op, vec in out.ops],
         decisions=dict(out.decisions), llm_calls=out.usage.calls,
         prompt_tokens=out.usage.prompt_tokens, completion_tokens=out.usage.completion_tokens,
         model=model.name, prompt_version=model.prompt_version,
@@ -44,11 +50,8 @@ def decision_for(p: Pipeline, job: ExtractionJob, out: JobOutcome, now: float) -
 
 
 def failed_decision(job: ExtractionJob, error: str) -> JobDecision:
-    return JobDecision(
-        job_id=job.job_id, tenant_id=job.tenant_id, user_id=job.user_id,
-        session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
-        status=JobStatus.FAILED, error=error,
-    )
+    return JobDecision(**JobRange.fields_of(job), status=JobStatus.FAILED,
+                       error=error)
 
 
 async def decide_with_retries(p: Pipeline, job: ExtractionJob) -> JobDecision:
@@ -136,11 +139,7 @@ def register(p: Pipeline) -> None:
             for change in decision.changes:
                 await apply_with_retries(p, change)
                 await p.memory_changes.send(key=message.key, value=change.dumps())
-            result = JobResult(
-                job_id=decision.job_id, tenant_id=decision.tenant_id,
-                user_id=decision.user_id, session_id=decision.session_id,
-                from_seq=decision.from_seq, to_seq=decision.to_seq, status=decision.status,
-                error=decision.error, llm_calls=decision.llm_calls,
-                finished_at=datetime.fromtimestamp(p.clock(), UTC),
-            )
+            result = JobResult.for_job(
+                decision, decision.status, datetime.fromtimestamp(p.clock(), UTC),
+                llm_calls=decision.llm_calls, error=decision.error)
             await p.job_results.send(key=message.key, value=result.dumps())

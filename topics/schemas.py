@@ -137,8 +137,8 @@ class JobStatus(StrEnum):
     FAILED = "failed"  # retries exhausted; the range stays unscanned and is retried later
 
 
-class JobResult(Event):
-    """Closes the coalescing loop for one job."""
+class JobRange(Event):
+    """Which job, of whom, over which messages: shared by the events that answer a job."""
 
     job_id: str
     tenant_id: str
@@ -146,20 +146,28 @@ class JobResult(Event):
     session_id: str
     from_seq: int
     to_seq: int
+
+    @staticmethod
+    def fields_of(job: ExtractionJob | JobRange) -> dict[str, object]:
+        """The range fields of a job (or of another event about it), for a new event."""
+        return {name: getattr(job, name) for name in JobRange.model_fields
+                if name != "schema_version"}
+
+
+class JobResult(JobRange):
+    """Closes the coalescing loop for one job."""
+
     status: JobStatus
     error: str | None = None
     llm_calls: int = 0
     finished_at: datetime
 
     @classmethod
-    def for_job(cls, job: ExtractionJob, status: JobStatus, finished_at: datetime,
+    def for_job(cls, job: ExtractionJob | JobRange, status: JobStatus, finished_at: datetime,
                 *, llm_calls: int = 0, error: str | None = None) -> JobResult:
         """The result that closes ``job``'s loop."""
-        return cls(
-            job_id=job.job_id, tenant_id=job.tenant_id, user_id=job.user_id,
-            session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
-            status=status, error=error, llm_calls=llm_calls, finished_at=finished_at,
-        )
+        return cls(**JobRange.fields_of(job), status=status, error=error,
+                   llm_calls=llm_calls, finished_at=finished_at)
 
 
 class Tick(Event):
@@ -228,15 +236,9 @@ class MemoryChange(Event):
     decided_at: datetime
 
 
-class JobDecision(Event):
+class JobDecision(JobRange):
     """Internal: what the extract agent decided for one job, for the apply agent."""
 
-    job_id: str
-    tenant_id: str
-    user_id: str
-    session_id: str
-    from_seq: int
-    to_seq: int
     status: JobStatus
     changes: list[MemoryChange] = Field(default_factory=list)
     decisions: dict[str, int] = Field(default_factory=dict)
