@@ -13,6 +13,7 @@ NOOP. :func:`resolve` turns that answer into planned ops with deterministic op i
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memory.model import (
@@ -55,8 +56,13 @@ class IdMap:
 
     memories: tuple[Memory, ...]
 
-    def shown(self) -> list[tuple[int, Memory]]:
-        return list(enumerate(self.memories, start=1))
+    @classmethod
+    def number(cls, hits: Sequence[tuple[Memory, float]],
+               ) -> tuple[IdMap, list[tuple[int, Memory, float]]]:
+        """Number similar memories 1..k for the decision maker; the map turns the numbers
+        it answers with back into memories."""
+        numbered = [(i, m, score) for i, (m, score) in enumerate(hits, start=1)]
+        return cls(tuple(m for m, _ in hits)), numbered
 
     def lookup(self, index: int | None) -> Memory:
         if index is None or not 1 <= index <= len(self.memories):

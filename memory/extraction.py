@@ -118,7 +118,7 @@ class _Overlay:
 
 @dataclass(frozen=True)
 class Extractor:
-    """Decides one job against the store; applying is :func:`memory.apply.apply_op`."""
+    """Decides one job against the store; applying is :func:`memory.apply.apply_change`."""
 
     model: MemoryModel
     embedder: Embedder
@@ -140,9 +140,7 @@ class Extractor:
         view = _Overlay(self.store)
         vectors = self.embedder.embed([c.text for c in candidates])
         for index, (cand, vector) in enumerate(zip(candidates, vectors, strict=True)):
-            similar = view.search(scope, vector, self.top_k)
-            shown = IdMap(tuple(m for m, _ in similar))
-            numbered = [(i, m, score) for i, (m, score) in enumerate(similar, start=1)]
+            shown, numbered = IdMap.number(view.search(scope, vector, self.top_k))
             decision, usage = self.model.decide(cand, numbered, self.embedder.same_threshold)
             out.usage += usage
             out.decisions[decision.op.value] += 1
@@ -160,9 +158,8 @@ class Extractor:
             for m, score in self.store.search(scope, vector, self.top_k):
                 if m.memory_id not in nearest or nearest[m.memory_id][1] < score:
                     nearest[m.memory_id] = (m, score)
-        ranked = sorted(nearest.values(), key=lambda h: -h[1])[: 2 * self.top_k]
-        shown = IdMap(tuple(m for m, _ in ranked))
-        numbered = [(i, m, score) for i, (m, score) in enumerate(ranked, start=1)]
+        shown, numbered = IdMap.number(
+            sorted(nearest.values(), key=lambda h: -h[1])[: 2 * self.top_k])
         pairs, usage = model.extract_and_decide(job.messages, job.context, numbered,
                                                 self.embedder.same_threshold)
         out.usage += usage

@@ -10,6 +10,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import faust
@@ -88,7 +89,7 @@ class Pipeline:
     counters: Counters = field(default_factory=Counters)
     restored: RestoredStates = field(default_factory=RestoredStates)
 
-    @property
+    @cached_property
     def input_models(self) -> dict[str, type[BaseModel]]:
         """Which schema each input topic carries."""
         return {t.name: t.schema for t in self.topics.ingest_inputs()}

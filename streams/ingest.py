@@ -46,13 +46,10 @@ def step_for(p: Pipeline, state: machine.UserState, event: BaseModel, now: float
         c.session_events += 1
         return machine.on_session_end(state, event.session_id, now, policy)
     if isinstance(event, JobResult):
-        if event.status == JobStatus.TRIVIAL and event.llm_calls == 0 and (
-            state.in_flight is None or state.in_flight.job_id != event.job_id
-        ):
-            return machine.Step(state)  # our own inline resolution, echoed back
         step = machine.on_result(state, event, now, policy)
         if step.duplicate:
-            c.stale_results += 1
+            if event.status != JobStatus.TRIVIAL:  # not our own inline resolution echoed
+                c.stale_results += 1
         elif event.status == JobStatus.FAILED:
             c.results_failed += 1
         else:
