@@ -29,8 +29,8 @@ from memstream.kafka_io import start_producer
 from memstream.process import WorkerProcess
 from memstream.settings import Settings
 from memstream.stand_in import AckExtractor
-from topics.registry import create_topics, delete_topics, registry
-from topics.schemas import (
+from memstream.topics.registry import create_topics, delete_topics, registry
+from memstream.topics.schemas import (
     ChatMessage,
     Event,
     SessionEvent,

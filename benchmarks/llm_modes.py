@@ -21,18 +21,18 @@ from typing import Any
 
 from openai import OpenAI
 
-from memory import coalescing as machine
-from memory import rules
-from memory.apply import apply_change, change_for
-from memory.embedding import UseEmbedder
-from memory.extraction import Extractor
-from memory.llm import OpenAIModel
-from memory.store import Scope
-from memory.store_edge import EdgeStore
 from memstream.demo import load_samples
+from memstream.memory import coalescing as machine
+from memstream.memory import rules
+from memstream.memory.apply import apply_change, change_for
+from memstream.memory.embedding import UseEmbedder
+from memstream.memory.extraction import Extractor
+from memstream.memory.llm import OpenAIModel
+from memstream.memory.store import Scope
+from memstream.memory.store_edge import EdgeStore
 from memstream.settings import Settings
+from memstream.topics.schemas import ChatMessage, ExtractionJob, JobResult, JobStatus, SessionEvent
 from tests.fakes.openai_server import OpenAITestServer, Reply, chat_json
-from topics.schemas import ChatMessage, ExtractionJob, JobResult, JobStatus, SessionEvent
 
 
 def jobs_for_samples() -> tuple[list[ExtractionJob], int]:

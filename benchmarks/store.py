@@ -18,11 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from memory.embedding import UseEmbedder
-from memory.model import Memory, MemoryType, Source
-from memory.store import MemoryStore, Scope
-from memory.store_edge import EdgeStore
-from memory.store_server import ServerStore
+from memstream.memory.embedding import UseEmbedder
+from memstream.memory.model import Memory, MemoryType, Source
+from memstream.memory.store import MemoryStore, Scope
+from memstream.memory.store_edge import EdgeStore
+from memstream.memory.store_server import ServerStore
 
 DIM = 512
 

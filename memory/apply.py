@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from memory.decisions import PlannedOp
-from memory.extraction import JobOutcome, MemoryModel
-from memory.model import Memory
-from memory.store import MemoryStore, Scope
-from topics.schemas import ExtractionJob, Lineage, MemoryChange
+from memstream.memory.decisions import PlannedOp
+from memstream.memory.extraction import JobOutcome, MemoryModel
+from memstream.memory.model import Memory
+from memstream.memory.store import MemoryStore, Scope
+from memstream.topics.schemas import ExtractionJob, Lineage, MemoryChange
 
 
 def change_for(op: PlannedOp, vector: list[float] | None, job: ExtractionJob,

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from memory.embedding import Embedder, cosine
+from memstream.memory.embedding import Embedder, cosine
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ import hashlib
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from memory.triggers import is_explicit, is_trivial
-from topics.schemas import (
+from memstream.memory.triggers import is_explicit, is_trivial
+from memstream.topics.schemas import (
     ChatMessage,
     ExtractionJob,
     JobMessage,

@@ -16,7 +16,8 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memory.model import (
+from memstream.errors import MemstreamError
+from memstream.memory.model import (
     Memory,
     MemoryType,
     OpKind,
@@ -24,7 +25,6 @@ from memory.model import (
     Status,
     new_memory_id,
 )
-from memstream.errors import MemstreamError
 
 
 class InvalidDecision(MemstreamError):

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from memory import rules
-from memory.decisions import Candidate, Context, Decision, IdMap, PlannedOp, resolve
-from memory.embedding import Embedder, cosine
-from memory.model import Memory, OpKind
-from memory.store import MemoryStore, Scope
-from memory.triggers import is_trivial
-from topics.schemas import ExtractionJob, JobMessage, Role
+from memstream.memory import rules
+from memstream.memory.decisions import Candidate, Context, Decision, IdMap, PlannedOp, resolve
+from memstream.memory.embedding import Embedder, cosine
+from memstream.memory.model import Memory, OpKind
+from memstream.memory.store import MemoryStore, Scope
+from memstream.memory.triggers import is_trivial
+from memstream.topics.schemas import ExtractionJob, JobMessage, Role
 
 
 @dataclass(frozen=True)

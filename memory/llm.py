@@ -21,12 +21,12 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from memory.decisions import Candidate, Decision
-from memory.extraction import Usage
-from memory.model import Memory, MemoryType, OpKind
 from memstream.errors import MemstreamError
+from memstream.memory.decisions import Candidate, Decision
+from memstream.memory.extraction import Usage
+from memstream.memory.model import Memory, MemoryType, OpKind
 from memstream.settings import Settings
-from topics.schemas import JobMessage, Role
+from memstream.topics.schemas import JobMessage, Role
 
 T = TypeVar("T", bound=BaseModel)
 EXTRACT_PROMPT = "extract-v1"
@@ -78,7 +78,7 @@ class CombinedReply(BaseModel):
 
 @cache
 def prompt(name: str) -> str:
-    return resources.files("memory").joinpath(f"prompts/{name}.md").read_text("utf-8")
+    return resources.files("memstream.memory").joinpath(f"prompts/{name}.md").read_text("utf-8")
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memory.embedding import Embedder
-from memory.model import GLOBAL_USER, Memory
-from memory.store import MemoryStore, Scope
+from memstream.memory.embedding import Embedder
+from memstream.memory.model import GLOBAL_USER, Memory
+from memstream.memory.store import MemoryStore, Scope
 
 
 @dataclass(frozen=True)

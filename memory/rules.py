@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 
-from memory.decisions import Candidate, Decision
-from memory.model import Memory, MemoryType, OpKind
+from memstream.memory.decisions import Candidate, Decision
+from memstream.memory.model import Memory, MemoryType, OpKind
 
 _NUM = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
         "eight": 8, "nine": 9, "ten": 10, "一": 1, "两": 2, "二": 2, "三": 3, "四": 4,

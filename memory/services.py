@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memory.embedding import Embedder, HashingEmbedder, OpenAIEmbedder, UseEmbedder
-from memory.extraction import Extractor, MemoryModel, RulesModel
-from memory.store import MemoryStore
 from memstream.errors import ConfigError
+from memstream.memory.embedding import Embedder, HashingEmbedder, OpenAIEmbedder, UseEmbedder
+from memstream.memory.extraction import Extractor, MemoryModel, RulesModel
+from memstream.memory.store import MemoryStore
 from memstream.settings import Settings
 
 
@@ -41,20 +41,20 @@ def build_embedder(settings: Settings) -> Embedder:
 
 def build_store(settings: Settings, dim: int) -> MemoryStore:
     if settings.store == "server":
-        from memory.store_server import ServerStore
+        from memstream.memory.store_server import ServerStore
 
         if not settings.qdrant_url:
             raise ConfigError("store=server needs MEMSTREAM_QDRANT_URL")
         key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
         return ServerStore.connect(settings.qdrant_url, key, settings.qdrant_collection, dim)
-    from memory.store_edge import EdgeStore
+    from memstream.memory.store_edge import EdgeStore
 
     return EdgeStore(settings.data_dir / "qdrant", dim)
 
 
 def build_model(settings: Settings) -> MemoryModel:
     if settings.llm == "openai":
-        from memory.llm import OpenAIModel
+        from memstream.memory.llm import OpenAIModel
 
         if not settings.llm_base_url and settings.llm_api_key is None:
             raise ConfigError("MEMSTREAM_LLM=openai needs MEMSTREAM_LLM_API_KEY or "

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from memory.model import GLOBAL_USER, Memory
 from memstream.errors import MemstreamError
+from memstream.memory.model import GLOBAL_USER, Memory
 
 INDEXED_KEYWORDS = ("tenant_id", "user_id", "status", "memory_id", "slot", "source.op_id",
                     "extra.closed_by")

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from memory.model import Memory
-from memory.store import INDEXED_KEYWORDS, Scope, StoreError
+from memstream.memory.model import Memory
+from memstream.memory.store import INDEXED_KEYWORDS, Scope, StoreError
 
 
 class EdgeStore:

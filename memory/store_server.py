@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from memory.model import Memory
-from memory.store import INDEXED_KEYWORDS, Scope, StoreError
+from memstream.memory.model import Memory
+from memstream.memory.store import INDEXED_KEYWORDS, Scope, StoreError
 
 
 class ServerStore:

@@ -76,7 +76,7 @@ def topics() -> None:
 @click.pass_obj
 def topics_create(settings: Settings) -> None:
     """Create every topic of the registry that does not exist yet (idempotent)."""
-    from topics.registry import create_topics
+    from memstream.topics.registry import create_topics
 
     created = asyncio.run(create_topics(settings))
     click.echo(f"created {len(created)} topic(s): {', '.join(created) or '-'}")
@@ -86,7 +86,7 @@ def topics_create(settings: Settings) -> None:
 @click.pass_obj
 def topics_list(settings: Settings) -> None:
     """Print the registry: name, partitions, cleanup policy, retention."""
-    from topics.registry import registry
+    from memstream.topics.registry import registry
 
     for spec in registry(settings).all():
         keep = "forever" if spec.retention_ms < 0 else f"{spec.retention_ms / 86_400_000:.0f}d"
@@ -101,8 +101,8 @@ def worker(settings: Settings, loglevel: str) -> None:
     """Run the stream-processing worker (ingest stage)."""
     import faust
 
-    from streams.app import build_app
-    from topics.registry import create_topics
+    from memstream.streams.app import build_app
+    from memstream.topics.registry import create_topics
 
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     asyncio.run(create_topics(settings))

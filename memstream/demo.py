@@ -30,8 +30,8 @@ from memstream import broker as local_broker
 from memstream.kafka_io import TopicReader, send_events, start_producer
 from memstream.process import WorkerProcess
 from memstream.settings import Settings
-from topics.registry import Topics, create_topics, delete_topics, registry
-from topics.schemas import ChatMessage, Event, JobDecision, JobStatus, SessionEvent
+from memstream.topics.registry import Topics, create_topics, delete_topics, registry
+from memstream.topics.schemas import ChatMessage, Event, JobDecision, JobStatus, SessionEvent
 
 QUERIES = {"en": "where does the user live and what should I keep in mind?",
            "zh": "用户住在哪里？有什么需要注意的？"}

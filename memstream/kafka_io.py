@@ -14,7 +14,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
-from topics.schemas import Event
+from memstream.topics.schemas import Event
 
 
 async def start_producer(bootstrap: str, **kwargs: Any) -> AIOKafkaProducer:

@@ -30,8 +30,8 @@ def search_http(settings: Settings, tenant: str, user: str, query: str,
 
 def search_local(settings: Settings, tenant: str, user: str, query: str,
                  k: int) -> dict[str, Any]:
-    from memory.retrieval import search
-    from memory.services import build_embedder, build_store
+    from memstream.memory.retrieval import search
+    from memstream.memory.services import build_embedder, build_store
 
     embedder = build_embedder(settings)
     store = build_store(settings, embedder.dim)

@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 
 from memstream.kafka_io import TopicReader, start_producer
 from memstream.settings import Settings
-from topics.registry import registry
-from topics.schemas import ExtractionJob, JobResult, JobStatus
+from memstream.topics.registry import registry
+from memstream.topics.schemas import ExtractionJob, JobResult, JobStatus
 
 
 @dataclass

@@ -26,5 +26,5 @@ unset MEMSTREAM_KAFKA_PORT MEMSTREAM_KAFKA_CONTROLLER_PORT
 
 export MEMSTREAM_REQUIRE_INTEGRATION=1
 .venv/bin/ruff check .
-.venv/bin/mypy memstream topics streams memory jobs
+.venv/bin/mypy memstream
 .venv/bin/python -m pytest -m "unit or integration" "$@"

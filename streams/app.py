@@ -17,11 +17,11 @@ import faust
 from faust.types import TableT
 from pydantic import BaseModel
 
-from memory.coalescing import Policy, UserState
-from memory.services import Services, build_services
+from memstream.memory.coalescing import Policy, UserState
+from memstream.memory.services import Services, build_services
 from memstream.settings import Settings
-from streams.counters import Counters
-from topics.registry import Topics, registry
+from memstream.streams.counters import Counters
+from memstream.topics.registry import Topics, registry
 
 SNAPSHOT_MAX_BYTES = 16 * 1024 * 1024
 
@@ -102,7 +102,7 @@ def _raw_topic(app: faust.App, *names: str) -> faust.TopicT:
 def build_app(settings: Settings, clock: Callable[[], float] = time.time,
               services: Services | None = None) -> Pipeline:
     """Create the Faust app: the ingest agent and its timer, the extract and apply agents."""
-    from streams import extract, ingest, web
+    from memstream.streams import extract, ingest, web
 
     app = faust.App(settings.app_id, **settings.faust_kwargs())
     reg = registry(settings)

@@ -20,12 +20,12 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from memory.apply import apply_change, change_for
-from memory.extraction import JobOutcome
 from memstream.errors import InvalidRecord
-from streams.app import Pipeline
-from streams.ingest import decode_or_dead_letter, send_dead_letter
-from topics.schemas import (
+from memstream.memory.apply import apply_change, change_for
+from memstream.memory.extraction import JobOutcome
+from memstream.streams.app import Pipeline
+from memstream.streams.ingest import decode_or_dead_letter, send_dead_letter
+from memstream.topics.schemas import (
     ExtractionJob,
     JobDecision,
     JobRange,

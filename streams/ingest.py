@@ -18,11 +18,11 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
-from memory import coalescing as machine
 from memstream.errors import InvalidRecord
-from streams.app import Pipeline
-from topics.codec import check_message, dead_letter, decode
-from topics.schemas import ChatMessage, JobResult, JobStatus, SessionEvent, Tick
+from memstream.memory import coalescing as machine
+from memstream.streams.app import Pipeline
+from memstream.topics.codec import check_message, dead_letter, decode
+from memstream.topics.schemas import ChatMessage, JobResult, JobStatus, SessionEvent, Tick
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)

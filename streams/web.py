@@ -10,10 +10,10 @@ import asyncio
 import hmac
 from typing import Any
 
-from memory.retrieval import Hit, search
-from memory.store import Scope
-from streams.app import Pipeline
-from topics.schemas import ID_PATTERN
+from memstream.memory.retrieval import Hit, search
+from memstream.memory.store import Scope
+from memstream.streams.app import Pipeline
+from memstream.topics.schemas import ID_PATTERN
 
 
 def _authorised(p: Pipeline, request: Any) -> bool:

@@ -15,7 +15,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from memstream.errors import InvalidRecord
-from topics.schemas import SCHEMA_VERSION, ChatMessage, DeadLetter
+from memstream.topics.schemas import SCHEMA_VERSION, ChatMessage, DeadLetter
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from memstream.errors import BrokerError
 from memstream.settings import Settings
-from topics.schemas import (
+from memstream.topics.schemas import (
     ChatMessage,
     DeadLetter,
     ExtractionJob,

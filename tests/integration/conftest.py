@@ -20,8 +20,15 @@ from memstream import broker as local_broker
 from memstream.kafka_io import TopicReader, send_events, send_raw, start_producer
 from memstream.process import WorkerProcess
 from memstream.settings import Settings
-from topics.registry import create_topics, delete_topics, registry
-from topics.schemas import ChatMessage, Event, ExtractionJob, JobResult, JobStatus, SessionEvent
+from memstream.topics.registry import create_topics, delete_topics, registry
+from memstream.topics.schemas import (
+    ChatMessage,
+    Event,
+    ExtractionJob,
+    JobResult,
+    JobStatus,
+    SessionEvent,
+)
 
 TEST_PORT = int(os.environ.get("MEMSTREAM_TEST_KAFKA_PORT", "19092"))
 

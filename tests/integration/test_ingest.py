@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from memstream.topics.schemas import DeadLetter, JobResult, JobStatus, TriggerReason
 from tests.integration.conftest import chat, end
-from topics.schemas import DeadLetter, JobResult, JobStatus, TriggerReason
 
 pytestmark = pytest.mark.integration
 

@@ -17,12 +17,12 @@ from collections import defaultdict
 import pytest
 from qdrant_client import QdrantClient
 
-from memory.apply import apply_change
-from memory.store import Scope
-from memory.store_server import ServerStore
 from memstream.kafka_io import TopicReader
+from memstream.memory.apply import apply_change
+from memstream.memory.store import Scope
+from memstream.memory.store_server import ServerStore
+from memstream.topics.schemas import DeadLetter, ExtractionJob, JobResult, JobStatus, MemoryChange
 from tests.integration.conftest import chat, end
-from topics.schemas import DeadLetter, ExtractionJob, JobResult, JobStatus, MemoryChange
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from datetime import UTC, datetime
 
-from topics.schemas import ChatMessage, JobResult, JobStatus
+from memstream.topics.schemas import ChatMessage, JobResult, JobStatus
 
 _ids = itertools.count()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.coalescing import (
+from memstream.memory.coalescing import (
     Policy,
     UserState,
     next_deadline,
@@ -15,8 +15,8 @@ from memory.coalescing import (
     restore,
     snapshot,
 )
+from memstream.topics.schemas import JobStatus, TriggerReason
 from tests.unit.helpers import msg, result
-from topics.schemas import JobStatus, TriggerReason
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +30,7 @@ def fresh() -> UserState:
 
 def state_job(state):
     """Rebuild the in-flight job the way a re-send would (for tests that need its id)."""
-    from memory.coalescing import _job_for
+    from memstream.memory.coalescing import _job_for
 
     f = state.in_flight
     return _job_for(state, f.session_id, state.sessions[f.session_id], f.reason, 0.0,

@@ -6,9 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory.coalescing import Policy, UserState, on_message, on_result, on_session_end, on_tick
+from memstream.memory.coalescing import (
+    Policy,
+    UserState,
+    on_message,
+    on_result,
+    on_session_end,
+    on_tick,
+)
+from memstream.topics.schemas import JobStatus, TriggerReason
 from tests.unit.helpers import msg, result
-from topics.schemas import JobStatus, TriggerReason
 
 pytestmark = pytest.mark.unit
 

@@ -10,9 +10,9 @@ import pytest
 
 from memstream.errors import InvalidRecord
 from memstream.settings import Settings
-from topics.codec import check_message, dead_letter, decode
-from topics.registry import registry
-from topics.schemas import ChatMessage, JobResult, SessionEvent
+from memstream.topics.codec import check_message, dead_letter, decode
+from memstream.topics.registry import registry
+from memstream.topics.schemas import ChatMessage, JobResult, SessionEvent
 
 pytestmark = pytest.mark.unit
 

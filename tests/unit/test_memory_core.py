@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from memory.apply import apply_change, change_for
-from memory.calibrate import calibrate, load_pairs
-from memory.decisions import Candidate, Context, Decision, IdMap, InvalidDecision, resolve
-from memory.embedding import HashingEmbedder, UseEmbedder
-from memory.extraction import Extractor, JobOutcome, RulesModel
-from memory.model import Memory, OpKind, Source, Status
-from memory.store import Scope
-from memory.store_edge import EdgeStore
-from memory.store_server import ServerStore
-from topics.schemas import ExtractionJob, JobMessage, TriggerReason
+from memstream.memory.apply import apply_change, change_for
+from memstream.memory.calibrate import calibrate, load_pairs
+from memstream.memory.decisions import Candidate, Context, Decision, IdMap, InvalidDecision, resolve
+from memstream.memory.embedding import HashingEmbedder, UseEmbedder
+from memstream.memory.extraction import Extractor, JobOutcome, RulesModel
+from memstream.memory.model import Memory, OpKind, Source, Status
+from memstream.memory.store import Scope
+from memstream.memory.store_edge import EdgeStore
+from memstream.memory.store_server import ServerStore
+from memstream.topics.schemas import ExtractionJob, JobMessage, TriggerReason
 
 pytestmark = pytest.mark.unit
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -229,7 +229,7 @@ class _TwiceModel:
         raise AssertionError("a combined model is asked once per job")
 
     def extract_and_decide(self, messages, context, shown, threshold):
-        from memory.extraction import Usage
+        from memstream.memory.extraction import Usage
 
         kids = [Candidate(f"Has {n} children", slot="children") for n in (3, 4)]
         return [(c, Decision(OpKind.UPDATE, 1)) for c in kids], Usage(1)

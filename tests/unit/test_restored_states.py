@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from memory.coalescing import UserState
-from streams.app import RestoredStates
+from memstream.memory.coalescing import UserState
+from memstream.streams.app import RestoredStates
 
 pytestmark = pytest.mark.unit
 

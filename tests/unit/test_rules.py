@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from memory.decisions import Candidate
-from memory.model import Memory, MemoryType, OpKind, Source
-from memory.rules import decide, extract_text
+from memstream.memory.decisions import Candidate
+from memstream.memory.model import Memory, MemoryType, OpKind, Source
+from memstream.memory.rules import decide, extract_text
 
 pytestmark = pytest.mark.unit
 

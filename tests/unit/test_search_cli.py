@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 import pytest
 from click.testing import CliRunner
 
-from memory.apply import apply_change, change_for
-from memory.services import build_services
 from memstream.cli import main
+from memstream.memory.apply import apply_change, change_for
+from memstream.memory.services import build_services
 from memstream.settings import Settings
-from topics.schemas import ExtractionJob, JobMessage, TriggerReason
+from memstream.topics.schemas import ExtractionJob, JobMessage, TriggerReason
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from streams.extract import UserLocks
+from memstream.streams.extract import UserLocks
 
 pytestmark = pytest.mark.unit
 

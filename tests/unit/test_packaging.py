@@ -1,0 +1,37 @@
+"""One import namespace: the wheel installs only ``memstream`` (issue: a user's own
+``memory.py`` must not shadow our code, and PyPI has packages named ``memory``/``topics``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_wheel_has_one_top_level_package(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    wheel = next(tmp_path.glob("memstream-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"memstream"}
+    for sub in ("memory/store.py", "streams/ingest.py", "topics/schemas.py", "jobs/__init__.py",
+                "memory/prompts/combined-v1.md", "samples/conversations.jsonl"):
+        assert f"memstream/{sub}" in names
+
+
+def test_a_users_own_memory_module_does_not_shadow_ours(tmp_path: Path) -> None:
+    for name in ("memory", "topics", "streams", "jobs"):
+        (tmp_path / f"{name}.py").write_text("raise SystemExit('user module imported')\n")
+    code = ("import memstream.memory.store, memstream.topics.schemas, memstream.jobs; "
+            "print(memstream.memory.store.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "memstream.memory.store"
