@@ -1,18 +1,33 @@
-"""Applying memory changes to the store, idempotently (SPEC §4, §9).
+"""Applying decided changes to the store, fenced and idempotent (SPEC §4, §9).
 
-The same function serves the live pipeline and a rebuild: replaying the memory-change
-topic in order into an empty store produces the same records, with no LLM call.
+- :func:`apply_decision` is the live path: the fencing verdict of :mod:`memory.fencing`
+  decides whether a decision is applied, re-published or refused; a decision whose read
+  memories moved on is refused whole (nothing written); otherwise every record is written
+  and the user's cursor moves to the job, after its changes.
+- :func:`apply_change` is the replay path: replaying the memory-change topic in order into
+  an empty store rebuilds the same records, with no LLM call; a change seen before is
+  skipped, and the cursor follows the job numbers the changes carry.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from memstream.memory import fencing
 from memstream.memory.decisions import PlannedOp
 from memstream.memory.extraction import JobOutcome, MemoryModel
+from memstream.memory.fencing import Cursor, Touch, Verdict, moved_on, verdict
 from memstream.memory.model import Memory
 from memstream.memory.store import MemoryStore, Scope
-from memstream.topics.schemas import ExtractionJob, Lineage, MemoryChange
+from memstream.topics.schemas import (
+    ExtractionJob,
+    JobDecision,
+    JobRange,
+    JobStatus,
+    Lineage,
+    MemoryChange,
+)
 
 
 def change_for(op: PlannedOp, vector: list[float] | None, job: ExtractionJob,
@@ -23,7 +38,8 @@ def change_for(op: PlannedOp, vector: list[float] | None, job: ExtractionJob,
         before=op.before.to_payload() if op.before else None, after=op.after.to_payload(),
         records=[r.to_payload() for r in op.writes], vector=vector, reason=op.reason,
         lineage=Lineage(session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
-                        job_id=job.job_id, message_ids=[m.message_id for m in job.messages]),
+                        job_id=job.job_id, message_ids=[m.message_id for m in job.messages],
+                        seq=job.seq),
         model=model.name, prompt_version=model.prompt_version,
         prompt_tokens=outcome.usage.prompt_tokens,
         completion_tokens=outcome.usage.completion_tokens,
@@ -31,15 +47,94 @@ def change_for(op: PlannedOp, vector: list[float] | None, job: ExtractionJob,
     )
 
 
-def apply_change(store: MemoryStore, change: MemoryChange) -> bool:
-    """Write the change's records unless it was applied before; True if written now."""
-    scope = Scope(change.tenant_id, change.user_id)
-    if store.op_applied(scope, change.change_id):
-        return False
+def build_decision(job: ExtractionJob, out: JobOutcome, model: MemoryModel,
+                   now: float) -> JobDecision:
+    """The decision record of one decided job: its changes, the versions it read, its id."""
+    status = JobStatus.TRIVIAL if out.trivial else JobStatus.DONE
+    changes = [change_for(op, vec, job, out, model, now) for op, vec in out.ops]
+    return JobDecision(
+        **JobRange.fields_of(job), status=status,
+        decision_id=fencing.decision_id(
+            [job.job_id, job.seq, status.value, [c.model_dump(mode="json") for c in changes]]),
+        read_versions=dict(out.read), changes=changes,
+        decisions=dict(out.decisions), llm_calls=out.usage.calls,
+        prompt_tokens=out.usage.prompt_tokens, completion_tokens=out.usage.completion_tokens,
+        model=model.name, prompt_version=model.prompt_version,
+    )
+
+
+def _write(store: MemoryStore, change: MemoryChange) -> None:
+    """Write every record of the change (deterministic point ids: rewriting is harmless)."""
     records = [Memory.from_payload(r) for r in change.records]
     for r in records:
         if (r.tenant_id, r.user_id) != (change.tenant_id, change.user_id):
             raise ValueError(f"change {change.change_id} writes outside its user's scope")
-    vectors = [change.vector if r.source.op_id == change.change_id else None for r in records]
-    store.write(records, vectors)
+    # The new version first, the closing of the old one last: a crash in between leaves the
+    # change visibly half-done (two live versions), which the re-apply completes.
+    order = sorted(range(len(records)), key=lambda i: records[i].source.op_id != change.change_id)
+    store.write([records[i] for i in order],
+                [change.vector if records[i].source.op_id == change.change_id else None
+                 for i in order])
+
+
+def apply_change(store: MemoryStore, change: MemoryChange) -> bool:
+    """Replay one change unless it was applied before; True if written now."""
+    scope = Scope(change.tenant_id, change.user_id)
+    if store.op_applied(scope, change.change_id):
+        return False
+    _write(store, change)
+    seq = change.lineage.seq
+    if seq:
+        cursor = store.cursor(scope)
+        if cursor is None or cursor.seq < seq:
+            store.set_cursor(scope, Cursor(seq, change.lineage.job_id))
     return True
+
+
+def _touch(change: MemoryChange) -> Touch:
+    before = change.before["version"] if change.before else None
+    return Touch(change.change_id, change.memory_id, before,
+                 None if change.op == "delete" else change.version)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What applying one decision did, and what the apply agent must send."""
+
+    verdict: Verdict
+    status: JobStatus  # the status of the job result to send
+    publish: list[MemoryChange] = field(default_factory=list)  # change events to (re)publish
+    applied_seq: int | None = None  # for a FENCED result: the store's cursor
+    error: str | None = None
+
+
+def apply_decision(store: MemoryStore, decision: JobDecision) -> Applied:
+    """Apply one decision exactly once, in job order (see :mod:`memory.fencing`)."""
+    scope = Scope(decision.tenant_id, decision.user_id)
+    cursor = store.cursor(scope)
+    found = verdict(cursor, decision.seq, decision.job_id, decision.decision_id)
+    if found == Verdict.FENCED:
+        held = cursor.seq if cursor else 0
+        return Applied(found, JobStatus.FENCED, applied_seq=held,
+                       error=f"job {decision.seq} fenced: the store holds job {held}")
+    if found == Verdict.DONE:
+        return Applied(found, JobStatus.DONE)
+    if found == Verdict.REPUBLISH:
+        return Applied(found, decision.status, list(decision.changes))
+    if decision.status in (JobStatus.FAILED, JobStatus.FENCED):
+        return Applied(found, decision.status, applied_seq=decision.applied_seq,
+                       error=decision.error)
+    changes = decision.changes
+    applied = {c.change_id for c in changes if store.op_applied(scope, c.change_id)}
+    touched = set(decision.read_versions) | {c.memory_id for c in changes}
+    live = store.live_versions(scope, sorted(touched))
+    stale = moved_on(decision.read_versions, live, map(_touch, changes), applied)
+    if stale is not None:
+        held = cursor.seq if cursor else 0
+        return Applied(Verdict.FENCED, JobStatus.FENCED, applied_seq=held,
+                       error=f"memory {stale} moved on since the decision read it")
+    for change in changes:
+        _write(store, change)
+    if decision.seq:
+        store.set_cursor(scope, Cursor(decision.seq, decision.job_id, decision.decision_id))
+    return Applied(found, decision.status, list(changes))

@@ -13,7 +13,10 @@ Rules:
 - ``explicit`` and ``session_end`` fire below the threshold, ``idle`` after a quiet period;
 - a job whose user messages are all trivial is resolved at once, without an LLM call;
 - a failed job leaves the watermark where it was and is retried with exponential backoff;
-- a job that gets no result within ``job_timeout`` is re-sent under the same id;
+- a job that gets no result within ``job_timeout`` is re-sent under the same id and seq;
+- every job gets the user's next ``seq`` (strictly increasing, kept in the snapshot): the
+  store fences on it (:mod:`memory.fencing`); a ``fenced`` result re-issues the range under a
+  seq above the one the store holds;
 - a session that is fully scanned and quiet for ``forget_after`` is dropped, so the state
   of a long-lived user stays bounded;
 - an ended session is kept (trimmed) until then: a message that arrives up to
@@ -93,6 +96,7 @@ class SessionState:
 @dataclass(frozen=True)
 class InFlight:
     job_id: str
+    seq: int
     session_id: str
     from_seq: int
     to_seq: int
@@ -107,6 +111,7 @@ class UserState:
     user_id: str
     sessions: dict[str, SessionState] = field(default_factory=dict)
     in_flight: InFlight | None = None
+    next_seq: int = 1  # the seq of the user's next job
 
 
 @dataclass(frozen=True)
@@ -174,7 +179,8 @@ def _trim(s: SessionState, policy: Policy) -> SessionState:
 
 
 def _job_for(state: UserState, sid: str, s: SessionState, reason: TriggerReason,
-             now: float, attempt: int = 1, to_seq: int | None = None) -> ExtractionJob:
+             now: float, attempt: int = 1, to_seq: int | None = None,
+             seq: int | None = None) -> ExtractionJob:
     end = s.count if to_seq is None else to_seq
     new = [m for m in s.buffer if s.watermark <= m.seq < end]
     ctx = [m for m in s.buffer if m.seq < s.watermark]
@@ -185,6 +191,7 @@ def _job_for(state: UserState, sid: str, s: SessionState, reason: TriggerReason,
 
     return ExtractionJob(
         job_id=job_id(state.tenant_id, state.user_id, sid, new[0], new[-1]),
+        seq=state.next_seq if seq is None else seq,
         tenant_id=state.tenant_id, user_id=state.user_id, session_id=sid,
         from_seq=s.watermark, to_seq=end, reason=reason,
         messages=[wire(m) for m in new], context=[wire(m) for m in ctx],
@@ -223,8 +230,9 @@ def pump(state: UserState, now: float, policy: Policy) -> Step:
             done = replace(s, watermark=s.count, pending=None, failures=0, retry_at=None)
             state = _close(state, sid, done, policy)
             continue
-        flight = InFlight(job.job_id, sid, job.from_seq, job.to_seq, reason, now)
-        state = replace(_with_session(state, sid, replace(s, pending=None)), in_flight=flight)
+        flight = InFlight(job.job_id, job.seq, sid, job.from_seq, job.to_seq, reason, now)
+        state = replace(_with_session(state, sid, replace(s, pending=None)), in_flight=flight,
+                        next_seq=job.seq + 1)
         return Step(state, jobs=[job], resolved=resolved)
     return Step(state, resolved=resolved)
 
@@ -270,10 +278,22 @@ def on_session_end(state: UserState, session_id: str, now: float, policy: Policy
 def on_result(state: UserState, result: JobResult, now: float, policy: Policy) -> Step:
     """Close the loop: advance the watermark on success, schedule a retry on failure."""
     flight = state.in_flight
-    if flight is None or flight.job_id != result.job_id:
+    if flight is None or flight.job_id != result.job_id or (result.seq and
+                                                             flight.seq != result.seq):
         return Step(state, duplicate=True)  # stale or replayed result: already applied
     s = state.sessions.get(flight.session_id, SessionState())
-    if result.status == JobStatus.FAILED:
+    if result.status == JobStatus.FENCED:
+        # Nothing of the job reached the store: issue the range again, under a seq above
+        # the store's (this state was rolled back or forgotten, or a memory moved on).
+        # Back off only when it repeats.
+        failures = s.failures + 1
+        delay = 0.0 if failures == 1 else min(
+            policy.retry_backoff_s * 2 ** (failures - 2), policy.retry_backoff_max_s)
+        s = replace(s, failures=failures, retry_at=now + delay if delay else None,
+                    pending=_stronger(s.pending, flight.reason))
+        state = replace(_with_session(state, flight.session_id, s),
+                        next_seq=max(state.next_seq, (result.applied_seq or 0) + 1))
+    elif result.status == JobStatus.FAILED:
         failures = s.failures + 1
         delay = min(policy.retry_backoff_s * 2 ** (failures - 1), policy.retry_backoff_max_s)
         s = replace(s, failures=failures, retry_at=now + delay,
@@ -291,7 +311,7 @@ def on_tick(state: UserState, now: float, policy: Policy) -> Step:
     if flight is not None and now - flight.sent_at >= policy.job_timeout_s:
         s = state.sessions[flight.session_id]
         job = _job_for(state, flight.session_id, s, flight.reason, now,
-                       attempt=flight.attempt + 1, to_seq=flight.to_seq)
+                       attempt=flight.attempt + 1, to_seq=flight.to_seq, seq=flight.seq)
         again = replace(flight, sent_at=now, attempt=flight.attempt + 1)
         return Step(replace(state, in_flight=again), jobs=[job])
     busy = flight.session_id if flight is not None else None
@@ -326,6 +346,7 @@ def snapshot(state: UserState) -> dict[str, object]:
         "v": 1,
         "tenant_id": state.tenant_id,
         "user_id": state.user_id,
+        "next_seq": state.next_seq,
         "in_flight": None if state.in_flight is None else {
             **state.in_flight.__dict__, "reason": state.in_flight.reason.value,
         },
@@ -355,5 +376,8 @@ def restore(data: dict[str, object]) -> UserState:
         sessions[sid] = SessionState(**fields)
     in_flight = None
     if isinstance(flight, dict):
-        in_flight = InFlight(**{**flight, "reason": TriggerReason(flight["reason"])})
-    return UserState(str(data["tenant_id"]), str(data["user_id"]), sessions, in_flight)
+        in_flight = InFlight(**{"seq": 0, **flight, "reason": TriggerReason(flight["reason"])})
+    next_seq = data.get("next_seq", 1)
+    assert isinstance(next_seq, int)
+    return UserState(str(data["tenant_id"]), str(data["user_id"]), sessions, in_flight,
+                     next_seq)

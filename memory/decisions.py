@@ -90,8 +90,11 @@ class PlannedOp:
     reason: str
 
 
-def op_id(job_id: str, index: int, kind: OpKind) -> str:
-    return hashlib.sha256(f"{job_id}\x1f{index}\x1f{kind.value}".encode()).hexdigest()[:32]
+def op_id(job_id: str, index: int, kind: OpKind, seq: int = 0) -> str:
+    """Deterministic per (job, seq, candidate, kind): a job re-issued under a new seq (decided
+    again after it was fenced) gets new ids, so one id never names two payloads."""
+    raw = f"{job_id}\x1f{index}\x1f{kind.value}" + (f"\x1f{seq}" if seq else "")
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ class Context:
     job_id: str
     now: float
     message_ids: tuple[str, ...] = ()
+    seq: int = 0  # the job's per-user sequence number
 
     def source(self, op: str) -> Source:
         return Source(self.session_id, self.from_seq, self.to_seq, self.job_id, op,
@@ -133,7 +137,7 @@ def resolve(c: Candidate, index: int, shown: IdMap, d: Decision, ctx: Context) -
         return []
     if kind == OpKind.DELETE and c.new_fact:
         kind = OpKind.UPDATE  # a contradiction: replace, never drop the new fact
-    oid = op_id(ctx.job_id, index, kind)
+    oid = op_id(ctx.job_id, index, kind, ctx.seq)
     if kind == OpKind.ADD:
         mid = new_memory_id(oid)
         added = _opened(c, ctx, oid, mid, 1, ctx.now)

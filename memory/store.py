@@ -16,10 +16,28 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from memstream.errors import MemstreamError
-from memstream.memory.model import GLOBAL_USER, Memory
+from memstream.memory.fencing import Cursor
+from memstream.memory.model import GLOBAL_USER, Memory, version_point_id
 
 INDEXED_KEYWORDS = ("tenant_id", "user_id", "status", "memory_id", "slot", "source.op_id",
                     "extra.closed_by")
+
+
+CURSOR_STATUS = "cursor"  # the per-user fencing record; never matches a memory query
+
+
+def cursor_point_id(tenant_id: str, user_id: str) -> str:
+    return version_point_id(f"cursor\x1f{tenant_id}\x1f{user_id}", 0)
+
+
+def cursor_payload(scope: Scope, cursor: Cursor) -> dict[str, object]:
+    return {"tenant_id": scope.tenant_id, "user_id": scope.user_id, "status": CURSOR_STATUS,
+            "cursor": cursor.to_payload()}
+
+
+def unit_vector(dim: int) -> list[float]:
+    """A placeholder vector for records that are never searched (the cursor)."""
+    return [1.0] + [0.0] * (dim - 1)
 
 
 class StoreError(MemstreamError):
@@ -55,6 +73,18 @@ class MemoryStore(Protocol):
 
     def op_applied(self, scope: Scope, op_id: str) -> bool:
         """Has op ``op_id`` already left a record in this scope (idempotent apply)?"""
+        ...
+
+    def live_versions(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, int]:
+        """memory id -> its live (active) version, for those of ``memory_ids`` that are live."""
+        ...
+
+    def cursor(self, scope: Scope) -> Cursor | None:
+        """The last job the store applied for this user (see :mod:`memory.fencing`)."""
+        ...
+
+    def set_cursor(self, scope: Scope, cursor: Cursor) -> None:
+        """Record ``cursor``; written after the job's changes."""
         ...
 
     def close(self) -> None: ...

@@ -7,8 +7,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from memstream.memory.fencing import Cursor
 from memstream.memory.model import Memory
-from memstream.memory.store import INDEXED_KEYWORDS, Scope, StoreError
+from memstream.memory.store import (
+    CURSOR_STATUS,
+    INDEXED_KEYWORDS,
+    Scope,
+    StoreError,
+    cursor_payload,
+    cursor_point_id,
+    unit_vector,
+)
 
 
 class EdgeStore:
@@ -19,6 +28,7 @@ class EdgeStore:
 
         self._qe = qe
         self._lock = threading.Lock()  # the shard is shared by the agent's threads
+        self._dim = dim
         path.mkdir(parents=True, exist_ok=True)
         shard_dir = path / "shard"
         try:
@@ -43,7 +53,9 @@ class EdgeStore:
         ]
         if statuses is not None:
             must.append(qe.FieldCondition(key="status", match=qe.MatchAny(list(statuses))))
-        return qe.Filter(must=must + (extra or []))
+            return qe.Filter(must=must + (extra or []))
+        cursor = qe.FieldCondition(key="status", match=qe.MatchValue(CURSOR_STATUS))
+        return qe.Filter(must=must + (extra or []), must_not=[cursor])
 
     def write(self, memories: Sequence[Memory], vectors: Sequence[list[float] | None]) -> None:
         qe = self._qe
@@ -85,6 +97,38 @@ class EdgeStore:
             if n:
                 return True
         return False
+
+    def live_versions(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, int]:
+        if not memory_ids:
+            return {}
+        qe = self._qe
+        cond = qe.FieldCondition(key="memory_id", match=qe.MatchAny(list(memory_ids)))
+        with self._lock:
+            records, _ = self._shard.scroll(qe.ScrollRequest(
+                limit=10 * len(memory_ids) + 10, with_payload=True,
+                filter=self._filter(scope, ["active"], [cond])))
+        live: dict[str, int] = {}
+        for r in records:
+            m = Memory.from_payload(r.payload or {})
+            live[m.memory_id] = max(live.get(m.memory_id, 0), m.version)
+        return live
+
+    def cursor(self, scope: Scope) -> Cursor | None:
+        with self._lock:
+            found = self._shard.retrieve([cursor_point_id(scope.tenant_id, scope.user_id)],
+                                         True, False)
+        for r in found:
+            payload = r.payload or {}
+            if payload.get("tenant_id") == scope.tenant_id and "cursor" in payload:
+                return Cursor.from_payload(payload["cursor"])
+        return None
+
+    def set_cursor(self, scope: Scope, cursor: Cursor) -> None:
+        qe = self._qe
+        point = qe.Point(cursor_point_id(scope.tenant_id, scope.user_id),
+                         unit_vector(self._dim), cursor_payload(scope, cursor))
+        with self._lock:
+            self._shard.update(qe.UpdateOperation.upsert_points([point]))
 
     def close(self) -> None:
         with self._lock:

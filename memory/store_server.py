@@ -5,8 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from memstream.memory.fencing import Cursor
 from memstream.memory.model import Memory
-from memstream.memory.store import INDEXED_KEYWORDS, Scope, StoreError
+from memstream.memory.store import (
+    CURSOR_STATUS,
+    INDEXED_KEYWORDS,
+    Scope,
+    StoreError,
+    cursor_payload,
+    cursor_point_id,
+    unit_vector,
+)
 
 
 class ServerStore:
@@ -16,6 +25,7 @@ class ServerStore:
         self._m = models
         self._client = client
         self.collection = collection
+        self._dim = dim
         try:
             if not client.collection_exists(collection):
                 client.create_collection(collection, vectors_config=models.VectorParams(
@@ -41,7 +51,9 @@ class ServerStore:
         ]
         if statuses is not None:
             must.append(m.FieldCondition(key="status", match=m.MatchAny(any=list(statuses))))
-        return m.Filter(must=must + (extra or []))
+            return m.Filter(must=must + (extra or []))
+        cursor = m.FieldCondition(key="status", match=m.MatchValue(value=CURSOR_STATUS))
+        return m.Filter(must=must + (extra or []), must_not=[cursor])
 
     def write(self, memories: Sequence[Memory], vectors: Sequence[list[float] | None]) -> None:
         m = self._m
@@ -76,6 +88,37 @@ class ServerStore:
             if n:
                 return True
         return False
+
+    def live_versions(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, int]:
+        if not memory_ids:
+            return {}
+        m = self._m
+        cond = m.FieldCondition(key="memory_id", match=m.MatchAny(any=list(memory_ids)))
+        records, _ = self._client.scroll(
+            self.collection, scroll_filter=self._filter(scope, ["active"], [cond]),
+            limit=10 * len(memory_ids) + 10, with_payload=True)
+        live: dict[str, int] = {}
+        for r in records:
+            mem = Memory.from_payload(r.payload)
+            live[mem.memory_id] = max(live.get(mem.memory_id, 0), mem.version)
+        return live
+
+    def cursor(self, scope: Scope) -> Cursor | None:
+        found = self._client.retrieve(
+            self.collection, ids=[cursor_point_id(scope.tenant_id, scope.user_id)],
+            with_payload=True, with_vectors=False)
+        for r in found:
+            payload = r.payload or {}
+            if payload.get("tenant_id") == scope.tenant_id and "cursor" in payload:
+                return Cursor.from_payload(payload["cursor"])
+        return None
+
+    def set_cursor(self, scope: Scope, cursor: Cursor) -> None:
+        m = self._m
+        point = m.PointStruct(id=cursor_point_id(scope.tenant_id, scope.user_id),
+                              vector=unit_vector(self._dim),
+                              payload=cursor_payload(scope, cursor))
+        self._client.upsert(self.collection, points=[point], wait=True)
 
     def close(self) -> None:
         self._client.close()

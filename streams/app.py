@@ -103,6 +103,9 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
               services: Services | None = None) -> Pipeline:
     """Create the Faust app: the ingest agent and its timer, the extract and apply agents."""
     from memstream.streams import extract, ingest, web
+    from memstream.streams.commit_order import flush_before_transactional_commit
+
+    flush_before_transactional_commit()
 
     app = faust.App(settings.app_id, **settings.faust_kwargs())
     reg = registry(settings)

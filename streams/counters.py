@@ -18,6 +18,11 @@ class Counters:
     results_failed: int = 0
     stale_results: int = 0
     ticks: int = 0
+    # fencing (memory.fencing): jobs not decided again, decisions refused or re-published
+    jobs_skipped: int = 0
+    decisions_fenced: int = 0
+    decisions_duplicate: int = 0
+    decisions_republished: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -34,7 +34,7 @@ def state_job(state):
 
     f = state.in_flight
     return _job_for(state, f.session_id, state.sessions[f.session_id], f.reason, 0.0,
-                    to_seq=f.to_seq)
+                    to_seq=f.to_seq, seq=f.seq)
 
 
 def feed(state, texts, *, session="s1", now=0.0, role="user"):
