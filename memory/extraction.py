@@ -22,6 +22,7 @@ from memstream.memory.embedding import Embedder, cosine
 from memstream.memory.model import Memory, OpKind
 from memstream.memory.store import MemoryStore, Scope
 from memstream.memory.triggers import is_trivial
+from memstream.retry import deadline_scope
 from memstream.topics.schemas import ExtractionJob, JobMessage, Role
 
 
@@ -86,6 +87,12 @@ class JobOutcome:
     decisions: Counter[str] = field(default_factory=Counter)
     usage: Usage = Usage()
     trivial: bool = False
+    read: dict[str, int] = field(default_factory=dict)  # stored memory id -> version seen
+
+    def saw(self, hits: Sequence[tuple[Memory, float]]) -> None:
+        """Remember the stored versions the decision read (checked again at apply time)."""
+        for m, _ in hits:
+            self.read[m.memory_id] = m.version
 
 
 def all_trivial(job: ExtractionJob) -> bool:
@@ -125,14 +132,21 @@ class Extractor:
     store: MemoryStore
     top_k: int = 5
 
-    def decide(self, job: ExtractionJob, now: float) -> JobOutcome:
+    def decide(self, job: ExtractionJob, now: float, deadline: float | None = None) -> JobOutcome:
+        """The job's ops. ``deadline`` (an absolute time on the model's clock, None: none)
+        bounds every model call and its retries: it reaches the model through
+        :func:`memstream.retry.deadline_scope`, so the model protocol stays as it is."""
+        with deadline_scope(deadline):
+            return self._decide(job, now)
+
+    def _decide(self, job: ExtractionJob, now: float) -> JobOutcome:
         out = JobOutcome()
         if all_trivial(job):
             out.trivial = True
             return out
         scope = Scope(job.tenant_id, job.user_id)
         ctx = Context(job.tenant_id, job.user_id, job.session_id, job.from_seq, job.to_seq,
-                      job.job_id, now, tuple(m.message_id for m in job.messages))
+                      job.job_id, now, tuple(m.message_id for m in job.messages), job.seq)
         if isinstance(self.model, CombinedModel) and self.model.combined:
             return self._decide_combined(self.model, job, scope, ctx, out)
         candidates, usage = self.model.extract(job.messages, job.context)
@@ -140,7 +154,9 @@ class Extractor:
         view = _Overlay(self.store)
         vectors = self.embedder.embed([c.text for c in candidates])
         for index, (cand, vector) in enumerate(zip(candidates, vectors, strict=True)):
-            shown, numbered = IdMap.number(view.search(scope, vector, self.top_k))
+            hits = view.search(scope, vector, self.top_k)
+            out.saw([(m, s) for m, s in hits if m.memory_id not in view.pending])
+            shown, numbered = IdMap.number(hits)
             decision, usage = self.model.decide(cand, numbered, self.embedder.same_threshold)
             out.usage += usage
             out.decisions[decision.op.value] += 1
@@ -158,8 +174,9 @@ class Extractor:
             for m, score in self.store.search(scope, vector, self.top_k):
                 if m.memory_id not in nearest or nearest[m.memory_id][1] < score:
                     nearest[m.memory_id] = (m, score)
-        shown, numbered = IdMap.number(
-            sorted(nearest.values(), key=lambda h: -h[1])[: 2 * self.top_k])
+        hits = sorted(nearest.values(), key=lambda h: -h[1])[: 2 * self.top_k]
+        out.saw(hits)
+        shown, numbered = IdMap.number(hits)
         pairs, usage = model.extract_and_decide(job.messages, job.context, numbered,
                                                 self.embedder.same_threshold)
         out.usage += usage

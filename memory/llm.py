@@ -4,8 +4,12 @@ Works against OpenAI, vLLM, Ollama or anything that speaks ``/v1/chat/completion
 - structured output through a JSON-schema response format, falling back to JSON mode
   (and remembering it) when the server rejects ``json_schema``;
 - every reply is validated by a pydantic model; callers get the model, never a dict;
-- 429, 5xx, timeouts, connection errors, malformed JSON and schema-invalid replies are
-  retried with exponential backoff; other 4xx fail at once (:class:`LLMError`);
+- 408/409/429, 5xx, timeouts, connection errors, malformed JSON and schema-invalid replies
+  are retried per call with :mod:`memstream.retry` (capped backoff, ``llm_retries``); other
+  4xx fail at once (:class:`LLMError`). Every retry, and each call's own timeout, fits
+  inside the deadline of the job being decided (:func:`memstream.retry.current_deadline`,
+  set by :meth:`Extractor.decide`), so a job never outlives its deadline and a two-step
+  job does not redo the calls that already succeeded;
 - prompts are versioned files (``memory/prompts/<name>-v<N>.md``); the version travels
   with every decision; token counts come back in :class:`Usage`.
 """
@@ -13,6 +17,7 @@ Works against OpenAI, vLLM, Ollama or anything that speaks ``/v1/chat/completion
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from functools import cache
@@ -25,6 +30,7 @@ from memstream.errors import MemstreamError
 from memstream.memory.decisions import Candidate, Decision
 from memstream.memory.extraction import Usage
 from memstream.memory.model import Memory, MemoryType, OpKind
+from memstream.retry import RetriesExhausted, RetryPolicy, current_deadline, remaining, retry_sync
 from memstream.settings import Settings
 from memstream.topics.schemas import JobMessage, Role
 
@@ -32,6 +38,8 @@ T = TypeVar("T", bound=BaseModel)
 EXTRACT_PROMPT = "extract-v1"
 DECIDE_PROMPT = "decide-v1"
 COMBINED_PROMPT = "combined-v1"
+MIN_CALL_S = 1.0  # no call is started with less time than this left before the deadline
+log = logging.getLogger(__name__)
 
 
 class LLMError(MemstreamError):
@@ -81,33 +89,37 @@ def prompt(name: str) -> str:
     return resources.files("memstream.memory").joinpath(f"prompts/{name}.md").read_text("utf-8")
 
 
-def is_transient(exc: BaseException) -> bool:
-    """One place decides what is worth retrying."""
-    import openai
-
-    if isinstance(exc, openai.APIStatusError):
-        return exc.status_code == 429 or exc.status_code >= 500
-    return isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, InvalidReply))
+def retry_policy(settings: Settings) -> RetryPolicy:
+    """The backoff of one LLM call (what is transient is :func:`memstream.retry.is_transient`)."""
+    return RetryPolicy(first_delay_s=settings.llm_backoff_s,
+                       max_delay_s=max(settings.llm_backoff_s, settings.llm_backoff_max_s),
+                       min_attempt_s=min(MIN_CALL_S, settings.llm_timeout_s))
 
 
 class OpenAIModel:
     """``two_step``: extract once per job, decide once per candidate (1 + n calls).
     ``combined``: one call per job that extracts and decides together (see the README for
-    the measured difference)."""
+    the measured difference).
+
+    ``clock`` is the clock of the deadlines (the pipeline's, ``time.time``); ``sleep`` and
+    ``clock`` are injected so tests need not wait."""
 
     name = "openai"
 
     def __init__(self, settings: Settings, *, client: Any,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.time) -> None:
         self.model = settings.llm_model
         self.name = f"openai:{settings.llm_model}"
         self.combined = settings.llm_mode == "combined"
         self.prompt_version = (COMBINED_PROMPT if self.combined
                                else f"{EXTRACT_PROMPT}+{DECIDE_PROMPT}")
-        self.retries = settings.llm_retries
-        self.backoff_s = settings.llm_backoff_s
+        self.attempts = settings.llm_retries + 1
+        self.policy = retry_policy(settings)
+        self.timeout_s = settings.llm_timeout_s
         self._client = client
         self._sleep = sleep
+        self._clock = clock
         self._json_mode = False  # set once the server rejected json_schema
 
     # --- the protocol -------------------------------------------------------------------
@@ -157,33 +169,50 @@ class OpenAIModel:
     # --- one validated call with retries -------------------------------------------------
     def _ask(self, prompt_name: str, schema: type[T], user: str,
              check: Callable[[T], None] | None = None) -> tuple[T, Usage]:
+        """One validated answer, retried per :attr:`policy` within the job's deadline;
+        the tokens of invalid replies are counted too."""
         system = prompt(prompt_name).replace(
             "{schema}", json.dumps(schema.model_json_schema(), ensure_ascii=False))
-        usage = Usage()
-        delay = self.backoff_s
-        last: BaseException | None = None
-        for attempt in range(self.retries + 1):
+        deadline = current_deadline()
+        wasted = Usage()
+
+        def attempt() -> tuple[T, Usage]:
+            nonlocal wasted
             try:
-                reply, used = self._call(system, user, schema)
+                reply, used = self._call(system, user, schema, deadline)
                 if check is not None:
                     try:
                         check(reply)
                     except ValueError as exc:
                         raise InvalidReply(str(exc), used) from exc
-                return reply, usage + used
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise LLMError(f"{prompt_name}: {type(exc).__name__}: {exc}") from exc
-                last = exc
-                if isinstance(exc, InvalidReply):
-                    usage += exc.usage
-            if attempt < self.retries:
-                self._sleep(delay)
-                delay *= 2
-        raise LLMError(f"{prompt_name}: no valid answer after {self.retries + 1} attempts: "
-                       f"{type(last).__name__}: {last}")
+                return reply, used
+            except InvalidReply as exc:
+                wasted += exc.usage
+                raise
 
-    def _call(self, system: str, user: str, schema: type[T]) -> tuple[T, Usage]:
+        def logged(n: int, exc: BaseException, delay: float) -> None:
+            log.warning("%s: attempt %d failed (%s: %s); retrying in %.1fs",
+                        prompt_name, n, type(exc).__name__, str(exc)[:200], delay)
+
+        try:
+            reply, used = retry_sync(attempt, policy=self.policy, deadline=deadline,
+                                     clock=self._clock, sleep=self._sleep, on_retry=logged,
+                                     max_attempts=self.attempts)
+        except RetriesExhausted as exc:
+            raise LLMError(f"{prompt_name}: no valid answer: {exc}") from exc
+        except Exception as exc:  # permanent: translated at the boundary
+            raise LLMError(f"{prompt_name}: {type(exc).__name__}: {exc}") from exc
+        return reply, wasted + used
+
+    def _client_for(self, deadline: float | None) -> Any:
+        """The client, with its timeout clipped to the time left before ``deadline``."""
+        left = remaining(deadline, self._clock)
+        if left is None or left >= self.timeout_s:
+            return self._client
+        return self._client.with_options(timeout=max(left, 0.01))
+
+    def _call(self, system: str, user: str, schema: type[T],
+              deadline: float | None) -> tuple[T, Usage]:
         import openai
 
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
@@ -191,14 +220,14 @@ class OpenAIModel:
             fmt: dict[str, Any] = {"type": "json_schema", "json_schema": {
                 "name": schema.__name__, "schema": schema.model_json_schema()}}
             try:
-                resp = self._client.chat.completions.create(
+                resp = self._client_for(deadline).chat.completions.create(
                     model=self.model, messages=messages, response_format=fmt, temperature=0)
             except openai.BadRequestError as exc:
                 if "response_format" not in str(exc) and "json_schema" not in str(exc):
                     raise
                 self._json_mode = True
         if self._json_mode:
-            resp = self._client.chat.completions.create(
+            resp = self._client_for(deadline).chat.completions.create(
                 model=self.model, messages=messages, response_format={"type": "json_object"},
                 temperature=0)
         used = Usage(1, getattr(resp.usage, "prompt_tokens", 0) or 0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -14,6 +15,7 @@ from memstream.memory.llm import DECIDE_PROMPT, EXTRACT_PROMPT, LLMError, OpenAI
 from memstream.memory.model import Memory, OpKind, Source
 from memstream.memory.store import Scope
 from memstream.memory.store_edge import EdgeStore
+from memstream.retry import RetriesExhausted, deadline_scope
 from memstream.settings import Settings
 from memstream.topics.schemas import ExtractionJob, JobMessage, TriggerReason
 from tests.fakes.openai_server import OpenAITestServer, Reply, chat, chat_json, error
@@ -70,10 +72,10 @@ def test_falls_back_to_json_mode_and_remembers(server):
 
 
 @pytest.mark.parametrize("failure", [
-    error(429, "rate limited"), error(500), error(503),
+    error(429, "rate limited"), error(500), error(503), error(408), error(409),
     chat("this is not json {"), chat_json({"facts": [{"text": "x", "importance": 42}]}),
     chat_json({"something": "else"}),
-], ids=["429", "500", "503", "malformed-json", "schema-invalid", "wrong-shape"])
+], ids=["429", "500", "503", "408", "409", "malformed-json", "schema-invalid", "wrong-shape"])
 def test_transient_failures_are_retried(server, failure):
     server.script = [failure, chat_json(FACTS)]
     cands, usage = model(server).extract(msgs("We moved to Munich"), [])
@@ -92,6 +94,36 @@ def test_gives_up_after_the_retries(server):
     with pytest.raises(LLMError, match="after 3 attempts"):
         model(server, retries=2).extract(msgs("x"), [])
     assert len(server.requests) == 3
+
+
+def test_a_failing_server_gives_up_before_the_job_deadline(server, tmp_path):
+    """Per-call retries (8 allowed, ~13 s of backoff) stop when the next one would not fit
+    in the deadline the extractor passes down; the job is not redone around them."""
+    settings = Settings(llm="openai", llm_model="test-model", llm_mode="two_step",
+                        llm_retries=8, llm_backoff_s=0.05, llm_timeout_s=2.0)
+    client = OpenAI(base_url=server.url, api_key="sk-test", max_retries=0, timeout=2.0)
+    m = OpenAIModel(settings, client=client)  # real sleep, real clock
+    store = EdgeStore(tmp_path / "s", HashingEmbedder().dim)
+    server.script = []  # every request: 500
+    start = time.time()
+    deadline = start + 3.0
+    with pytest.raises(LLMError, match="deadline") as info:
+        Extractor(m, HashingEmbedder(), store).decide(_job("j", "We moved to Munich"), start,
+                                                      deadline=deadline)
+    assert time.time() < deadline
+    assert isinstance(info.value.__cause__, RetriesExhausted)
+    assert 3 <= info.value.__cause__.attempts == len(server.requests) < 9
+    store.close()
+
+
+def test_a_slow_call_is_cut_off_at_the_deadline(server):
+    """The client's own timeout (30 s here) is clipped to the time left."""
+    server.script = [Reply(200, {}, delay=4.0)]
+    m = model(server, timeout=30.0)
+    start = time.time()
+    with deadline_scope(start + 1.5), pytest.raises(LLMError, match="APITimeoutError"):
+        m.extract(msgs("We moved to Munich"), [])
+    assert time.time() - start < 2.5 and len(server.requests) == 1
 
 
 def test_permanent_errors_are_not_retried(server):
