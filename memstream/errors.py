@@ -18,8 +18,22 @@ class BrokerError(MemstreamError):
 class InvalidRecord(MemstreamError):
     """A record that breaks the topic contract; it goes to the dead-letter topic.
 
-    ``kind`` is a short machine-readable reason (``not_json``, ``schema``, ``version``,
-    ``key``, ``too_large``, ``empty``), ``str(exc)`` the readable one.
+    ``kind`` is a short machine-readable reason, ``str(exc)`` the readable one (bounded, never
+    the record's content):
+
+    - ``empty``: no value (tombstone), an empty value, or blank message content;
+    - ``too_large``: the (decompressed) value exceeds the topic's byte limit, or the content
+      ``max_content_chars``;
+    - ``not_json``: not strict UTF-8, or not JSON;
+    - ``depth``: arrays/objects nested deeper than ``codec.MAX_DEPTH``;
+    - ``number``: NaN / Infinity, a float that overflows, an integer outside signed 64 bits;
+    - ``unicode``: a lone UTF-16 surrogate (``"\\ud800"``) in a string or key;
+    - ``version``: ``schema_version`` present but not the integer this worker reads;
+    - ``schema``: not an object, a missing or wrongly typed field, an id breaking the rules;
+    - ``date``: a datetime that cannot be converted to UTC or falls outside 1970..9999;
+    - ``key``: a keyed event whose record key is missing or not ``tenant/user``;
+    - ``extraction_failed``: a valid job whose extraction failed after its retries;
+    - ``internal``: a valid record the worker could not handle (a bug; ``streams.guard``).
     """
 
     def __init__(self, kind: str, message: str) -> None:

@@ -16,6 +16,7 @@ class Counters:
     trivial_resolved: int = 0
     results_done: int = 0
     results_failed: int = 0
+    results_fenced: int = 0  # re-issued under a new seq (memory.fencing)
     stale_results: int = 0
     ticks: int = 0
     # fencing (memory.fencing): jobs not decided again, decisions refused or re-published
@@ -23,6 +24,9 @@ class Counters:
     decisions_fenced: int = 0
     decisions_duplicate: int = 0
     decisions_republished: int = 0
+    # streams.guard: transient failures retried in place, records set aside as internal
+    handler_retries: int = 0
+    handler_failures: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -21,32 +21,28 @@ from datetime import UTC, datetime
 from typing import Any
 
 from memstream.errors import InvalidRecord
-from memstream.memory.apply import apply_change, change_for
+from memstream.memory import fencing
+from memstream.memory.apply import Applied, apply_decision, build_decision
 from memstream.memory.extraction import JobOutcome
+from memstream.memory.store import Scope
+from memstream.retry import RetryPolicy, retry_async
+from memstream.settings import Settings
 from memstream.streams.app import Pipeline
-from memstream.streams.ingest import decode_or_dead_letter, send_dead_letter
+from memstream.streams.dead_letters import decode_or_dead_letter, send_dead_letter
+from memstream.streams.guard import guarded
 from memstream.topics.schemas import (
     ExtractionJob,
     JobDecision,
     JobRange,
     JobResult,
     JobStatus,
-    MemoryChange,
 )
 
 log = logging.getLogger(__name__)
 
 
 def decision_for(p: Pipeline, job: ExtractionJob, out: JobOutcome, now: float) -> JobDecision:
-    model = p.services.model
-    return JobDecision(
-        **JobRange.fields_of(job),
-        status=JobStatus.TRIVIAL if out.trivial else JobStatus.DONE,
-        changes=[change_for(op, vec, job, out, model, now) for op, vec in out.ops],
-        decisions=dict(out.decisions), llm_calls=out.usage.calls,
-        prompt_tokens=out.usage.prompt_tokens, completion_tokens=out.usage.completion_tokens,
-        model=model.name, prompt_version=model.prompt_version,
-    )
+    return build_decision(job, out, p.services.model, now)
 
 
 def failed_decision(job: ExtractionJob, error: str) -> JobDecision:
@@ -54,22 +50,54 @@ def failed_decision(job: ExtractionJob, error: str) -> JobDecision:
                        error=error)
 
 
+async def skip_decided(p: Pipeline, job: ExtractionJob) -> JobDecision | None:
+    """A job at or below the user's cursor is never decided again (no LLM call): the apply
+    agent answers it from the cursor (done, or fenced so the ingest stage re-issues it)."""
+    cursor = await asyncio.to_thread(p.services.store.cursor, Scope(job.tenant_id, job.user_id))
+    if fencing.decide_or_skip(cursor, job.seq, job.job_id) == fencing.Verdict.APPLY:
+        return None
+    p.counters.jobs_skipped += 1
+    held = cursor.seq if cursor else 0
+    return JobDecision(**JobRange.fields_of(job), status=JobStatus.FENCED, applied_seq=held,
+                       error=f"job {job.seq} at or below the store's job {held}")
+
+
+def job_policy(s: Settings) -> RetryPolicy:
+    return RetryPolicy(first_delay_s=s.extract_backoff_s,
+                       max_delay_s=max(s.extract_backoff_s, s.extract_backoff_max_s))
+
+
+def store_policy(s: Settings) -> RetryPolicy:
+    return RetryPolicy(first_delay_s=s.apply_backoff_s,
+                       max_delay_s=max(s.apply_backoff_s, s.apply_backoff_max_s))
+
+
 async def decide_with_retries(p: Pipeline, job: ExtractionJob) -> JobDecision:
+    """Decide the job within its deadline, a share of ``job_timeout_s`` (so the ingest stage
+    never re-sends a job that still runs here). The LLM layer retries its own calls inside
+    that deadline; what is left transient here (a store search, the embedder, an invented
+    target) is tried again while the deadline leaves room. A permanent error, or giving up,
+    makes the decision ``failed`` at once."""
     s = p.settings
-    delay = s.extract_backoff_s
-    for attempt in range(s.extract_retries + 1):
+    deadline = p.clock() + s.job_timeout_s * s.job_deadline_fraction
+
+    async def attempt() -> JobDecision:
         now = p.clock()
-        try:
-            out = await asyncio.to_thread(p.services.extractor.decide, job, now)
-            return decision_for(p, job, out, now)
-        except Exception as exc:  # every failure is retried, then reported
-            reason = f"{type(exc).__name__}: {exc}"[:500]
-            log.warning("job %s attempt %d failed: %s", job.job_id, attempt + 1, reason)
-            if attempt == s.extract_retries:
-                return failed_decision(job, reason)
-            await asyncio.sleep(delay)
-            delay *= 2
-    raise AssertionError("unreachable")
+        out = await asyncio.to_thread(p.services.extractor.decide, job, now, deadline)
+        return decision_for(p, job, out, now)
+
+    def logged(n: int, exc: BaseException, delay: float) -> None:
+        log.warning("job %s attempt %d failed (%s: %s); retrying in %.1fs",
+                    job.job_id, n, type(exc).__name__, str(exc)[:200], delay)
+
+    try:
+        return await retry_async(attempt, policy=job_policy(s), deadline=deadline,
+                                 clock=p.clock, on_retry=logged,
+                                 max_attempts=s.extract_retries + 1)
+    except Exception as exc:  # permanent, or no time left: reported, never raised
+        reason = f"{type(exc).__name__}: {exc}"[:500]
+        log.warning("job %s failed: %s", job.job_id, reason)
+        return failed_decision(job, reason)
 
 
 class UserLocks:
@@ -96,19 +124,74 @@ class UserLocks:
         return len(self._locks)
 
 
-async def apply_with_retries(p: Pipeline, change: MemoryChange) -> None:
-    """The store must take the change before the job is reported done: retry until it does
-    (the partition waits, so one user's changes stay in order)."""
-    delay = p.settings.extract_backoff_s
-    while True:
-        try:
-            await asyncio.to_thread(apply_change, p.services.store, change)
-            return
-        except Exception as exc:  # a store outage: wait and try again
-            log.error("applying change %s failed (%s); retrying in %.1fs",
-                      change.change_id, type(exc).__name__, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 60.0)
+async def apply_with_retries(p: Pipeline, decision: JobDecision) -> Applied:
+    """The store must take the decision before the job is reported done: a transient store
+    error is retried with capped backoff and no deadline (the partition waits, so one
+    user's changes stay in order); a permanent one is raised at once."""
+
+    def logged(n: int, exc: BaseException, delay: float) -> None:
+        log.error("applying decision of job %s failed (attempt %d, %s: %s); retrying in %.1fs",
+                  decision.job_id, n, type(exc).__name__, str(exc)[:200], delay)
+
+    return await retry_async(
+        lambda: asyncio.to_thread(apply_decision, p.services.store, decision),
+        policy=store_policy(p.settings), deadline=None, clock=p.clock, on_retry=logged)
+
+
+async def apply_or_set_aside(p: Pipeline, decision: JobDecision, message: Any) -> Applied:
+    """A decision the store refuses for good is dead-lettered (``apply_failed``) and its job
+    reported failed, so the ingest stage retries it later instead of the partition
+    looping on it forever."""
+    try:
+        return await apply_with_retries(p, decision)
+    except Exception as exc:  # permanent (is_transient said no)
+        reason = f"{type(exc).__name__}: {exc}"[:500]
+        log.error("decision of job %s cannot be applied: %s", decision.job_id, reason)
+        await send_dead_letter(p, InvalidRecord("apply_failed", reason), message)
+        return Applied(fencing.Verdict.APPLY, JobStatus.FAILED, error=reason)
+
+
+async def publish(p: Pipeline, key: bytes, decision: JobDecision, applied: Applied) -> None:
+    """Change events first, delivered, then the result that lets the user's next job go:
+    a later job is never applied while an earlier one's events could still be lost."""
+    c = p.counters
+    if applied.verdict == fencing.Verdict.REPUBLISH:
+        c.decisions_republished += 1
+    elif applied.verdict == fencing.Verdict.DONE:
+        c.decisions_duplicate += 1
+    elif applied.status == JobStatus.FENCED:
+        c.decisions_fenced += 1
+    sent = [await p.memory_changes.send(key=key, value=change.dumps())
+            for change in applied.publish]
+    for delivery in sent:
+        await delivery
+    result = JobResult.for_job(
+        decision, applied.status, datetime.fromtimestamp(p.clock(), UTC),
+        llm_calls=decision.llm_calls, error=applied.error, applied_seq=applied.applied_seq)
+    await p.job_results.send(key=key, value=result.dumps())
+
+
+async def extract_one(p: Pipeline, locks: UserLocks, message: Any) -> None:
+    """jobs -> decisions, for one record."""
+    job = await decode_or_dead_letter(p, ExtractionJob, message)
+    if job is None:
+        return
+    key = job.key()
+    async with locks.hold(key):
+        decision = await skip_decided(p, job) or await decide_with_retries(p, job)
+    if decision.status == JobStatus.FAILED:
+        failure = InvalidRecord("extraction_failed", decision.error or "failed")
+        await send_dead_letter(p, failure, message)
+    await p.decisions.send(key=key.encode(), value=decision.dumps())
+
+
+async def apply_one(p: Pipeline, message: Any) -> None:
+    """decisions -> store, memory-changes, job-results, for one record."""
+    decision = await decode_or_dead_letter(p, JobDecision, message)
+    if decision is None:
+        return
+    applied = await apply_or_set_aside(p, decision, message)
+    await publish(p, message.key, decision, applied)
 
 
 def register(p: Pipeline) -> None:
@@ -118,28 +201,10 @@ def register(p: Pipeline) -> None:
     async def extract(stream: Any) -> None:
         async for event in stream.events():
             message = event.message
-            job = await decode_or_dead_letter(p, ExtractionJob, message)
-            if job is None:
-                continue
-            key = job.key()
-            async with locks.hold(key):
-                decision = await decide_with_retries(p, job)
-            if decision.status == JobStatus.FAILED:
-                failure = InvalidRecord("extraction_failed", decision.error or "failed")
-                await send_dead_letter(p, failure, message)
-            await p.decisions.send(key=key.encode(), value=decision.dumps())
+            await guarded(p, message, lambda: extract_one(p, locks, message))  # noqa: B023
 
     @p.app.agent(p.decisions, name="apply")
     async def apply(stream: Any) -> None:
         async for event in stream.events():
             message = event.message
-            decision = await decode_or_dead_letter(p, JobDecision, message)
-            if decision is None:
-                continue
-            for change in decision.changes:
-                await apply_with_retries(p, change)
-                await p.memory_changes.send(key=message.key, value=change.dumps())
-            result = JobResult.for_job(
-                decision, decision.status, datetime.fromtimestamp(p.clock(), UTC),
-                llm_calls=decision.llm_calls, error=decision.error)
-            await p.job_results.send(key=message.key, value=result.dumps())
+            await guarded(p, message, lambda: apply_one(p, message))  # noqa: B023

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
@@ -21,19 +21,11 @@ from pydantic import BaseModel
 from memstream.errors import InvalidRecord
 from memstream.memory import coalescing as machine
 from memstream.streams.app import Pipeline
-from memstream.topics.codec import check_message, dead_letter, decode
+from memstream.streams.dead_letters import decode_input, send_dead_letter
+from memstream.streams.guard import guarded
 from memstream.topics.schemas import ChatMessage, JobResult, JobStatus, SessionEvent, Tick
 
 log = logging.getLogger(__name__)
-M = TypeVar("M", bound=BaseModel)
-
-
-def decode_input(p: Pipeline, topic: str, key: bytes | None, value: bytes | None) -> BaseModel:
-    model = p.input_models[topic]
-    event = decode(model, value, key, max_bytes=p.settings.max_message_bytes)
-    if isinstance(event, ChatMessage):
-        check_message(event, p.settings.max_content_chars)
-    return event
 
 
 def step_for(p: Pipeline, state: machine.UserState, event: BaseModel, now: float) -> machine.Step:
@@ -52,32 +44,13 @@ def step_for(p: Pipeline, state: machine.UserState, event: BaseModel, now: float
                 c.stale_results += 1
         elif event.status == JobStatus.FAILED:
             c.results_failed += 1
+        elif event.status == JobStatus.FENCED:
+            c.results_fenced += 1
         else:
             c.results_done += 1
         return step
     c.ticks += 1
     return machine.on_tick(state, now, policy)
-
-
-async def send_dead_letter(p: Pipeline, exc: InvalidRecord, message: Any) -> None:
-    """Set the record aside on the dead-letter topic with the reason and its bytes."""
-    p.counters.dead_letters += 1
-    log.warning("dead letter %s[%s]@%s: %s", message.topic, message.partition,
-                message.offset, exc)
-    record = dead_letter(
-        exc, topic=message.topic, partition=message.partition, offset=message.offset,
-        key=message.key, value=message.value, now=datetime.fromtimestamp(p.clock(), UTC),
-    )
-    await p.dead_letters.send(key=message.key, value=record.dumps())
-
-
-async def decode_or_dead_letter(p: Pipeline, model: type[M], message: Any) -> M | None:
-    """The decoded record, or None after dead-lettering it."""
-    try:
-        return decode(model, message.value, message.key)
-    except InvalidRecord as exc:
-        await send_dead_letter(p, exc, message)
-        return None
 
 
 async def handle(p: Pipeline, event: Any) -> None:
@@ -162,7 +135,7 @@ def register(p: Pipeline) -> None:
     @p.app.agent(p.inputs, name="ingest")
     async def ingest(stream: Any) -> None:
         async for event in stream.events():
-            await handle(p, event)
+            await guarded(p, event.message, lambda: handle(p, event))  # noqa: B023
 
     ticks = TickSender(p)
 

@@ -2,62 +2,214 @@
 
 ``decode`` never lets a bad record through and never raises anything but
 :class:`~memstream.errors.InvalidRecord`, whose ``kind`` and message go to the dead-letter
-topic together with the original bytes.
+topic with a bounded copy of the original (``dead_letter``). What it guards against, at the
+door, so that nothing downstream (state snapshots, the store, other consumers) meets it:
+
+- size: the byte limit is checked first, on the bytes aiokafka hands over (a compressed
+  batch is already decompressed), so huge but shallow values (a million metadata entries)
+  never reach the parser; internal topics pass a larger limit;
+- text: strict UTF-8, no NaN / Infinity (nor ``1e999``), integers within signed 64 bits
+  (a 5,000-digit literal never reaches ``int()``), at most :data:`MAX_DEPTH` nested
+  arrays/objects, no lone UTF-16 surrogate (``"\\ud800"``) in any string or key;
+- contract: a JSON object, ``schema_version`` absent or the integer :data:`SCHEMA_VERSION`
+  (``true`` and ``1.0`` are not), the model's fields, every datetime convertible to UTC
+  within years :data:`MIN_YEAR`..:data:`MAX_YEAR`, and for keyed events a record key equal
+  to ``tenant/user``.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
-from datetime import datetime
-from typing import TypeVar
+import math
+import re
+from datetime import UTC, datetime
+from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from memstream.errors import InvalidRecord
-from memstream.topics.schemas import SCHEMA_VERSION, ChatMessage, DeadLetter
+from memstream.topics.schemas import SCHEMA_VERSION, ChatMessage, DeadLetter, Event
 
 M = TypeVar("M", bound=BaseModel)
+
+MAX_DEPTH = 32  # nested arrays/objects; our deepest event (a decision's records) uses ~6
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+MIN_YEAR, MAX_YEAR = 1970, 9999
+_INT_DIGITS = 20  # longer literals are out of range anyway; checked before int() runs
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_HOLDS_DATES = (datetime, BaseModel, list, tuple, dict)
+
+# What a dead letter keeps, so that it always fits its topic (1 MiB max.message.bytes):
+# 256 KiB of value (349,528 base64 characters: a whole record up to the default
+# max_message_bytes) + 1 KiB of key + 2,000 characters of reason + a few hundred bytes of
+# fields stay far below the limit, whatever the original's size.
+DEAD_LETTER_VALUE_BYTES = 256 * 1024
+DEAD_LETTER_KEY_BYTES = 1024
+DEAD_LETTER_REASON_CHARS = 2000
 
 
 def _describe(exc: ValidationError) -> str:
     parts = []
-    for err in exc.errors()[:5]:
+    for err in exc.errors(include_input=False)[:5]:
         where = ".".join(str(p) for p in err["loc"]) or "record"
         parts.append(f"{where}: {err['msg']}")
     return "; ".join(parts)
 
 
-def decode(
-    model: type[M], value: bytes | None, key: bytes | None = None, *, max_bytes: int | None = None
-) -> M:
-    """Parse and validate one record of ``model``; check the key when the model is keyed."""
-    if value is None:
-        raise InvalidRecord("empty", "record has no value (tombstone)")
+def _show(value: object, limit: int = 60) -> str:
+    """A short, printable picture of a value for a reason text (never the whole value)."""
+    if isinstance(value, str | bytes | int | float | bool) or value is None:
+        text = repr(value)
+        return text if len(text) <= limit else text[:limit] + "...'"
+    return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
+
+
+def _bad_number(kind: str, literal: str) -> NoReturn:
+    raise InvalidRecord("number", f"{kind} {_show(literal, 40)} is not allowed")
+
+
+def _parse_int(literal: str) -> int:
+    if len(literal.lstrip("-")) > _INT_DIGITS:
+        _bad_number("integer with more than 20 digits", literal[:30])
+    value = int(literal)
+    if not INT_MIN <= value <= INT_MAX:
+        _bad_number("integer outside signed 64 bits", literal)
+    return value
+
+
+def _parse_constant(literal: str) -> NoReturn:
+    _bad_number("non-finite number", literal)  # NaN, Infinity, -Infinity
+
+
+def _check_str(text: str, where: str) -> None:
+    if _SURROGATE.search(text):
+        raise InvalidRecord("unicode", f"{where} contains a lone UTF-16 surrogate")
+
+
+def _check_tree(data: object) -> None:
+    """Depth, strings (keys too) and floats of a parsed JSON value, without recursion."""
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [([data], 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            for k in node:
+                _check_str(k, "a key")
+        for v in node.values() if isinstance(node, dict) else node:
+            if isinstance(v, str):
+                _check_str(v, "a string")
+            elif isinstance(v, float) and not math.isfinite(v):
+                raise InvalidRecord("number", "a number overflows to infinity")
+            elif isinstance(v, dict | list):
+                if depth >= MAX_DEPTH:
+                    raise InvalidRecord("depth", f"nested deeper than {MAX_DEPTH} arrays/objects")
+                stack.append((v, depth + 1))
+
+
+def parse_json(value: bytes) -> Any:
+    """Strict UTF-8 JSON with the limits above (no model yet)."""
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRecord(
+            "not_json", f"not UTF-8 JSON: {exc.reason} at byte {exc.start}") from None
+    try:
+        data = json.loads(text, parse_int=_parse_int, parse_constant=_parse_constant)
+    except json.JSONDecodeError as exc:
+        raise InvalidRecord("not_json", f"not JSON: {exc.msg} at char {exc.pos}") from None
+    except RecursionError:
+        raise InvalidRecord("depth", f"nested deeper than {MAX_DEPTH} arrays/objects") from None
+    _check_tree(data)
+    return data
+
+
+def _check_version(data: dict[str, Any]) -> None:
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if type(version) is not int or version != SCHEMA_VERSION:  # True == 1, 1.0 == 1
+        raise InvalidRecord(
+            "version",
+            f"unknown schema_version {_show(version)} (this worker reads {SCHEMA_VERSION})",
+        )
+
+
+def _check_datetime(value: datetime, where: str) -> None:
+    try:
+        utc = value.astimezone(UTC) if value.tzinfo is not None else value
+    except (OverflowError, ValueError):
+        raise InvalidRecord("date", f"{where}: {value.isoformat()} is not a time in UTC") from None
+    if not MIN_YEAR <= utc.year <= MAX_YEAR:
+        raise InvalidRecord(
+            "date", f"{where}: {value.isoformat()} is outside years {MIN_YEAR}..{MAX_YEAR}")
+
+
+def check_datetimes(event: BaseModel) -> None:
+    """Every datetime anywhere in ``event`` converts to UTC within the sane range."""
+    stack: list[tuple[object, str]] = [(event, "")]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, datetime):
+            _check_datetime(node, where)
+            continue
+        if isinstance(node, BaseModel):
+            children: Any = ((f, getattr(node, f)) for f in type(node).model_fields)
+        elif isinstance(node, dict):
+            children = node.items()
+        elif isinstance(node, list | tuple):
+            children = enumerate(node)
+        else:
+            continue
+        stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in children
+                     if isinstance(v, _HOLDS_DATES))
+
+
+def _check_key(event: BaseModel, key: bytes | None) -> None:
+    if not (isinstance(event, Event) and "tenant_id" in type(event).model_fields):
+        return
+    expected = event.key()
+    if key is None:
+        raise InvalidRecord("key", f"record has no key (expected {expected!r})")
+    if key != expected.encode():
+        raise InvalidRecord(
+            "key", f"record key {_show(key)} does not match tenant/user {expected!r}")
+
+
+def _decode(model: type[M], value: bytes | None, key: bytes | None,
+            max_bytes: int | None) -> M:
+    if not value:
+        raise InvalidRecord("empty", "record has no value (tombstone)" if value is None
+                            else "record value is empty")
     if max_bytes is not None and len(value) > max_bytes:
         raise InvalidRecord("too_large", f"record is {len(value)} bytes, limit {max_bytes}")
-    try:
-        data = json.loads(value)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRecord("not_json", f"not UTF-8 JSON: {exc}") from None
+    data = parse_json(value)
     if not isinstance(data, dict):
-        raise InvalidRecord("schema", f"expected a JSON object, got {type(data).__name__}")
-    version = data.get("schema_version", SCHEMA_VERSION)
-    if version != SCHEMA_VERSION:
-        raise InvalidRecord(
-            "version", f"unknown schema_version {version!r} (this worker reads {SCHEMA_VERSION})"
-        )
+        raise InvalidRecord("schema", f"expected a JSON object, got {_show(data)}")
+    _check_version(data)
     try:
         event = model.model_validate(data)
     except ValidationError as exc:
         raise InvalidRecord("schema", f"{model.__name__} invalid: {_describe(exc)}") from None
-    if key is not None and hasattr(event, "tenant_id"):
-        expected = event.key().encode()  # type: ignore[attr-defined]
-        if key != expected:
-            raise InvalidRecord(
-                "key", f"record key {key!r} does not match tenant/user {expected.decode()!r}"
-            )
+    check_datetimes(event)
+    _check_key(event, key)
     return event
+
+
+def decode(
+    model: type[M], value: bytes | None, key: bytes | None = None, *, max_bytes: int | None = None
+) -> M:
+    """Parse and validate one record of ``model``; a keyed model needs the matching key.
+
+    ``max_bytes`` bounds the (decompressed) value; None means no limit. Raises only
+    :class:`InvalidRecord`: an unexpected error while validating is reported as kind
+    ``schema`` naming the exception, so that no input can crash an agent.
+    """
+    try:
+        return _decode(model, value, key, max_bytes)
+    except InvalidRecord:
+        raise
+    except Exception as exc:  # a validator bug must not let one record stop a partition
+        raise InvalidRecord("schema", f"{model.__name__} could not be validated: "
+                                      f"{type(exc).__name__}") from exc
 
 
 def check_message(message: ChatMessage, max_chars: int) -> None:
@@ -72,6 +224,15 @@ def check_message(message: ChatMessage, max_chars: int) -> None:
         raise InvalidRecord("schema", "content contains NUL characters")
 
 
+def _bounded_text(text: str, limit: int) -> str:
+    safe = text.encode("utf-8", "backslashreplace").decode("utf-8")  # no lone surrogates
+    return safe if len(safe) <= limit else safe[: limit - 3] + "..."
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
 def dead_letter(
     exc: InvalidRecord,
     *,
@@ -82,13 +243,20 @@ def dead_letter(
     value: bytes | None,
     now: datetime,
 ) -> DeadLetter:
+    """The dead letter of one record: bounded (it always fits its topic), with the length
+    and sha256 of the whole original, which stays at ``topic/partition/offset``."""
+    raw = value or b""
     return DeadLetter(
-        reason=str(exc),
-        kind=exc.kind,
+        reason=_bounded_text(str(exc), DEAD_LETTER_REASON_CHARS),
+        kind=_bounded_text(exc.kind, 40),
         source_topic=topic,
         partition=partition,
         offset=offset,
-        key_b64=base64.b64encode(key).decode() if key is not None else None,
-        value_b64=base64.b64encode(value or b"").decode(),
+        key_b64=_b64(key[:DEAD_LETTER_KEY_BYTES]) if key is not None else None,
+        key_truncated=key is not None and len(key) > DEAD_LETTER_KEY_BYTES,
+        value_b64=_b64(raw[:DEAD_LETTER_VALUE_BYTES]),
+        truncated=len(raw) > DEAD_LETTER_VALUE_BYTES,
+        value_length=len(raw),
+        value_sha256=hashlib.sha256(raw).hexdigest(),
         failed_at=now,
     )

@@ -25,6 +25,7 @@ from memstream.topics.schemas import (
 )
 
 DAY_MS = 86_400_000
+KAFKA_MAX_MESSAGE_BYTES = 1_048_588  # the broker's default max.message.bytes (1 MiB + 12)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ def registry(settings: Settings) -> Topics:
         messages=TopicSpec(
             settings.topic("messages"), ChatMessage, n, keep,
             doc="Chat services produce every conversation message here, keyed tenant/user.",
-            extra_config={"max.message.bytes": str(max(settings.max_message_bytes * 2, 1_048_588))},
+            extra_config={"max.message.bytes": str(
+                max(settings.max_message_bytes * 2, KAFKA_MAX_MESSAGE_BYTES))},
         ),
         session_events=TopicSpec(
             settings.topic("session-events"), SessionEvent, n, keep,
@@ -100,7 +102,10 @@ def registry(settings: Settings) -> Topics:
         dead_letters=TopicSpec(
             settings.topic("dead-letters"), DeadLetter, 1,
             settings.dead_letter_retention_days * DAY_MS, co_partitioned=False,
-            doc="Records that broke the contract, with original bytes and the reason.",
+            doc="Records that broke the contract: the reason, where the original is, its "
+                "length, sha256 and (a bounded prefix of) its bytes.",
+            # Stated, not assumed: codec.dead_letter bounds every record far below it.
+            extra_config={"max.message.bytes": str(KAFKA_MAX_MESSAGE_BYTES)},
         ),
         decisions=TopicSpec(
             settings.topic("decisions"), JobDecision, n, keep,

@@ -115,10 +115,14 @@ class ExtractionJob(Event):
     """Extract memories from messages ``[from_seq, to_seq)`` of one session.
 
     ``job_id`` is a hash of (tenant, user, session, range): a re-sent job has the same id.
+    ``seq`` is the job's per-user sequence number (strictly increasing, assigned by the ingest
+    stage; a re-sent job keeps it): the store records the last one it applied and never
+    decides or applies a job at or below it again (SPEC §4, effects exactly once, in order).
     ``context`` holds a few already-scanned messages before the range, for reference only.
     """
 
     job_id: str
+    seq: int = Field(0, ge=0)
     tenant_id: str
     user_id: str
     session_id: str
@@ -135,12 +139,17 @@ class JobStatus(StrEnum):
     DONE = "done"  # extraction ran; the range is scanned
     TRIVIAL = "trivial"  # resolved without an LLM call: every user message is trivial
     FAILED = "failed"  # retries exhausted; the range stays unscanned and is retried later
+    # Not applied: the store already holds a later job of the user (or another job under this
+    # seq), or a memory the decision read has moved on. The ingest stage re-issues the range
+    # under a new seq above ``applied_seq``; nothing of this decision reached the store.
+    FENCED = "fenced"
 
 
 class JobRange(Event):
     """Which job, of whom, over which messages: shared by the events that answer a job."""
 
     job_id: str
+    seq: int = 0
     tenant_id: str
     user_id: str
     session_id: str
@@ -160,14 +169,16 @@ class JobResult(JobRange):
     status: JobStatus
     error: str | None = None
     llm_calls: int = 0
+    applied_seq: int | None = None  # FENCED: the last job seq the store has applied
     finished_at: datetime
 
     @classmethod
     def for_job(cls, job: ExtractionJob | JobRange, status: JobStatus, finished_at: datetime,
-                *, llm_calls: int = 0, error: str | None = None) -> JobResult:
+                *, llm_calls: int = 0, error: str | None = None,
+                applied_seq: int | None = None) -> JobResult:
         """The result that closes ``job``'s loop."""
         return cls(**JobRange.fields_of(job), status=status, error=error,
-                   llm_calls=llm_calls, finished_at=finished_at)
+                   llm_calls=llm_calls, applied_seq=applied_seq, finished_at=finished_at)
 
 
 class Tick(Event):
@@ -179,7 +190,14 @@ class Tick(Event):
 
 
 class DeadLetter(BaseModel):
-    """A record set aside with the reason; ``value_b64`` holds the original bytes."""
+    """A record set aside, with why, where it is, and enough of it to recognise it.
+
+    ``value_b64`` holds the original value's bytes (base64), cut to a bounded prefix when the
+    value is large (``truncated``); ``value_length`` and ``value_sha256`` describe the whole
+    original, which stays at ``source_topic`` / ``partition`` / ``offset`` until retention.
+    ``key_b64`` is the original key, bounded the same way (``key_truncated``), and ``reason``
+    is bounded too, so a dead letter always fits its topic. ``kind``: see ``InvalidRecord``.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -190,7 +208,11 @@ class DeadLetter(BaseModel):
     partition: int
     offset: int
     key_b64: str | None
+    key_truncated: bool = False
     value_b64: str
+    truncated: bool = False
+    value_length: int
+    value_sha256: str
     failed_at: datetime
 
     def dumps(self) -> bytes:
@@ -207,6 +229,7 @@ class Lineage(BaseModel):
     to_seq: int
     job_id: str
     message_ids: list[str] = Field(default_factory=list)
+    seq: int = 0  # the job's per-user sequence number
 
 
 class MemoryChange(Event):
@@ -237,9 +260,18 @@ class MemoryChange(Event):
 
 
 class JobDecision(JobRange):
-    """Internal: what the extract agent decided for one job, for the apply agent."""
+    """Internal: what the extract agent decided for one job, for the apply agent.
+
+    ``read_versions`` maps every stored memory the decision read to the live version it saw:
+    the apply agent refuses the whole decision (FENCED: decided again) if one of them moved on.
+    ``decision_id`` names this very decision: a job decided twice (a re-sent or re-consumed
+    job) has two, and only the one the store recorded is ever published.
+    """
 
     status: JobStatus
+    decision_id: str = ""
+    read_versions: dict[str, int] = Field(default_factory=dict)
+    applied_seq: int | None = None  # FENCED by the extract agent: the store's last seq
     changes: list[MemoryChange] = Field(default_factory=list)
     decisions: dict[str, int] = Field(default_factory=dict)
     llm_calls: int = 0

@@ -8,13 +8,15 @@ The broker, in order of preference:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from memstream import broker as local_broker
 from memstream.kafka_io import TopicReader, send_events, send_raw, start_producer
@@ -111,14 +113,22 @@ class Harness:
         """Play the extractor: report the job's result."""
         await self.send(JobResult.for_job(job, status, datetime.now(UTC)))
 
-    async def wait_jobs(self, n: int, timeout: float = 30.0) -> list[ExtractionJob]:
+    async def wait_jobs(self, n: int, timeout: float = 30.0,
+                        tenant: str | None = None) -> list[ExtractionJob]:
         assert self.jobs is not None
-        await self.jobs.wait_for(lambda rs: len(rs) >= n, timeout)
-        return self.job_list()
+        await self.jobs.wait_for(lambda rs: len(self.job_list(tenant)) >= n, timeout)
+        return self.job_list(tenant)
 
-    def job_list(self) -> list[ExtractionJob]:
+    def job_list(self, tenant: str | None = None) -> list[ExtractionJob]:
+        """Every job seen so far (of one tenant: tests sharing a worker keep apart)."""
         assert self.jobs is not None
-        return [ExtractionJob.model_validate_json(r.value) for r in self.jobs.records]
+        jobs = [ExtractionJob.model_validate_json(r.value) for r in self.jobs.records]
+        return [j for j in jobs if tenant is None or j.tenant_id == tenant]
+
+    def result_list(self, tenant: str | None = None) -> list[JobResult]:
+        assert self.results is not None
+        found = [JobResult.model_validate_json(r.value) for r in self.results.records]
+        return [r for r in found if tenant is None or r.tenant_id == tenant]
 
     async def close(self) -> None:
         for w in self.workers:
@@ -134,7 +144,24 @@ class Harness:
         ])
 
 
+@contextlib.asynccontextmanager
+async def running(bootstrap: str, tmp: Path, **overrides: object) -> AsyncIterator[Harness]:
+    """A harness with one worker started: for a module-scoped fixture shared by its tests."""
+    h = await Harness(bootstrap, tmp, **overrides).start()
+    try:
+        h.worker()
+        yield h
+    finally:
+        await h.close()
+
+
 @pytest.fixture
+def tenant() -> str:
+    """A tenant of the test's own, on a worker shared with the module's other tests."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest_asyncio.fixture
 async def harness(kafka_bootstrap: str, tmp_path: Path):
     made: list[Harness] = []
 

@@ -15,6 +15,7 @@ import urllib.request
 from collections import defaultdict
 
 import pytest
+import pytest_asyncio
 from qdrant_client import QdrantClient
 
 from memstream.kafka_io import TopicReader
@@ -22,7 +23,7 @@ from memstream.memory.apply import apply_change
 from memstream.memory.store import Scope
 from memstream.memory.store_server import ServerStore
 from memstream.topics.schemas import DeadLetter, ExtractionJob, JobResult, JobStatus, MemoryChange
-from tests.integration.conftest import chat, end
+from tests.integration.conftest import chat, end, running
 
 pytestmark = pytest.mark.integration
 
@@ -47,32 +48,45 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def turns(user: str, session: str, texts: list[str]):
+API_KEY = "k-123"
+WEB_PORT = free_port()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared(kafka_bootstrap, tmp_path_factory):
+    """One worker (ingest, extract, apply, web views) for the module; a tenant per test."""
+    async with running(kafka_bootstrap, tmp_path_factory.mktemp("e2e"), extract_enabled=True,
+                       web_enabled=True, web_port=WEB_PORT, api_key=API_KEY) as h:
+        yield h
+
+
+def turns(user: str, session: str, texts: list[str], tenant: str = "acme"):
     out = []
     for text in texts:
-        out.append(chat(text, user=user, session=session))
-        out.append(chat("Noted.", user=user, session=session, role="assistant"))
+        out.append(chat(text, user=user, session=session, tenant=tenant))
+        out.append(chat("Noted.", user=user, session=session, role="assistant", tenant=tenant))
     return out
 
 
-async def run_conversations(h, convs):
+async def run_conversations(h, convs, tenant: str = "acme"):
     sent: dict[tuple[str, str], int] = {}
     for user, sessions in convs.items():
         for i, texts in enumerate(sessions):
             session = f"{user}-s{i}"
-            msgs = turns(user, session, texts)
-            await h.send(*msgs, end(session=session, user=user))
+            msgs = turns(user, session, texts, tenant)
+            await h.send(*msgs, end(session=session, user=user, tenant=tenant))
             sent[(user, session)] = len(msgs)
-            await wait_covered(h, {(user, session): len(msgs)})
+            await wait_covered(h, {(user, session): len(msgs)}, tenant=tenant)
     return sent
 
 
-async def wait_covered(h, expected: dict[tuple[str, str], int], timeout: float = 60):
+async def wait_covered(h, expected: dict[tuple[str, str], int], timeout: float = 60,
+                       tenant: str = "acme"):
     def covered(records):
         got: dict[tuple[str, str], int] = defaultdict(int)
         for r in records:
             res = JobResult.model_validate_json(r.value)
-            if res.status in (JobStatus.DONE, JobStatus.TRIVIAL):
+            if res.tenant_id == tenant and res.status in (JobStatus.DONE, JobStatus.TRIVIAL):
                 got[(res.user_id, res.session_id)] += res.to_seq - res.from_seq
         return all(got[k] >= n for k, n in expected.items())
 
@@ -86,78 +100,75 @@ async def wait_covered(h, expected: dict[tuple[str, str], int], timeout: float =
                              ) from exc
 
 
-async def rebuild(h) -> tuple[ServerStore, list[MemoryChange]]:
+async def rebuild(h, tenant: str = "acme") -> tuple[ServerStore, list[MemoryChange]]:
     reader = await TopicReader(h.settings.bootstrap_servers,
                                h.topics.memory_changes.name).start()
     await reader.settle(1.5)
     await reader.stop()
-    changes = [MemoryChange.model_validate_json(r.value) for r in reader.records]
+    changes = [c for c in (MemoryChange.model_validate_json(r.value) for r in reader.records)
+               if c.tenant_id == tenant]
     store = ServerStore("rebuilt", 512, client=QdrantClient(":memory:"))
     for change in sorted(changes, key=lambda c: c.decided_at):
         apply_change(store, change)
     return store, changes
 
 
-def live(store, user):
-    return sorted(m.content for m in store.list(Scope("acme", user)))
+def live(store, user, tenant="acme"):
+    return sorted(m.content for m in store.list(Scope(tenant, user)))
 
 
-async def test_conversations_become_clean_per_user_memories(harness):
-    h = await harness(extract_enabled=True)
-    h.worker()
-    await run_conversations(h, CONVERSATIONS)
-    store, changes = await rebuild(h)
+async def test_conversations_become_clean_per_user_memories(shared, tenant):
+    h = shared
+    await run_conversations(h, CONVERSATIONS, tenant)
+    store, changes = await rebuild(h, tenant)
     by_user = defaultdict(list)
     for c in changes:
         by_user[c.user_id].append(c)
 
-    assert live(store, "alice") == ["Has 3 children", "Lives in Munich"]
+    assert live(store, "alice", tenant) == ["Has 3 children", "Lives in Munich"]
     moves = [c for c in by_user["alice"] if c.op == "update" and c.after["slot"] == "residence"]
     assert len(moves) == 1 and moves[0].before["content"] == "Lives in Berlin"
     assert moves[0].lineage.session_id == "alice-s1" and moves[0].lineage.message_ids
 
-    assert live(store, "carol") == ["Uses real services in containers",
-                                    "Works at Acme as developer"]
+    assert live(store, "carol", tenant) == ["Uses real services in containers",
+                                            "Works at Acme as developer"]
     assert any(c.op == "delete" and "mocks" in c.before["content"] for c in by_user["carol"])
 
     assert by_user["dave"] == []  # chit-chat only
-    assert live(store, "erin") == ["对花生过敏"]
-    assert live(store, "victim") == ["Allergic to penicillin", "Lives in Rome"]
-    assert live(store, "mallory") == ["Lives in Paris"]
+    assert live(store, "erin", tenant) == ["对花生过敏"]
+    assert live(store, "victim", tenant) == ["Allergic to penicillin", "Lives in Rome"]
+    assert live(store, "mallory", tenant) == ["Lives in Paris"]
     assert all(c.user_id == c.after["user_id"] for c in changes)
     store.close()
 
 
-async def test_chit_chat_costs_no_extraction_job(harness):
-    h = await harness(extract_enabled=True)
-    h.worker()
-    await run_conversations(h, {"dave": CONVERSATIONS["dave"]})
+async def test_chit_chat_costs_no_extraction_job(shared, tenant):
+    h = shared
+    await run_conversations(h, {"dave": CONVERSATIONS["dave"]}, tenant)
     await h.jobs.settle(1.0)
-    assert h.job_list() == []
-    statuses = {JobResult.model_validate_json(r.value).status for r in h.results.records}
-    assert statuses == {JobStatus.TRIVIAL}
+    assert h.job_list(tenant) == []
+    assert {r.status for r in h.result_list(tenant)} == {JobStatus.TRIVIAL}
 
 
-async def test_remember_this_below_threshold_is_stored_at_once(harness):
-    h = await harness(extract_enabled=True)
-    h.worker()
-    await h.send(chat("Remember this: I am allergic to nuts", user="erin", session="e1"))
-    await wait_covered(h, {("erin", "e1"): 1})
-    store, _ = await rebuild(h)
-    assert live(store, "erin") == ["Allergic to nuts"]
+async def test_remember_this_below_threshold_is_stored_at_once(shared, tenant):
+    h = shared
+    await h.send(chat("Remember this: I am allergic to nuts", user="erin", session="e1",
+                      tenant=tenant))
+    await wait_covered(h, {("erin", "e1"): 1}, tenant=tenant)
+    store, _ = await rebuild(h, tenant)
+    assert live(store, "erin", tenant) == ["Allergic to nuts"]
     store.close()
 
 
-async def test_two_sessions_of_one_user_at_once_leave_no_duplicate(harness):
-    h = await harness(extract_enabled=True)
-    h.worker()
-    a = turns("frank", "fa", ["I live in Oslo", "I work at Statoil"])
-    b = turns("frank", "fb", ["I live in Oslo", "I work at Statoil"])
+async def test_two_sessions_of_one_user_at_once_leave_no_duplicate(shared, tenant):
+    h = shared
+    a = turns("frank", "fa", ["I live in Oslo", "I work at Statoil"], tenant)
+    b = turns("frank", "fb", ["I live in Oslo", "I work at Statoil"], tenant)
     interleaved = [m for pair in zip(a, b, strict=True) for m in pair]
-    await h.send(*interleaved, end("fa", "frank"), end("fb", "frank"))
-    await wait_covered(h, {("frank", "fa"): 4, ("frank", "fb"): 4})
-    store, _ = await rebuild(h)
-    assert live(store, "frank") == ["Lives in Oslo", "Works at Statoil"]
+    await h.send(*interleaved, end("fa", "frank", tenant), end("fb", "frank", tenant))
+    await wait_covered(h, {("frank", "fa"): 4, ("frank", "fb"): 4}, tenant=tenant)
+    store, _ = await rebuild(h, tenant)
+    assert live(store, "frank", tenant) == ["Lives in Oslo", "Works at Statoil"]
     store.close()
 
 
@@ -182,22 +193,22 @@ async def test_llm_down_never_advances_the_watermark(harness):
     assert recovered.messages[0].content == "Remember this: I live in Lisbon"
 
 
-async def test_http_search_needs_the_key_and_stays_in_scope(harness):
-    port = free_port()
-    h = await harness(extract_enabled=True, web_enabled=True, web_port=port, api_key="k-123")
-    h.worker()
-    await h.send(chat("Remember this: I live in Lisbon", user="gina", session="g1"),
-                 chat("Remember this: I live in Porto", user="hugo", session="h1"))
-    await wait_covered(h, {("gina", "g1"): 1, ("hugo", "h1"): 1})
-    url = f"http://127.0.0.1:{port}/v1/memories/search?tenant=acme&user=gina&q=city"
+async def test_http_search_needs_the_key_and_stays_in_scope(shared, tenant):
+    h = shared
+    await h.send(chat("Remember this: I live in Lisbon", user="gina", session="g1",
+                      tenant=tenant),
+                 chat("Remember this: I live in Porto", user="hugo", session="h1",
+                      tenant=tenant))
+    await wait_covered(h, {("gina", "g1"): 1, ("hugo", "h1"): 1}, tenant=tenant)
+    url = f"http://127.0.0.1:{WEB_PORT}/v1/memories/search?tenant={tenant}&user=gina&q=city"
     with pytest.raises(urllib.error.HTTPError) as denied:
         urllib.request.urlopen(url, timeout=10)
     assert denied.value.code == 401
-    req = urllib.request.Request(url, headers={"X-API-Key": "k-123"})
+    req = urllib.request.Request(url, headers={"X-API-Key": API_KEY})
     body = json.loads(urllib.request.urlopen(req, timeout=10).read())
     assert [m["content"] for m in body["memories"]] == ["Lives in Lisbon"]
     bad = urllib.request.Request(url.replace("user=gina", "user=../hugo"),
-                                 headers={"X-API-Key": "k-123"})
+                                 headers={"X-API-Key": API_KEY})
     with pytest.raises(urllib.error.HTTPError) as rejected:
         urllib.request.urlopen(bad, timeout=10)
     assert rejected.value.code == 400
