@@ -99,15 +99,15 @@ def topics_list(settings: Settings) -> None:
 @click.pass_obj
 def worker(settings: Settings, loglevel: str) -> None:
     """Run the stream-processing worker (ingest stage)."""
-    import faust
-
     from memstream.streams.app import build_app
+    from memstream.streams.faust_setup import Worker
     from memstream.topics.registry import create_topics
 
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     asyncio.run(create_topics(settings))
     pipeline = build_app(settings)
-    faust.Worker(pipeline.app, loglevel=loglevel, quiet=True).execute_from_commandline()
+    Worker(pipeline.app, loglevel=loglevel, quiet=True,
+           log_throttle_s=settings.log_throttle_s).execute_from_commandline()
 
 
 @main.command()

@@ -33,6 +33,14 @@ class Settings(BaseSettings):
     commit_every: int = Field(1000, ge=1, description="Commit (a transaction) every N events")
     session_timeout_s: float = Field(30.0, gt=0, description="Consumer group session timeout")
     heartbeat_interval_s: float = Field(3.0, gt=0, description="Consumer group heartbeat")
+    group_instance_id: str | None = Field(
+        None, description="Static group membership: a restarted worker takes its partitions "
+        "back at once; None: '<host>-<hash of data_dir>', '': off (dynamic membership)")
+    exact_recovery: bool = Field(
+        True, description="Restore tables up to the last changelog record, read once "
+        "(false: stock Faust, which waits 2x5 s for transaction markers under exactly-once)")
+    log_throttle_s: float = Field(
+        10.0, ge=0, description="Repeated Kafka client log lines: one per this many s (0: all)")
     data_dir: Path = Field(Path(".memstream"), description="Local state (tables, store)")
     web_enabled: bool = Field(False, description="Serve the worker's HTTP views")
     web_port: int = Field(6066, description="Port of the worker's HTTP views")
@@ -64,8 +72,19 @@ class Settings(BaseSettings):
     )
     extract_enabled: bool = Field(True, description="Run the extract/apply agents here")
     extract_concurrency: int = Field(4, ge=1, description="Jobs decided at once (other users)")
-    extract_retries: int = Field(4, ge=0, description="Retries of a failing job before 'failed'")
+    extract_retries: int = Field(
+        4, ge=0, description="Attempts of a job beyond the first, within its deadline "
+        "(LLM calls retry on their own)")
     extract_backoff_s: float = Field(1.0, gt=0, description="First retry delay (doubles)")
+    extract_backoff_max_s: float = Field(30.0, gt=0, description="Cap of the job retry delay")
+    job_deadline_fraction: float = Field(
+        0.8, gt=0, lt=1, description="Share of job_timeout_s a job's decide attempts may use "
+        "(the rest is margin before the ingest stage re-sends it)")
+    apply_backoff_s: float = Field(
+        1.0, gt=0, description="First retry delay of a failed store write (doubles)")
+    apply_backoff_max_s: float = Field(
+        60.0, gt=0, description="Cap of the store retry delay; transient store errors are "
+        "retried without limit (the partition waits), permanent ones dead-lettered")
 
     # --- Backends (one protocol each, chosen here) --------------------------------------
     store: Literal["edge", "server"] = Field("edge", description="Qdrant Edge or a server")
@@ -101,8 +120,11 @@ class Settings(BaseSettings):
         "combined", description="One LLM call per job, or extract + one decide per fact"
     )
     llm_timeout_s: float = Field(30.0, gt=0, description="Timeout of one LLM call")
-    llm_retries: int = Field(3, ge=0, description="Retries of one LLM call (429/5xx/invalid)")
+    llm_retries: int = Field(
+        3, ge=0, description="Retries of one LLM call (408/409/429/5xx/timeouts/invalid), "
+        "within the job deadline")
     llm_backoff_s: float = Field(1.0, gt=0, description="First LLM retry delay (doubles)")
+    llm_backoff_max_s: float = Field(10.0, gt=0, description="Cap of one LLM call's retry delay")
 
     # --- The local broker (memstream broker ...) --------------------------------------
     kafka_version: str = Field("4.4.0", description="org.apache.kafka:kafka_2.13 version")
@@ -117,7 +139,26 @@ class Settings(BaseSettings):
 
     def faust_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``faust.App``."""
+        import hashlib
+        import socket
+
+        instance = self.group_instance_id
+        if instance is None:  # stable across restarts of this worker, unique per data_dir
+            where = str(self.data_dir.resolve()).encode()
+            instance = f"{socket.gethostname()}-{hashlib.sha256(where).hexdigest()[:12]}"
         return {
+            # Static membership: a restart rejoins under the same id and gets its partitions
+            # back without waiting out the dead member's session (SIGTERM does not leave the
+            # group either: a worker stopped for good hands its partitions on after
+            # session_timeout_s).
+            "consumer_group_instance_id": instance or None,
+            # Faust's own views (/router, /table, /stats, ...) have no authentication; only
+            # memstream's views (streams/web.py, behind X-API-Key) are served.
+            "web_router_enabled": False,
+            "web_tables_enabled": False,
+            "web_stats_enabled": False,
+            "web_graph_enabled": False,
+            "web_metrics_enabled": False,
             "broker": [f"kafka://{host}" for host in self.bootstrap_servers.split(",")],
             "store": "memory://",
             "topic_partitions": self.partitions,

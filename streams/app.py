@@ -102,12 +102,13 @@ def _raw_topic(app: faust.App, *names: str) -> faust.TopicT:
 def build_app(settings: Settings, clock: Callable[[], float] = time.time,
               services: Services | None = None) -> Pipeline:
     """Create the Faust app: the ingest agent and its timer, the extract and apply agents."""
-    from memstream.streams import extract, ingest, web
+    from memstream.streams import extract, faust_setup, ingest, web
     from memstream.streams.commit_order import flush_before_transactional_commit
 
     flush_before_transactional_commit()
 
-    app = faust.App(settings.app_id, **settings.faust_kwargs())
+    app = faust_setup.App(settings.app_id, **settings.faust_kwargs(),
+                          **faust_setup.app_options(settings))
     reg = registry(settings)
     pipeline = Pipeline(
         settings=settings,

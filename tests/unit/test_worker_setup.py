@@ -1,0 +1,258 @@
+"""How the worker runs Faust (streams/faust_setup.py, Settings.faust_kwargs): the changelog
+tail search of exact recovery, the log throttle, static membership ids, and a web server
+that serves memstream's key-protected views and none of Faust's own."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from pydantic import SecretStr
+
+from memstream.settings import Settings
+from memstream.streams import faust_setup
+from memstream.streams.app import build_app
+from memstream.streams.faust_setup import (
+    ExactRecovery,
+    ExactTableManager,
+    ThrottleFilter,
+    install_throttle,
+    last_record_offsets,
+    tail_window,
+)
+
+pytestmark = pytest.mark.unit
+
+# --- the changelog tail --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("begin", "end", "previous", "size", "expected"), [
+    (0, 100, None, 16, (84, 100)),   # the last 16 offsets first
+    (0, 100, 84, 128, (0, 84)),      # then further back, never past the beginning
+    (90, 100, None, 16, (90, 100)),  # compacted/deleted head
+    (0, 10, 2, 16, (0, 2)),
+])
+def test_tail_window(begin, end, previous, size, expected):
+    assert tail_window(begin, end, previous, size) == expected
+
+
+class FakeLog:
+    """A consumer over partitions given as strings: ``r`` a record the consumer is given,
+    ``m`` a transaction marker or an aborted record (skipped, but the position passes it)."""
+
+    def __init__(self, logs: dict[str, str], begin: int = 0, per_fetch: int = 3) -> None:
+        self.logs, self.begin, self.per_fetch = logs, begin, per_fetch
+        self.pos: dict[str, int] = {}
+        self.fetched = 0  # offsets read, to see that the search reads the tail only
+
+    async def beginning_offsets(self, tps):
+        return dict.fromkeys(tps, self.begin)
+
+    async def end_offsets(self, tps):
+        return {tp: len(self.logs[tp]) for tp in tps}
+
+    def seek(self, tp, offset):
+        self.pos[tp] = offset
+
+    async def getmany(self, *tps, timeout_ms):
+        out = {}
+        for tp in tps:
+            start = self.pos[tp]
+            stop = min(len(self.logs[tp]), start + self.per_fetch)
+            self.fetched += stop - start
+            records = [SimpleNamespace(offset=o) for o in range(start, stop)
+                       if self.logs[tp][o] == "r"]
+            self.pos[tp] = stop
+            if records:
+                out[tp] = records
+        return out
+
+    async def position(self, tp):
+        return self.pos[tp]
+
+
+@pytest.mark.parametrize(("log", "expected"), [
+    ("rrrrm", 3),                     # a committed transaction: the record before its marker
+    ("rrrrrrrrrrrrrrrrrrrrrrrrrrrr", 27),   # at-least-once: no markers
+    ("rm" + "rrm" * 10 + "m" * 40, 30),      # an aborted tail longer than the first window
+    ("m" * 100, -1),                  # markers / aborted records only
+    ("", -1),                         # empty partition
+])
+async def test_last_record_offset_is_the_last_record_the_consumer_will_be_given(log, expected):
+    fake = FakeLog({"p": log})
+    found = await last_record_offsets(fake, ["p"], timeout=5, window=4)
+    assert found == {"p": expected}
+
+
+async def test_the_search_reads_the_tail_not_the_whole_partition():
+    fake = FakeLog({"a": "r" * 10_000 + "m", "b": "rm" * 5_000}, per_fetch=50)
+    found = await last_record_offsets(fake, ["a", "b"], timeout=5, window=16)
+    assert found == {"a": 9_999, "b": 9_998}
+    assert fake.fetched <= 2 * 16
+
+
+async def test_compacted_head_is_respected():
+    fake = FakeLog({"p": "mmmmmmrrmm"}, begin=5)
+    assert await last_record_offsets(fake, ["p"], timeout=5, window=2) == {"p": 7}
+
+
+# --- the log throttle ------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def record(msg: str, *args: object, name: str = "aiokafka.conn",
+           level: int = logging.ERROR) -> logging.LogRecord:
+    return logging.LogRecord(name, level, __file__, 1, msg, args or None, None)
+
+
+def test_repeats_pass_once_per_interval_with_the_count_held_back():
+    clock = Clock()
+    f = ThrottleFilter(10.0, clock=clock)
+    passed = []
+    for i in range(1000):  # 100 lines a second for 10 s, then one more
+        clock.now = 1000.0 + i / 100
+        r = record("Unable connect to node with id %s: %s", 1, f"refused {i}")
+        if f.filter(r):
+            passed.append(r)
+    clock.now = 1010.0
+    last = record("Unable connect to node with id %s: %s", 1, "refused")
+    assert f.filter(last)
+    assert len(passed) == 1
+    assert "[999 more like this in 10s]" in last.getMessage()
+
+
+@pytest.mark.parametrize(("first", "second", "throttled"), [
+    (record("Failed fetch from %s", 1), record("Failed fetch from %s", 2), True),
+    (record("Unable connect to node 1"), record("Unable connect to node 22"), True),
+    (record("Failed fetch from %s", 1), record("Heartbeat failed %s", 1), False),
+    (record("x %s", 1, level=logging.ERROR), record("x %s", 1, level=logging.WARNING), False),
+    (record("x %s", 1, name="aiokafka.conn"), record("x %s", 1, name="aiokafka.client"), False),
+    (record("dead letter %s", 1, name="memstream.streams.ingest"),
+     record("dead letter %s", 2, name="memstream.streams.ingest"), False),  # ours: never
+    (record("x", name="faust.transport.drivers.aiokafka"),
+     record("x", name="faust.transport.drivers.aiokafka"), True),
+    (record("x", name="aiokafkax"), record("x", name="aiokafkax"), False),  # prefix, not str
+])
+def test_what_counts_as_a_repeat(first, second, throttled):
+    f = ThrottleFilter(10.0, clock=Clock())
+    assert f.filter(first)
+    assert f.filter(second) is not throttled
+
+
+def test_interval_zero_lets_everything_through_and_keys_are_bounded():
+    assert all(ThrottleFilter(0.0, clock=Clock()).filter(record("same")) for _ in range(5))
+    f = ThrottleFilter(10.0, clock=Clock(), max_keys=3)
+    for i in range(10):
+        f.filter(record(f"msg {'x' * i}"))
+    assert len(f._seen) == 3
+
+
+def test_installed_on_every_handler_of_the_logger():
+    logger = logging.Logger("test-root")
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, r: logging.LogRecord) -> None:
+            seen.append(r.getMessage())
+
+    logger.addHandler(Collect())
+    logger.addHandler(Collect())  # a second handler sees the same records, same decisions
+    assert install_throttle(logger, 0) is None
+    throttle = install_throttle(logger, 10.0)
+    assert throttle is not None
+    noisy = logging.Logger("aiokafka.client")
+    noisy.parent = logger  # propagates to the handlers of our stand-in root
+    for _ in range(50):
+        noisy.error("Unable to update metadata from %s", [1])
+    logger.error("ours")
+    assert seen == ["Unable to update metadata from [1]"] * 2 + ["ours"] * 2
+
+
+# --- settings for Faust ----------------------------------------------------------------
+
+
+def test_static_membership_id_is_stable_per_data_dir_and_can_be_turned_off(tmp_path):
+    one = Settings(data_dir=tmp_path / "a").faust_kwargs()["consumer_group_instance_id"]
+    again = Settings(data_dir=tmp_path / "a").faust_kwargs()["consumer_group_instance_id"]
+    other = Settings(data_dir=tmp_path / "b").faust_kwargs()["consumer_group_instance_id"]
+    assert one == again and one != other and one
+    assert Settings(group_instance_id="w-7").faust_kwargs()["consumer_group_instance_id"] == "w-7"
+    assert Settings(group_instance_id="").faust_kwargs()["consumer_group_instance_id"] is None
+
+
+def _pipeline(tmp_path: Path, **overrides: object):
+    settings = Settings(data_dir=tmp_path, embedder="hashing", extract_enabled=True,
+                        web_enabled=True, api_key=SecretStr("k-1"), **overrides)  # type: ignore[arg-type]
+    return build_app(settings)
+
+
+def test_exact_recovery_is_the_default_and_can_be_turned_off(tmp_path):
+    tables = _pipeline(tmp_path / "on").app.tables
+    assert isinstance(tables, ExactTableManager)
+    assert isinstance(tables.recovery, ExactRecovery)
+    off = _pipeline(tmp_path / "off", exact_recovery=False).app.tables
+    assert not isinstance(off, ExactTableManager)
+    assert not isinstance(off.recovery, ExactRecovery)
+    assert faust_setup.app_options(Settings(exact_recovery=False)) == {}
+
+
+async def test_reading_the_changelog_ends_is_retried_then_crashes_recovery(tmp_path):
+    recovery = _pipeline(tmp_path).app.tables.recovery
+    recovery.retry_pause_s = 0.0
+    calls = []
+
+    async def flaky(tps, timeout):
+        calls.append(timeout)
+        if len(calls) < 3:
+            raise OSError("broker went away")
+        return dict.fromkeys(tps, 7)
+
+    recovery._read_ends = flaky
+    tp = faust_setup.TP("t-changelog", 0)
+    assert await recovery._last_offsets({tp}) == {tp: 7}
+    assert len(calls) == 3 and all(0 < t < recovery.app.conf.broker_request_timeout
+                                   for t in calls)
+
+    async def down(tps, timeout):
+        raise OSError("broker down")
+
+    recovery._read_ends = down
+    with pytest.raises(faust_setup.RecoveryError):  # not -1: that would skip the restore
+        await recovery._last_offsets({tp})
+
+
+# --- the web server ----------------------------------------------------------------------
+
+BUILTIN = ["/", "/router/", "/router/topics", "/table/", "/table/ingest-state/",
+           "/table/ingest-state/acme%2Fu1/", "/stats/", "/assignment/", "/graph/",
+           "/performance/"]
+
+
+async def test_only_memstream_views_are_served(tmp_path):
+    web = _pipeline(tmp_path).app.web
+    web.init_server()
+    routes = {r.canonical for r in web.web_app.router.resources()}
+    assert routes == {"/v1/memories", "/v1/memories/search"}
+    async with TestClient(TestServer(web.web_app)) as client:
+        for path in BUILTIN:
+            response = await client.get(path)
+            assert response.status == 404, path
+        ours = "/v1/memories?tenant=acme&user=u1"
+        assert (await client.get(ours)).status == 401
+        assert (await client.get(ours, headers={"X-API-Key": "wrong"})).status == 401
+        ok = await client.get(ours, headers={"X-API-Key": "k-1"})
+        assert ok.status == 200
+        assert (await ok.json())["memories"] == []
+        found = await client.get("/v1/memories/search?tenant=acme&user=u1&q=city",
+                                 headers={"X-API-Key": "k-1"})
+        assert found.status == 200
