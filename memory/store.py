@@ -11,9 +11,9 @@ semantic knowledge); there is no unscoped query in the protocol.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from memstream.errors import MemstreamError
 from memstream.memory.fencing import Cursor
@@ -33,6 +33,23 @@ def cursor_point_id(tenant_id: str, user_id: str) -> str:
 def cursor_payload(scope: Scope, cursor: Cursor) -> dict[str, object]:
     return {"tenant_id": scope.tenant_id, "user_id": scope.user_id, "status": CURSOR_STATUS,
             "cursor": cursor.to_payload()}
+
+
+def live_from(payloads: Iterable[dict[str, Any] | None]) -> dict[str, int]:
+    """memory id -> highest active version, from the payloads of active records."""
+    live: dict[str, int] = {}
+    for payload in payloads:
+        m = Memory.from_payload(payload or {})
+        live[m.memory_id] = max(live.get(m.memory_id, 0), m.version)
+    return live
+
+
+def cursor_from(scope: Scope, payloads: Iterable[dict[str, Any] | None]) -> Cursor | None:
+    """The scope's cursor among retrieved payloads (checked: same tenant, a cursor)."""
+    for payload in payloads:
+        if payload and payload.get("tenant_id") == scope.tenant_id and "cursor" in payload:
+            return Cursor.from_payload(payload["cursor"])
+    return None
 
 
 def unit_vector(dim: int) -> list[float]:

@@ -14,8 +14,10 @@ from memstream.memory.store import (
     INDEXED_KEYWORDS,
     Scope,
     StoreError,
+    cursor_from,
     cursor_payload,
     cursor_point_id,
+    live_from,
     unit_vector,
 )
 
@@ -107,21 +109,13 @@ class EdgeStore:
             records, _ = self._shard.scroll(qe.ScrollRequest(
                 limit=10 * len(memory_ids) + 10, with_payload=True,
                 filter=self._filter(scope, ["active"], [cond])))
-        live: dict[str, int] = {}
-        for r in records:
-            m = Memory.from_payload(r.payload or {})
-            live[m.memory_id] = max(live.get(m.memory_id, 0), m.version)
-        return live
+        return live_from(r.payload for r in records)
 
     def cursor(self, scope: Scope) -> Cursor | None:
         with self._lock:
             found = self._shard.retrieve([cursor_point_id(scope.tenant_id, scope.user_id)],
                                          True, False)
-        for r in found:
-            payload = r.payload or {}
-            if payload.get("tenant_id") == scope.tenant_id and "cursor" in payload:
-                return Cursor.from_payload(payload["cursor"])
-        return None
+        return cursor_from(scope, (r.payload for r in found))
 
     def set_cursor(self, scope: Scope, cursor: Cursor) -> None:
         qe = self._qe

@@ -12,8 +12,10 @@ from memstream.memory.store import (
     INDEXED_KEYWORDS,
     Scope,
     StoreError,
+    cursor_from,
     cursor_payload,
     cursor_point_id,
+    live_from,
     unit_vector,
 )
 
@@ -97,21 +99,13 @@ class ServerStore:
         records, _ = self._client.scroll(
             self.collection, scroll_filter=self._filter(scope, ["active"], [cond]),
             limit=10 * len(memory_ids) + 10, with_payload=True)
-        live: dict[str, int] = {}
-        for r in records:
-            mem = Memory.from_payload(r.payload)
-            live[mem.memory_id] = max(live.get(mem.memory_id, 0), mem.version)
-        return live
+        return live_from(r.payload for r in records)
 
     def cursor(self, scope: Scope) -> Cursor | None:
         found = self._client.retrieve(
             self.collection, ids=[cursor_point_id(scope.tenant_id, scope.user_id)],
             with_payload=True, with_vectors=False)
-        for r in found:
-            payload = r.payload or {}
-            if payload.get("tenant_id") == scope.tenant_id and "cursor" in payload:
-                return Cursor.from_payload(payload["cursor"])
-        return None
+        return cursor_from(scope, (r.payload for r in found))
 
     def set_cursor(self, scope: Scope, cursor: Cursor) -> None:
         m = self._m
