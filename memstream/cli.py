@@ -99,12 +99,18 @@ def topics_list(settings: Settings) -> None:
 @click.pass_obj
 def worker(settings: Settings, loglevel: str) -> None:
     """Run the stream-processing worker (ingest stage)."""
+    import time
+
+    from memstream.retry import RetryPolicy, retry_async
     from memstream.streams.app import build_app
     from memstream.streams.faust_setup import Worker
     from memstream.topics.registry import create_topics
 
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
-    asyncio.run(create_topics(settings))
+    # A broker that is restarting is waited for (a minute), not a reason to exit at once.
+    asyncio.run(retry_async(lambda: create_topics(settings),
+                            policy=RetryPolicy(first_delay_s=1.0, max_delay_s=10.0),
+                            deadline=time.time() + 60.0, clock=time.time))
     pipeline = build_app(settings)
     Worker(pipeline.app, loglevel=loglevel, quiet=True,
            log_throttle_s=settings.log_throttle_s).execute_from_commandline()
