@@ -1,0 +1,905 @@
+"""Chaos benchmark: do users' memories survive crashed workers and a broker restart? (not a test)
+
+    .venv/bin/python benchmarks/chaos.py [--users 40] [--kills 6] [--rate 100]
+        [--guarantee exactly_once|at_least_once] [--seed 7] [--no-broker-restart] [--port 29092]
+        [--job-timeout 60] [--settle-timeout 900] [--keep-broker] [--reuse-broker]
+
+``scenario`` writes conversations for N users (English and Chinese) whose live memories
+under the offline rules extractor are known exactly: several moves (the last city is
+true), changing child counts, restatements of the current value, several allergies, explicit
+"remember this" notes, an employer change, a habit retracted ("I no longer ..."), chit-chat
+and session ends. The run starts its own broker (``--port``, never the shared test broker),
+a worker with the embedded Qdrant Edge store, and produces at a steady rate with an
+idempotent producer while the worker is SIGKILLed ``--kills`` times (while running, during
+start-up and right after it is ready, i.e. during recovery) and the broker is stopped and
+started once. Then it ends every session, waits until every message is covered by a
+done/trivial job result, and ``check`` compares the truth with each user's live memories
+from the worker's HTTP view and from the memory-change topic replayed into an empty store.
+
+Prints missing / stale / duplicate / unexpected live memories, change ids with differing
+payloads, jobs decided more than once, restart-to-processing times, and one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import json
+import logging
+import random
+import secrets
+import socket
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from pydantic import SecretStr
+
+from memstream import broker as local_broker
+from memstream.kafka_io import start_producer
+from memstream.process import Incarnation, WorkerProcess
+from memstream.settings import Settings
+from memstream.topics.registry import Topics, create_topics, delete_topics, registry
+from memstream.topics.schemas import ChatMessage, Event, MemoryChange, SessionEvent
+
+TENANT = "chaos"
+
+# --------------------------------------------------------------------------- scenario
+
+
+@dataclass(frozen=True)
+class Lang:
+    """Phrasings the rules extractor understands, and the memory texts they become."""
+
+    cities: tuple[str, ...]
+    allergens: tuple[str, ...]
+    notes: tuple[str, ...]
+    orgs: tuple[str, ...]
+    max_kids: int
+    numerals: Mapping[int, str]
+    live: str  # {city}
+    restate_city: tuple[str, ...]
+    move: tuple[str, ...]  # {old} {new}
+    kids: str  # {n} {w}
+    kids_change: tuple[str, ...]
+    allergy: tuple[str, ...]  # {a}
+    note: str  # {note}
+    employer: str  # {org}
+    employer_change: str
+    habit: str
+    retract: str
+    chat: tuple[str, ...]  # not trivial, no fact
+    trivial: tuple[str, ...]
+    assistant: str
+    lives_in: str  # memory texts
+    has_kids: str
+    allergic: str
+    works_at: str
+    habit_text: str
+
+
+EN = Lang(
+    cities=("Berlin", "Munich", "Hamburg", "Lisbon", "Porto", "Oslo", "Rome", "Vienna",
+            "Madrid", "Dublin", "Prague", "Zurich", "Buenos Aires", "New York"),
+    allergens=("penicillin", "peanuts", "shellfish", "latex", "pollen", "cats", "gluten",
+               "bee stings", "dust mites", "sesame"),
+    notes=("my passport expires in June", "my daughter's name is Mia",
+           "my car is a blue Volvo", "my mother's birthday is in October",
+           "the spare key is under the blue pot", "my gym class is on Tuesdays",
+           "my bank is in the old town", "my favourite tea is Earl Grey"),
+    orgs=("Siemens", "Bosch", "Acme", "Zalando", "Spotify", "Adidas"),
+    max_kids=9,
+    numerals={1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven",
+              8: "eight", 9: "nine"},
+    live="I live in {city}",
+    restate_city=("I live in {city}", "I now live in {city}, as you know."),
+    move=("Big news: we moved from {old} to {new}.", "We relocated to {new} last month.",
+          "I moved to {new} in May."),
+    kids="we have {n} kids",
+    kids_change=("so we have {n} kids now", "We have {w} children now."),
+    allergy=("I am allergic to {a}.", "Remember this: I am allergic to {a}",
+             "By the way, I'm allergic to {a}."),
+    note="Remember this: {note}",
+    employer="I work at {org}",
+    employer_change="These days I work at {org}",
+    habit="I use mocks in my tests",
+    retract="I no longer use mocks in my tests.",
+    chat=("What is the weather like today?", "Can you suggest a recipe for dinner?",
+          "Tell me a joke.", "How long does it take to boil an egg?",
+          "What time is it in Tokyo?"),
+    trivial=("ok", "thanks", "hi", "great, thanks"),
+    assistant="Noted.",
+    lives_in="Lives in {city}",
+    has_kids="Has {n} children",
+    allergic="Allergic to {a}",
+    works_at="Works at {org}",
+    habit_text="Uses mocks in my tests",
+)
+
+ZH = Lang(
+    cities=("上海", "深圳", "杭州", "北京", "广州", "成都", "南京", "武汉", "西安", "苏州"),
+    allergens=("花生", "青霉素", "海鲜", "花粉", "牛奶", "芒果", "猫毛", "鸡蛋"),
+    notes=("我的护照六月到期", "我女儿叫小美", "我的车是蓝色的", "我妈妈的生日在十月",
+           "我每周三去游泳", "我的狗叫旺财"),
+    orgs=("阿里巴巴", "腾讯", "华为", "百度", "小米", "字节跳动"),
+    max_kids=6,
+    numerals={1: "一", 2: "两", 3: "三", 4: "四", 5: "五", 6: "六"},
+    live="我住在{city}。",
+    restate_city=("我现在住在{city}。", "我住在{city}。"),
+    move=("我们搬到了{new}。", "上个月我们搬到{new}了。", "我以前住在{old}，上个月搬到{new}了。"),
+    kids="我有{w}个孩子。",
+    kids_change=("我们现在有{w}个孩子了。",),
+    allergy=("我对{a}过敏。", "记住：我对{a}过敏。"),
+    note="记住：{note}。",
+    employer="我在{org}工作。",
+    employer_change="我在{org}上班了。",
+    habit="我喜欢吃辣。",
+    retract="我不再吃辣了。",
+    chat=("今天天气怎么样？", "给我讲个笑话吧。", "推荐一本书。", "东京现在几点？"),
+    trivial=("好的", "谢谢", "继续", "你好"),
+    assistant="好的，已记录。",
+    lives_in="住在{city}",
+    has_kids="有{n}个孩子",
+    allergic="对{a}过敏",
+    works_at="在{org}工作",
+    habit_text="喜欢吃辣",
+)
+
+
+@dataclass(frozen=True)
+class Truth:
+    """A user's exact live memory texts, and the texts that would be stale if live."""
+
+    live: frozenset[str]
+    old: frozenset[str]  # earlier values of a slot, retracted facts
+
+
+class _Person:
+    """One user's facts while the script is written; every statement updates them."""
+
+    def __init__(self, lang: Lang, rng: random.Random) -> None:
+        self.lang, self.rng = lang, rng
+        self.city = rng.choice(lang.cities)
+        self.kids = rng.randint(2, 3)
+        self.org = rng.choice(lang.orgs)
+        self.allergies: list[str] = []
+        self.notes: list[str] = []
+        self.habit = rng.random() < 0.6
+        self.old: set[str] = set()
+
+    def intro(self) -> list[str]:
+        lang = self.lang
+        lines = [lang.live.format(city=self.city), self._kids(lang.kids),
+                 lang.employer.format(org=self.org), self.allergy(), self.note()]
+        if self.habit:
+            lines.append(lang.habit)
+        self.rng.shuffle(lines)
+        return lines
+
+    def _kids(self, template: str) -> str:
+        return template.format(n=self.kids, w=self.lang.numerals[self.kids])
+
+    def allergy(self) -> str:
+        a = self.rng.choice([x for x in self.lang.allergens if x not in self.allergies])
+        self.allergies.append(a)
+        return self.rng.choice(self.lang.allergy).format(a=a)
+
+    def note(self) -> str:
+        note = self.rng.choice([x for x in self.lang.notes if x not in self.notes])
+        self.notes.append(note)
+        return self.lang.note.format(note=note)
+
+    def statement(self) -> str | None:
+        """One random new statement, or None when the picked kind has nothing left."""
+        lang, rng = self.lang, self.rng
+        kind = rng.choices(["move", "kids", "city", "restate_kids", "allergy", "restate_allergy",
+                            "note", "employer", "retract"],
+                           weights=[5, 3, 2, 2, 2, 1, 2, 1, 1])[0]
+        if kind == "move":
+            new = rng.choice([c for c in lang.cities if c != self.city])
+            self.old.add(lang.lives_in.format(city=self.city))
+            line = rng.choice(lang.move).format(old=self.city, new=new)
+            self.city = new
+            return line
+        if kind == "kids" and self.kids < lang.max_kids:
+            self.old.add(lang.has_kids.format(n=self.kids))
+            self.kids += 1
+            return self._kids(rng.choice(lang.kids_change))
+        if kind == "city":
+            return rng.choice(lang.restate_city).format(city=self.city)
+        if kind == "restate_kids":
+            return self._kids(lang.kids)
+        if kind == "allergy" and len(self.allergies) < 4:
+            return self.allergy()
+        if kind == "restate_allergy":
+            return rng.choice(lang.allergy).format(a=rng.choice(self.allergies))
+        if kind == "note" and len(self.notes) < 4:
+            return self.note()
+        if kind == "employer":
+            self.old.add(lang.works_at.format(org=self.org))
+            self.org = rng.choice([o for o in lang.orgs if o != self.org])
+            return lang.employer_change.format(org=self.org)
+        if kind == "retract" and self.habit:
+            self.habit = False
+            self.old.add(lang.habit_text)
+            return lang.retract
+        return None
+
+    def chat(self) -> str:
+        lang = self.lang
+        return self.rng.choice(lang.chat if self.rng.random() < 0.6 else lang.trivial)
+
+    def truth(self) -> Truth:
+        lang = self.lang
+        live = {lang.lives_in.format(city=self.city), lang.has_kids.format(n=self.kids),
+                lang.works_at.format(org=self.org)}
+        live |= {lang.allergic.format(a=a) for a in self.allergies}
+        live |= set(self.notes)
+        if self.habit:
+            live.add(lang.habit_text)
+        return Truth(frozenset(live), frozenset(self.old - live))
+
+
+def _session(person: _Person, user: str, sid: str, lines: list[str]) -> list[Event]:
+    """User turns each answered by the assistant. Every session ends with two chit-chat
+    turns (4 messages after the last fact): the threshold then puts its last fact into a
+    job before the user's next session starts, whenever the session-end event (another
+    topic) arrives, so facts reach the store in conversation order."""
+    lines = [*lines, person.chat(), person.chat()]
+    now = datetime.now(UTC)
+    out: list[Event] = []
+    for text in lines:
+        for role, content in (("user", text), ("assistant", person.lang.assistant)):
+            out.append(ChatMessage(tenant_id=TENANT, user_id=user, session_id=sid,
+                                   message_id=f"{sid}-m{len(out)}", role=role,
+                                   content=content, ts=now))
+    out.append(SessionEvent(tenant_id=TENANT, user_id=user, session_id=sid, ts=now))
+    return out
+
+
+def scenario(users: int, seed: int = 7, zh_share: float = 0.3,
+             ) -> tuple[list[Event], dict[str, Truth]]:
+    """Events of ``users`` users, randomly interleaved (each user's order kept), and each
+    user's truth. Deterministic for a seed; message ids are stable (re-sends dedup)."""
+    rng = random.Random(seed)
+    per_user: list[list[Event]] = []
+    truth: dict[str, Truth] = {}
+    for i in range(users):
+        lang = ZH if rng.random() < zh_share else EN
+        user = f"{'zh' if lang is ZH else 'en'}-u{i:03d}"
+        person = _Person(lang, rng)
+        events = _session(person, user, f"{user}-s0", person.intro())
+        for s in range(1, rng.randint(4, 6)):
+            lines: list[str] = []
+            want = rng.randint(1, 3)
+            while len(lines) < want:
+                line = person.statement()
+                if line is not None:
+                    lines.append(line)
+            if rng.random() < 0.5:
+                lines.insert(rng.randrange(len(lines) + 1), person.chat())
+            events += _session(person, user, f"{user}-s{s}", lines)
+        per_user.append(events)
+        truth[user] = person.truth()
+    order = [u for u, evs in enumerate(per_user) for _ in evs]
+    rng.shuffle(order)
+    cursors = [0] * users
+    merged: list[Event] = []
+    for u in order:
+        merged.append(per_user[u][cursors[u]])
+        cursors[u] += 1
+    return merged, truth
+
+
+# --------------------------------------------------------------------------- checking
+
+
+@dataclass
+class Report:
+    """Live memories against the truth, for one view (HTTP or replayed change log)."""
+
+    view: str
+    users: int = 0
+    expected: int = 0
+    live: int = 0
+    missing: list[tuple[str, str]] = field(default_factory=list)
+    stale: list[tuple[str, str]] = field(default_factory=list)  # one per live record
+    duplicate: list[tuple[str, str, int]] = field(default_factory=list)
+    unexpected: list[tuple[str, str]] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        return {"users": self.users, "expected": self.expected, "live": self.live,
+                "missing": len(self.missing), "stale": len(self.stale),
+                "duplicate": sum(n - 1 for *_, n in self.duplicate),
+                "unexpected": len(self.unexpected)}
+
+
+def check(truth: Mapping[str, Truth], live_by_user: Mapping[str, Sequence[str]],
+          view: str = "live") -> Report:
+    """missing: a truth text not live; stale: a live text that is an older value (or a
+    retracted fact) of the user; duplicate: a truth text live more than once (counted
+    beyond the first); unexpected: anything else live."""
+    report = Report(view, users=len(truth))
+    for user in sorted(set(truth) | set(live_by_user)):
+        t = truth.get(user, Truth(frozenset(), frozenset()))
+        live = Counter(live_by_user.get(user, []))
+        report.expected += len(t.live)
+        report.live += sum(live.values())
+        report.missing += [(user, x) for x in sorted(t.live) if live[x] == 0]
+        report.duplicate += [(user, x, n) for x, n in sorted(live.items())
+                             if x in t.live and n > 1]
+        for x, n in sorted(live.items()):
+            if x not in t.live:
+                (report.stale if x in t.old else report.unexpected).extend([(user, x)] * n)
+    return report
+
+
+def change_stats(changes: Sequence[MemoryChange]) -> dict[str, int]:
+    """Change ids published more than once, and those whose payloads differ (exactly, and
+    in what they change: op, memory, version, before/after content and status)."""
+    exact: dict[str, set[str]] = defaultdict(set)
+    content: dict[str, set[str]] = defaultdict(set)
+    for c in changes:
+        exact[c.change_id].add(c.model_dump_json())
+        content[c.change_id].add(json.dumps([
+            c.op, c.memory_id, c.version, (c.before or {}).get("content"),
+            c.after.get("content"), c.after.get("status")], ensure_ascii=False))
+    seen = Counter(c.change_id for c in changes)
+    return {"change_records": len(changes), "change_ids": len(seen),
+            "change_records_republished": sum(n - 1 for n in seen.values()),
+            "change_ids_differing_payloads": sum(len(v) > 1 for v in exact.values()),
+            "change_ids_differing_content": sum(len(v) > 1 for v in content.values())}
+
+
+def decision_stats(values: Iterable[bytes]) -> dict[str, int]:
+    """Jobs decided more than once, read tolerantly from raw decision records.
+
+    ``decisions_beyond_first_per_job_id``: records per job id beyond the first (a re-sent or
+    re-consumed job is decided again). ``distinct_decisions_beyond_first_per_user_seq``:
+    different done/trivial decisions (status, change ids, ops, memories, texts) per user and
+    job ``seq`` (per job id where records carry no seq), beyond the first.
+    """
+    per_job: Counter[str] = Counter()
+    distinct: dict[tuple[str, ...], set[str]] = defaultdict(set)
+    statuses: Counter[str] = Counter()
+    for value in values:
+        d = json.loads(value)
+        per_job[d["job_id"]] += 1
+        statuses[str(d.get("status"))] += 1
+        if d.get("status") not in ("done", "trivial"):
+            continue
+        seq = d.get("seq") or 0
+        key = (d["tenant_id"], d["user_id"], f"seq:{seq}" if seq else f"job:{d['job_id']}")
+        distinct[key].add(json.dumps([d.get("status"), [
+            (c.get("change_id"), c.get("op"), c.get("memory_id"),
+             (c.get("after") or {}).get("content")) for c in d.get("changes", [])]],
+            ensure_ascii=False))
+    return {"decision_records": sum(per_job.values()), "jobs_decided": len(per_job),
+            "decisions_beyond_first_per_job_id": sum(n - 1 for n in per_job.values()),
+            "jobs_decided_more_than_once": sum(n > 1 for n in per_job.values()),
+            "distinct_decisions_beyond_first_per_user_seq":
+                sum(len(s) - 1 for s in distinct.values()),
+            **{f"decisions_{k}": n for k, n in sorted(statuses.items())}}
+
+
+def pct(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+
+def restart_stats(runs: Sequence[Incarnation], outputs: Sequence[float],
+                  end: float) -> dict[str, Any]:
+    """Per restart (every run after the first): seconds to its Ready log line and to the
+    first record it produced on an output topic (jobs, decisions, results, changes; aborted
+    transactions included). Runs that ended before Ready (killed during start-up, or
+    exited while the broker was away) and ready runs that produced nothing before they
+    ended are counted apart."""
+    stamps = sorted(outputs)
+    to_output: list[float] = []
+    to_ready = [r.ready_at - r.spawned_at for r in runs[1:] if r.ready_at is not None]
+    silent = 0
+    for i, run in enumerate(runs[1:], start=1):
+        until = runs[i + 1].spawned_at if i + 1 < len(runs) else end
+        at = bisect.bisect_left(stamps, run.spawned_at)
+        if at < len(stamps) and stamps[at] < until:
+            to_output.append(stamps[at] - run.spawned_at)
+        elif run.ready_at is not None:
+            silent += 1
+    return {"restarts": len(runs) - 1, "never_ready": len(runs) - 1 - len(to_ready),
+            "ready_no_output": silent, "with_output": len(to_output),
+            "to_first_output_p50_s": pct(to_output, 0.5),
+            "to_first_output_max_s": round(max(to_output), 2) if to_output else None,
+            "to_ready_p50_s": pct(to_ready, 0.5),
+            "to_ready_max_s": round(max(to_ready), 2) if to_ready else None}
+
+
+def uncovered(results: Iterable[bytes], expected: Mapping[tuple[str, str], int],
+              ) -> list[tuple[str, str, int, int]]:
+    """Sessions not fully covered by done / trivial job results (union of their ranges):
+    (user, session, messages covered from the start, messages)."""
+    ranges: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    for value in results:
+        d = json.loads(value)
+        if d.get("status") in ("done", "trivial"):
+            ranges[(d["user_id"], d["session_id"])].append((d["from_seq"], d["to_seq"]))
+    out = []
+    for key, n in expected.items():
+        reach = 0
+        for lo, hi in sorted(ranges.get(key, [])):
+            if lo <= reach:
+                reach = max(reach, hi)
+        if reach < n:
+            out.append((*key, reach, n))
+    return sorted(out)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bench_settings(bootstrap: str, work: Path, **overrides: Any) -> Settings:
+    """A worker on its own uuid topics, data dir, web port and API key."""
+    name = f"chaos-{uuid.uuid4().hex[:8]}"
+    base: dict[str, Any] = {
+        "bootstrap_servers": bootstrap, "topic_prefix": name, "app_id": name, "partitions": 4,
+        "data_dir": work / name, "web_enabled": True, "web_port": free_port(),
+        "api_key": SecretStr(secrets.token_hex(12)), "extract_enabled": True,
+        "tick_interval_s": 1.0, "session_timeout_s": 10.0, "heartbeat_interval_s": 1.0,
+        "job_timeout_s": 60.0,
+    }
+    return Settings(**{**base, **overrides})
+
+
+def _wire(e: Event, topics: Topics) -> tuple[str, bytes, bytes]:
+    """Topic, value and key of an event, stamped with the time it is sent."""
+    stamped = e.model_copy(update={"ts": datetime.now(UTC)})
+    topic = topics.messages if isinstance(e, ChatMessage) else topics.session_events
+    return topic.name, stamped.dumps(), e.key().encode()
+
+
+def _failed(fut: asyncio.Future[Any]) -> bool:
+    return fut.cancelled() or fut.exception() is not None
+
+
+async def produce(settings: Settings, events: Sequence[Event], rate: float) -> int:
+    """Send ``events`` at ``rate`` per second, in order; returns how many times sending
+    failed. After a failure everything from the first unacknowledged event is sent again
+    (a fresh idempotent producer): the ingest stage drops the repeats by message id, and
+    one user's order is never broken."""
+    start, paced, failures, i = time.monotonic(), 0, 0, 0
+    topics = registry(settings)
+    while True:
+        inflight: list[tuple[int, asyncio.Future[Any]]] = []
+        first_failed: int | None = None
+        try:
+            producer = await start_producer(settings.bootstrap_servers,
+                                            request_timeout_ms=180_000)
+        except Exception:
+            failures += 1
+            await asyncio.sleep(1.0)
+            continue
+        try:
+            while i < len(events):
+                delay = start + paced / rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                topic, value, key = _wire(events[i], topics)
+                inflight.append((i, await producer.send(topic, value, key=key)))
+                i, paced = i + 1, paced + 1
+                while inflight and inflight[0][1].done():
+                    if _failed(inflight[0][1]):
+                        raise RuntimeError(f"event {inflight[0][0]} not sent")
+                    inflight.pop(0)
+            for _, fut in inflight:
+                await fut
+            return failures
+        except Exception:
+            unsent = [idx for idx, fut in inflight if not fut.done() or _failed(fut)]
+            first_failed = min(unsent, default=i)
+        finally:
+            await producer.stop()
+        failures += 1
+        i = first_failed
+
+
+class Chaos:
+    """Kills and restarts the worker; revives it whenever it exits on its own."""
+
+    def __init__(self, worker: WorkerProcess, rng: random.Random) -> None:
+        self.worker, self.rng = worker, rng
+        self.kills: Counter[str] = Counter()  # "<planned moment>/<state at the kill>"
+        self.self_exits = 0
+        self.stall_restarts = 0
+
+    async def _revive(self) -> None:
+        self.self_exits += 1
+        await asyncio.sleep(1.0)
+        self.worker.spawn()
+
+    async def hold(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if self.worker.poll() == "exited":
+                await self._revive()
+            await asyncio.sleep(0.1)
+
+    async def until_ready(self, timeout: float = 300.0) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            state = self.worker.poll()
+            if state == "ready":
+                return True
+            if state == "exited":
+                await self._revive()
+            await asyncio.sleep(0.1)
+        return False
+
+    def crash(self, moment: str) -> None:
+        """SIGKILL now and spawn at once (the next kill may hit the start-up)."""
+        self.kills[f"{moment}/{self.worker.poll()}"] += 1
+        self.worker.kill()
+        self.worker.spawn()
+
+    async def run(self, kills: int, spread: float, produced: asyncio.Event) -> None:
+        """``kills`` crashes: first while running, then at random while running, during
+        start-up (before Ready) or during recovery (just after Ready); then keep the worker
+        alive until everything is produced."""
+        moments = ["running", "startup", "recovery"][: max(0, kills - 1)]
+        moments += self.rng.choices(["running", "startup", "recovery"], [2, 1, 1],
+                                    k=max(0, kills - 1 - len(moments)))
+        self.rng.shuffle(moments)
+        for moment in ["running", *moments][:kills]:
+            if moment == "startup":
+                await self.hold(self.rng.uniform(0.3, 4.0))
+            elif moment == "recovery":
+                await self.until_ready()
+                await self.hold(self.rng.uniform(0.0, 2.0))
+            else:
+                await self.until_ready()
+                await self.hold(self.rng.uniform(0.3, 1.7) * spread)
+            self.crash(moment)
+        await self.until_ready()
+        while not produced.is_set():
+            await self.hold(0.5)
+
+
+async def bounce_broker(broker: Settings, at: float, down_s: float = 5.0) -> float:
+    """Stop the local broker ``at`` seconds from now and start it again; seconds it was out."""
+    await asyncio.sleep(at)
+    t0 = time.monotonic()
+    await asyncio.to_thread(local_broker.stop, broker)
+    await asyncio.sleep(down_s)
+    await asyncio.to_thread(local_broker.start, broker, 180.0)
+    return time.monotonic() - t0
+
+
+async def read_topics(bootstrap: str, topics: Sequence[tuple[str, int]], *,
+                      committed: bool = True, quiet: float = 3.0) -> list[Any]:
+    """Every record of ``(topic, partitions)``, in offset order per partition; with
+    ``committed=False`` records of aborted transactions too."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+        isolation_level="read_committed" if committed else "read_uncommitted")
+    await consumer.start()
+    try:
+        tps = [TopicPartition(t, p) for t, n in topics for p in range(n)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        records: list[Any] = []
+        last = time.monotonic()
+        while time.monotonic() - last < quiet:
+            if all([await consumer.position(tp) >= end[tp] for tp in tps]):
+                break
+            batch = await consumer.getmany(timeout_ms=500)
+            for part in batch.values():
+                records += part
+            if batch:
+                last = time.monotonic()
+        return records
+    finally:
+        await consumer.stop()
+
+
+async def settle(settings: Settings, chaos: Chaos, events: Sequence[Event], timeout: float,
+                 stall_s: float = 120.0, max_stalls: int = 2,
+                 ) -> tuple[list[tuple[str, str, int, int]], int]:
+    """End every session (again), then wait until every session's messages are covered by
+    done / trivial results. Without progress for ``stall_s`` the worker is restarted
+    (gracefully); after ``max_stalls`` such restarts in a row it gives up. Returns the
+    sessions left uncovered and how many sessions there are."""
+    expected = Counter((e.user_id, e.session_id) for e in events if isinstance(e, ChatMessage))
+    await chaos.until_ready()
+    ends = [SessionEvent(tenant_id=TENANT, user_id=u, session_id=s, ts=datetime.now(UTC))
+            for u, s in expected]
+    await produce(settings, ends, rate=2000.0)
+    spec = registry(settings).job_results
+    consumer = AIOKafkaConsumer(spec.name, bootstrap_servers=settings.bootstrap_servers,
+                                auto_offset_reset="earliest", enable_auto_commit=False,
+                                group_id=None, isolation_level="read_committed")
+    await consumer.start()
+    values: list[bytes] = []
+    left = uncovered(values, expected)
+    progress, stalls = time.monotonic(), 0
+    deadline = time.monotonic() + timeout
+    try:
+        while left and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=1000)
+            values += [r.value for part in batch.values() for r in part]
+            now_left = uncovered(values, expected)
+            if len(now_left) < len(left):
+                left, progress, stalls = now_left, time.monotonic(), 0
+            elif time.monotonic() - progress > stall_s:
+                if stalls == max_stalls:
+                    break
+                stalls += 1
+                chaos.stall_restarts += 1
+                chaos.worker.restart(kill=False, wait=False)
+                progress = time.monotonic()
+            await chaos.hold(0.5)
+    finally:
+        await consumer.stop()
+    return left, len(expected)
+
+
+def http_live(settings: Settings, users: Iterable[str]) -> dict[str, list[str]]:
+    """Each user's live memory texts from the worker's ``GET /v1/memories`` view."""
+    assert settings.api_key is not None
+    key = settings.api_key.get_secret_value()
+    out: dict[str, list[str]] = {}
+    for user in users:
+        query = urllib.parse.urlencode({"tenant": TENANT, "user": user})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{settings.web_port}/v1/memories?{query}",
+            headers={"X-API-Key": key})
+        for attempt in range(5):
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    out[user] = [m["content"] for m in json.loads(resp.read())["memories"]]
+                break
+            except OSError:
+                if attempt == 4:
+                    raise
+                time.sleep(2.0)
+    return out
+
+
+def replay(changes: Sequence[MemoryChange]) -> tuple[dict[str, list[str]], list[str]]:
+    """Each user's live memory texts after replaying the change log, in topic order, into
+    an empty in-memory Qdrant (one collection per user keeps the local mode fast), and the
+    changes that could not be applied (e.g. closing a version the log never created)."""
+    import warnings
+
+    from qdrant_client import QdrantClient
+
+    from memstream.memory.apply import apply_change
+    from memstream.memory.store import Scope
+    from memstream.memory.store_server import ServerStore
+
+    warnings.filterwarnings("ignore", message="Payload indexes have no effect")
+    client = QdrantClient(":memory:")
+    dim = next((len(c.vector) for c in changes if c.vector), 512)
+    stores: dict[tuple[str, str], ServerStore] = {}
+    failed: list[str] = []
+    for c in changes:
+        key = (c.tenant_id, c.user_id)
+        if key not in stores:
+            stores[key] = ServerStore(f"replay-{len(stores)}", dim, client=client)
+        try:
+            apply_change(stores[key], c)
+        except Exception as exc:  # a broken log is a finding, not a crash of the benchmark
+            failed.append(f"{c.user_id} {c.op} {c.memory_id[:8]} v{c.version}: "
+                          f"{type(exc).__name__}")
+    out = {user: [m.content for m in store.list(Scope(tenant, user))]
+           for (tenant, user), store in stores.items()}
+    client.close()
+    return out, failed
+
+
+@dataclass
+class Outcome:
+    """Everything one chaos run measured: figures, and the check of each view."""
+
+    figures: dict[str, Any]
+    http: Report
+    replayed: Report
+
+
+async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[str, Truth],
+                    *, kills: int, work: Path, rate: float = 100.0, seed: int = 7,
+                    broker: Settings | None = None, settle_timeout: float = 900.0,
+                    keep_topics: bool = False) -> Outcome:
+    """Produce ``events`` at ``rate`` while the worker is killed ``kills`` times (and the
+    broker of ``broker`` is restarted once, mid-way), settle, and check both views."""
+    t0 = time.time()
+    topics = registry(settings)
+    await create_topics(settings)
+    worker = WorkerProcess(settings, work / f"{settings.app_id}.log")
+    chaos = Chaos(worker, random.Random(seed))
+    figures: dict[str, Any] = {}
+    try:
+        worker.spawn()
+        if not await worker.wait_ready_async(300):
+            raise RuntimeError(f"worker not ready: {worker.log_text()[-2000:]}")
+        figures["first_ready_s"] = round(time.time() - worker.incarnations[0].spawned_at, 1)
+        produce_s = len(events) / rate
+        produced = asyncio.Event()
+
+        async def producing() -> int:
+            try:
+                return await produce(settings, events, rate)
+            finally:
+                produced.set()
+
+        tasks: list[Any] = [producing(), chaos.run(kills, produce_s / max(kills, 1), produced)]
+        if broker is not None:
+            tasks.append(bounce_broker(broker, at=produce_s / 2))
+        done = await asyncio.gather(*tasks)
+        figures["producer_failures"] = done[0]
+        if broker is not None:
+            figures["broker_out_s"] = round(done[2], 1)
+        t_chaos = time.time()
+        left, sessions = await settle(settings, chaos, events, settle_timeout)
+        t_settled = time.time()
+        await chaos.until_ready()
+        http = await asyncio.to_thread(http_live, settings, sorted(truth))
+        b = settings.bootstrap_servers
+        changes = [MemoryChange.model_validate_json(r.value) for r in await read_topics(
+            b, [(topics.memory_changes.name, topics.memory_changes.partitions)])]
+        decisions = await read_topics(b, [(topics.decisions.name, topics.decisions.partitions)])
+        job_rows = [json.loads(r.value) for r in await read_topics(
+            b, [(topics.jobs.name, topics.jobs.partitions)])]
+        jobs = Counter(j["job_id"] for j in job_rows)
+        outputs = await read_topics(b, [(t.name, t.partitions) for t in (
+            topics.jobs, topics.decisions, topics.job_results, topics.memory_changes)],
+            committed=False)
+        end = time.time()
+        figures.update({
+            "chaos_s": round(t_chaos - t0, 1), "settle_s": round(t_settled - t_chaos, 1),
+            "runtime_s": round(end - t0, 1), "sessions": sessions,
+            "sessions_covered": sessions - len(left),
+            "uncovered_examples": [list(x) for x in left[:5]],
+            "kills_done": sum(chaos.kills.values()),
+            "kills_by_moment": dict(sorted(chaos.kills.items())),
+            "worker_self_exits": chaos.self_exits, "stall_restarts": chaos.stall_restarts,
+            "job_records": sum(jobs.values()), "job_ids": len(jobs),
+            "job_records_beyond_first": sum(n - 1 for n in jobs.values()),
+            "job_records_resent_by_timeout": sum(j.get("attempt", 1) > 1 for j in job_rows),
+            **change_stats(changes),
+            **decision_stats(r.value for r in decisions),
+            "restart": restart_stats(worker.incarnations, [r.timestamp / 1000 for r in outputs],
+                                     end),
+        })
+        replayed, failed = await asyncio.to_thread(replay, changes)
+        figures["replay_failed_changes"] = len(failed)
+        figures["replay_failed_examples"] = failed[:5]
+        return Outcome(figures, check(truth, http, "http"), check(truth, replayed, "replay"))
+    finally:
+        worker.stop()
+        if not keep_topics:
+            await delete_topics(settings, [t.name for t in topics.all()] + [
+                f"{settings.app_id}-ingest-state-changelog",
+                f"{settings.app_id}-__assignor-__leader"])
+
+
+def summary(outcome: Outcome, meta: Mapping[str, Any]) -> dict[str, Any]:
+    return {**meta, **outcome.figures, "http": outcome.http.counts(),
+            "replay": outcome.replayed.counts()}
+
+
+def print_report(outcome: Outcome, meta: Mapping[str, Any]) -> None:
+    f = outcome.figures
+    r = f["restart"]
+    rows = [
+        ("users / messages / sessions", f"{meta['users']} / {meta['messages']} / "
+                                        f"{f['sessions']} ({f['sessions_covered']} covered)"),
+        ("guarantee, rate", f"{meta['guarantee']}, {meta['rate']:.0f} msg/s"),
+        ("kills (moment/state at kill)", f"{f['kills_done']} {f['kills_by_moment']}"),
+        ("broker restarted (out, s)", f.get("broker_out_s", "no")),
+        ("worker self-exits / stall restarts", f"{f['worker_self_exits']} / "
+                                               f"{f['stall_restarts']}"),
+        ("producer failures (re-sent)", f["producer_failures"]),
+    ]
+    for rep in (outcome.http, outcome.replayed):
+        c = rep.counts()
+        rows.append((f"{rep.view}: missing/stale/duplicate/unexpected",
+                     f"{c['missing']} / {c['stale']} / {c['duplicate']} / {c['unexpected']}"
+                     f"   (live {c['live']}, expected {c['expected']})"))
+    rows += [
+        ("change records / ids / republished", f"{f['change_records']} / {f['change_ids']} / "
+                                               f"{f['change_records_republished']}"),
+        ("change log: changes that fail to replay", f["replay_failed_changes"]),
+        ("change ids with differing payloads", f"{f['change_ids_differing_payloads']} "
+                                               f"(content: {f['change_ids_differing_content']})"),
+        ("job records / ids / beyond first (timeout)",
+         f"{f['job_records']} / {f['job_ids']} / {f['job_records_beyond_first']} "
+         f"({f['job_records_resent_by_timeout']})"),
+        ("decisions beyond first per job id", f"{f['decisions_beyond_first_per_job_id']} "
+                                              f"({f['jobs_decided_more_than_once']} jobs)"),
+        ("distinct decisions beyond first / user seq",
+         f["distinct_decisions_beyond_first_per_user_seq"]),
+        ("restart -> first output p50 / max, s", f"{r['to_first_output_p50_s']} / "
+         f"{r['to_first_output_max_s']}  ({r['with_output']} of {r['restarts']} restarts; "
+         f"{r['never_ready']} never ready, {r['ready_no_output']} ready but silent)"),
+        ("restart -> Ready p50 / max, s", f"{r['to_ready_p50_s']} / {r['to_ready_max_s']}"),
+        ("runtime (chaos + settle), s", f"{f['runtime_s']} ({f['chaos_s']} + {f['settle_s']})"),
+    ]
+    for name, value in rows:
+        print(f"{name:44} {value}")
+    for failure in f["replay_failed_examples"]:
+        print(f"  replay failed: {failure}")
+    for _user, session, reach, n in f["uncovered_examples"]:
+        print(f"  uncovered: {session} ({reach} of {n} messages covered)")
+    for rep in (outcome.http, outcome.replayed):
+        for kind in ("missing", "stale", "duplicate", "unexpected"):
+            for item in getattr(rep, kind)[:5]:
+                print(f"  {rep.view} {kind}: {item}")
+    print(json.dumps(summary(outcome, meta), ensure_ascii=False))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--users", type=int, default=40)
+    ap.add_argument("--kills", type=int, default=6)
+    ap.add_argument("--rate", type=float, default=100.0, help="messages per second")
+    ap.add_argument("--guarantee", default="exactly_once",
+                    choices=["exactly_once", "at_least_once"])
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--no-broker-restart", action="store_true")
+    ap.add_argument("--port", type=int, default=29092, help="the benchmark's own broker")
+    ap.add_argument("--job-timeout", type=float, default=60.0, help="re-send a job after (s)")
+    ap.add_argument("--settle-timeout", type=float, default=900.0)
+    ap.add_argument("--keep-broker", action="store_true", help="leave the broker running")
+    ap.add_argument("--reuse-broker", action="store_true",
+                    help="use (and restart) a broker already running on --port")
+    args = ap.parse_args()
+    # The broker is taken away on purpose: its clients' reconnect errors are expected.
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    if args.port in (9092, 19092):
+        raise SystemExit("use a port of its own: the benchmark stops and starts its broker")
+    broker = Settings(kafka_port=args.port, kafka_controller_port=args.port + 1)
+    started = local_broker.read_pid(local_broker.paths_for(broker)) is None
+    if not started and not args.reuse_broker:
+        raise SystemExit(f"a broker already runs on {args.port}: it may be someone else's "
+                         "(this run stops it); pass --reuse-broker if it is yours")
+    local_broker.start(broker, 180.0)
+    work = Path(tempfile.mkdtemp(prefix="memstream-chaos-"))
+    events, truth = scenario(args.users, args.seed)
+    settings = bench_settings(f"127.0.0.1:{args.port}", work,
+                              processing_guarantee=args.guarantee,
+                              job_timeout_s=args.job_timeout)
+    meta = {"users": args.users, "messages": sum(isinstance(e, ChatMessage) for e in events),
+            "kills": args.kills, "guarantee": args.guarantee, "rate": args.rate,
+            "seed": args.seed, "broker_restart": not args.no_broker_restart,
+            "job_timeout_s": args.job_timeout, "work": str(work)}
+    try:
+        outcome = asyncio.run(run_chaos(
+            settings, events, truth, kills=args.kills, work=work, rate=args.rate,
+            seed=args.seed, broker=None if args.no_broker_restart else broker,
+            settle_timeout=args.settle_timeout))
+    finally:
+        if started and not args.keep_broker:
+            local_broker.stop(broker)
+    print_report(outcome, meta)
+
+
+if __name__ == "__main__":
+    main()
