@@ -89,6 +89,7 @@ class SessionState:
     pending: TriggerReason | None = None  # the dirty flag, with the reason it was set
     ended: bool = False
     ended_at: float | None = None
+    end_ts: float | None = None  # the end event's own timestamp (when the session ended)
     failures: int = 0
     retry_at: float | None = None
 
@@ -252,26 +253,35 @@ def on_message(state: UserState, msg: ChatMessage, now: float, policy: Policy) -
         ts=msg.ts.astimezone(UTC).isoformat(), trivial=is_user and is_trivial(msg.content),
     )
     pending = s.pending
-    ended = s.ended and s.ended_at is not None and now - s.ended_at <= policy.late_grace_s
+    # Late by the clock of this worker (the end overtook the message on another topic), or
+    # written before the session ended by the message's own time: a worker that restarts
+    # behind a backlog reads both topics at different paces, and the end event's arrival
+    # time alone would reopen the session and leave the message to the idle flush.
+    written = msg.ts.timestamp()
+    ended = s.ended and s.ended_at is not None and (
+        now - s.ended_at <= policy.late_grace_s
+        or (s.end_ts is not None and written <= s.end_ts + policy.late_grace_s))
     if is_user and is_explicit(msg.content):
         pending = _stronger(pending, TriggerReason.EXPLICIT)
     s = replace(
         s, count=s.count + 1, buffer=(*s.buffer, buffered),
         recent_ids=(*s.recent_ids, msg.message_id)[-policy.dedup_window:],
         last_activity=now, pending=pending, ended=ended,
-        ended_at=s.ended_at if ended else None,
+        ended_at=s.ended_at if ended else None, end_ts=s.end_ts if ended else None,
     )
     return pump(_with_session(state, msg.session_id, s), now, policy)
 
 
-def on_session_end(state: UserState, session_id: str, now: float, policy: Policy) -> Step:
+def on_session_end(state: UserState, session_id: str, now: float, policy: Policy,
+                   ts: float | None = None) -> Step:
     """Flush whatever the session holds below the threshold."""
     s = state.sessions.get(session_id)
     if s is not None and s.ended:
         return Step(state)
     if s is None:  # the end overtook every message of the session (another topic)
         s = SessionState(last_activity=now)
-    return pump(_with_session(state, session_id, replace(s, ended=True, ended_at=now)),
+    return pump(_with_session(state, session_id,
+                              replace(s, ended=True, ended_at=now, end_ts=ts)),
                 now, policy)
 
 

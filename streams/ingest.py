@@ -36,7 +36,8 @@ def step_for(p: Pipeline, state: machine.UserState, event: BaseModel, now: float
         return machine.on_message(state, event, now, policy)
     if isinstance(event, SessionEvent):
         c.session_events += 1
-        return machine.on_session_end(state, event.session_id, now, policy)
+        return machine.on_session_end(state, event.session_id, now, policy,
+                                      event.ts.timestamp())
     if isinstance(event, JobResult):
         step = machine.on_result(state, event, now, policy)
         if step.duplicate:

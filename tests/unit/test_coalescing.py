@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from memstream.memory.coalescing import (
@@ -267,3 +269,17 @@ def test_due_sessions_go_in_conversation_order_not_by_trigger():
     assert first is not None and state.sessions["new"].pending == TriggerReason.EXPLICIT
     step = on_result(state, result(state_job(state)), 1.0, P)
     assert [j.session_id for j in step.jobs] == ["old"]  # older messages first
+
+
+def test_a_message_written_before_the_end_is_flushed_however_late_it_is_read():
+    """A worker restarting behind a backlog reads the end event long before the session's
+    last message (another topic): the message's own time says it belongs to the session."""
+    p = Policy(min_new_messages=4, late_grace_s=60)
+    end_ts = datetime(2026, 1, 1, 0, 5, tzinfo=UTC).timestamp()
+    state = on_message(fresh(), msg("I live in Oslo now", minute=1), 0.0, p).state
+    state = on_session_end(state, "s1", 1.0, p, ts=end_ts).state
+    state = on_result(state, result(state_job(state)), 2.0, p).state
+    late = on_message(state, msg("and I work at Equinor", minute=4), 900.0, p)
+    assert [(j.from_seq, j.to_seq) for j in late.jobs] == [(1, 2)]
+    after = on_message(late.state, msg("new topic", minute=30), 1800.0, p)
+    assert after.jobs == [] and not after.state.sessions["s1"].ended  # reopened
