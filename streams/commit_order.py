@@ -2,18 +2,18 @@
 
 Two gaps in faust-streaming 0.15, both closed here by patches applied once at app build:
 
-1. Under ``processing_guarantee="exactly_once"`` consumed offsets commit through
-   per-partition transactional producers, but every record an agent sends (jobs,
-   decisions, change events, results, table changelog writes) goes through the app's plain
-   producer, outside those transactions, and the transactional commit does not flush that
-   producer first (the at-least-once path does: ``Consumer._commit_offsets``). A worker
-   SIGKILLed right after such a commit lost outputs whose inputs count as processed.
-2. The flush itself is not a drain: table writes wait in Faust's producer buffer, and
-   ``ProducerBuffer.flush`` gives up after 0.1 s without progress (a slow or restarting
-   broker), and does not count the record its sender task has taken off the queue but not
-   yet handed to the Kafka client. A commit then passed changelog writes still in memory;
-   after a kill, a message counted as processed was missing from the restored state (the
-   chaos benchmark found one such message in 10k).
+1. Table changelog writes do not go to Kafka when the table is written: they wait in
+   Faust's producer buffer (``send_soon``) until a background task hands them over.
+   Under ``processing_guarantee="exactly_once"`` the commit (``TransactionManager.commit``:
+   offsets into each partition's transaction, then commit it) does not flush that buffer
+   first, so a write still in the buffer lands in the *next* transaction, which a kill
+   aborts, while the offset of the record that made it is committed. (The at-least-once
+   path flushes: ``Consumer._commit_offsets``.)
+2. The flush itself is not a drain: ``ProducerBuffer.flush`` gives up after 0.1 s without
+   progress (a slow or restarting broker), and does not count the record its sender task
+   has taken off the queue but not yet handed to the Kafka client. A commit then passed
+   changelog writes still in memory; after a kill, a message counted as processed was
+   missing from the restored state (the chaos benchmark found such messages).
 
 So every flush before a commit waits until the buffer is empty *and* its sender idle, then
 flushes the Kafka client (which waits for the broker's acknowledgements). Together with the
