@@ -23,7 +23,6 @@ from typing import Any
 from memstream.errors import InvalidRecord
 from memstream.memory import fencing
 from memstream.memory.apply import Applied, apply_decision, build_decision
-from memstream.memory.extraction import JobOutcome
 from memstream.memory.store import Scope
 from memstream.retry import RetryPolicy, retry_async
 from memstream.settings import Settings
@@ -39,10 +38,6 @@ from memstream.topics.schemas import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def decision_for(p: Pipeline, job: ExtractionJob, out: JobOutcome, now: float) -> JobDecision:
-    return build_decision(job, out, p.services.model, now)
 
 
 def failed_decision(job: ExtractionJob, error: str) -> JobDecision:
@@ -84,7 +79,7 @@ async def decide_with_retries(p: Pipeline, job: ExtractionJob) -> JobDecision:
     async def attempt() -> JobDecision:
         now = p.clock()
         out = await asyncio.to_thread(p.services.extractor.decide, job, now, deadline)
-        return decision_for(p, job, out, now)
+        return build_decision(job, out, p.services.model, now)
 
     def logged(n: int, exc: BaseException, delay: float) -> None:
         log.warning("job %s attempt %d failed (%s: %s); retrying in %.1fs",

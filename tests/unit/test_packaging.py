@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,8 +16,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_wheel_has_one_top_level_package(tmp_path: Path) -> None:
+    src = tmp_path / "src"  # a copy: building leaves build/ and *.egg-info behind
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("memstream", "memory", "streams", "topics", "jobs"):
+        shutil.copytree(ROOT / name, src / name, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
+                    "-q", "-w", str(tmp_path), str(src)], check=True, capture_output=True)
     wheel = next(tmp_path.glob("memstream-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
