@@ -103,9 +103,9 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
               services: Services | None = None) -> Pipeline:
     """Create the Faust app: the ingest agent and its timer, the extract and apply agents."""
     from memstream.streams import extract, faust_setup, ingest, web
-    from memstream.streams.commit_order import flush_before_transactional_commit
+    from memstream.streams.commit_order import commit_after_outputs
 
-    flush_before_transactional_commit()
+    commit_after_outputs()
 
     app = faust_setup.App(settings.app_id, **settings.faust_kwargs(),
                           **faust_setup.app_options(settings))

@@ -79,8 +79,9 @@ def _patch_commit() -> None:
     TransactionManager.commit = commit  # type: ignore[method-assign]
 
 
-def flush_before_transactional_commit() -> None:
-    """Apply the patches once (idempotent)."""
+def commit_after_outputs() -> None:
+    """Apply the patches once (idempotent): drain the buffer in every flush, and flush
+    before every transactional commit."""
     if getattr(TransactionManager, _PATCHED, False):
         return
     _patch_buffer()

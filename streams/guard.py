@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from memstream.errors import InvalidRecord
-from memstream.retry import RetryPolicy, next_delay
+from memstream.retry import RetryPolicy, is_transient, next_delay
 from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import send_dead_letter
 
@@ -35,8 +35,6 @@ async def guarded(p: Pipeline, message: Any, handle: Callable[[], Awaitable[None
                   sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                   classify: Callable[[BaseException], bool] | None = None) -> None:
     """Run ``handle()`` for ``message`` until it succeeds, or dead-letter the record."""
-    from memstream.retry import is_transient
-
     transient = classify or is_transient
     attempt = 0
     while True:

@@ -9,7 +9,7 @@ import pytest
 from faust.transport.consumer import TransactionManager
 from faust.types import TP
 
-from memstream.streams.commit_order import drain, flush_before_transactional_commit
+from memstream.streams.commit_order import commit_after_outputs, drain
 
 pytestmark = pytest.mark.unit
 
@@ -28,8 +28,8 @@ async def test_the_producer_is_flushed_before_offsets_commit():
                           assignor=SimpleNamespace(group_for_topic=lambda topic: 0))
     manager = SimpleNamespace(app=app, producer=SimpleNamespace(
         commit_transactions=commit_transactions))
-    flush_before_transactional_commit()
-    flush_before_transactional_commit()  # idempotent: flushes once, not twice
+    commit_after_outputs()
+    commit_after_outputs()  # idempotent: flushes once, not twice
     assert await TransactionManager.commit(manager, {tp: 10}) is True
     assert calls == ["flush", "commit ['app-0-3']"]
 
