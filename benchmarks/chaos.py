@@ -32,7 +32,6 @@ import secrets
 import socket
 import tempfile
 import time
-import urllib.parse
 import urllib.request
 import uuid
 from collections import Counter, defaultdict
@@ -49,7 +48,13 @@ from memstream import broker as local_broker
 from memstream.kafka_io import start_producer
 from memstream.process import Incarnation, WorkerProcess
 from memstream.settings import Settings
-from memstream.topics.registry import Topics, create_topics, delete_topics, registry
+from memstream.topics.registry import (
+    Topics,
+    all_topic_names,
+    create_topics,
+    delete_topics,
+    registry,
+)
 from memstream.topics.schemas import ChatMessage, Event, MemoryChange, SessionEvent
 
 TENANT = "chaos"
@@ -460,7 +465,7 @@ def bench_settings(bootstrap: str, work: Path, **overrides: Any) -> Settings:
     base: dict[str, Any] = {
         "bootstrap_servers": bootstrap, "topic_prefix": name, "app_id": name, "partitions": 4,
         "data_dir": work / name, "web_enabled": True, "web_port": free_port(),
-        "api_key": SecretStr(secrets.token_hex(12)), "extract_enabled": True,
+        "admin_key": SecretStr(secrets.token_hex(12)), "extract_enabled": True,
         "tick_interval_s": 1.0, "session_timeout_s": 10.0, "heartbeat_interval_s": 1.0,
         "job_timeout_s": 60.0,
     }
@@ -661,14 +666,13 @@ async def settle(settings: Settings, chaos: Chaos, events: Sequence[Event], time
 
 def http_live(settings: Settings, users: Iterable[str]) -> dict[str, list[str]]:
     """Each user's live memory texts from the worker's ``GET /v1/memories`` view."""
-    assert settings.api_key is not None
-    key = settings.api_key.get_secret_value()
+    assert settings.admin_key is not None
+    key = settings.admin_key.get_secret_value()
     out: dict[str, list[str]] = {}
     for user in users:
-        query = urllib.parse.urlencode({"tenant": TENANT, "user": user})
         req = urllib.request.Request(
-            f"http://127.0.0.1:{settings.web_port}/v1/memories?{query}",
-            headers={"X-API-Key": key})
+            f"http://127.0.0.1:{settings.web_port}/v1/tenants/{TENANT}/users/{user}/memories"
+            "?limit=500", headers={"X-API-Key": key})
         for attempt in range(5):
             try:
                 with urllib.request.urlopen(req, timeout=30) as resp:
@@ -794,9 +798,7 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
     finally:
         worker.stop()
         if not keep_topics:
-            await delete_topics(settings, [t.name for t in topics.all()] + [
-                f"{settings.app_id}-ingest-state-changelog",
-                f"{settings.app_id}-__assignor-__leader"])
+            await delete_topics(settings, all_topic_names(settings))
 
 
 def summary(outcome: Outcome, meta: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,7 +35,13 @@ from aiokafka import AIOKafkaProducer
 from memstream.kafka_io import TopicReader, send_events, start_producer
 from memstream.process import WorkerProcess
 from memstream.settings import Settings
-from memstream.topics.registry import Topics, create_topics, delete_topics, registry
+from memstream.topics.registry import (
+    Topics,
+    all_topic_names,
+    create_topics,
+    delete_topics,
+    registry,
+)
 from memstream.topics.schemas import ChatMessage, DeadLetter, ExtractionJob, SessionEvent
 
 FACTS = ["I moved to {c} last month", "We have {n} kids", "I work at {c} Labs",
@@ -236,8 +242,7 @@ async def run(base: Settings, args: argparse.Namespace, work: Path) -> dict[str,
         worker.stop()
         await dlq.stop()
         await jobs.stop()
-        await delete_topics(settings, [t.name for t in topics.all()] + [
-            f"{name}-ingest-state-changelog", f"{name}-__assignor-__leader"])
+        await delete_topics(settings, all_topic_names(settings))
     log_lines = worker.log_path.read_text(errors="replace").splitlines()
     wrong = [(h.name, h.kind, letters[at].kind) for at, h in sent.items()
              if at in letters and letters[at].kind != h.kind]

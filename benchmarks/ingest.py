@@ -29,7 +29,7 @@ from memstream.kafka_io import start_producer
 from memstream.process import WorkerProcess
 from memstream.settings import Settings
 from memstream.stand_in import AckExtractor
-from memstream.topics.registry import create_topics, delete_topics, registry
+from memstream.topics.registry import all_topic_names, create_topics, delete_topics, registry
 from memstream.topics.schemas import (
     ChatMessage,
     Event,
@@ -176,9 +176,7 @@ async def one_run(base: Settings, events: list[Event], rate: float | None, work:
     finally:
         if worker is not None:
             worker.stop()
-        topics = [t.name for t in registry(settings).all()]
-        await delete_topics(settings, [*topics, f"{name}-ingest-state-changelog",
-                                       f"{name}-__assignor-__leader"])
+        await delete_topics(settings, all_topic_names(settings))
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ from memstream.errors import MemstreamError
 from memstream.kafka_io import send_events, start_producer
 from memstream.process import WorkerProcess
 from memstream.settings import Settings
-from memstream.topics.registry import create_topics, delete_topics, registry
+from memstream.topics.registry import all_topic_names, create_topics, delete_topics, registry
 from memstream.topics.schemas import ChatMessage
 
 READY = "[^Worker]: Ready"
@@ -164,8 +164,7 @@ async def run_config(name: str, args: argparse.Namespace, tmp: Path) -> Run:
         await load
         worker.stop()
         await clock.stop()
-        await delete_topics(settings, [t.name for t in registry(settings).all()] + [
-            f"{settings.app_id}-ingest-state-changelog", f"{settings.app_id}-__assignor-__leader"])
+        await delete_topics(settings, all_topic_names(settings))
     return run
 
 

@@ -30,6 +30,12 @@ from memstream.topics.schemas import (
 )
 
 
+def _message_ids(job: ExtractionJob) -> list[str]:
+    if job.tool is not None:
+        return [job.tool.request_id] if job.tool.request_id else []
+    return [m.message_id for m in job.messages]
+
+
 def change_for(op: PlannedOp, vector: list[float] | None, job: ExtractionJob,
                outcome: JobOutcome, model: MemoryModel, now: float) -> MemoryChange:
     return MemoryChange(
@@ -38,8 +44,8 @@ def change_for(op: PlannedOp, vector: list[float] | None, job: ExtractionJob,
         before=op.before.to_payload() if op.before else None, after=op.after.to_payload(),
         records=[r.to_payload() for r in op.writes], vector=vector, reason=op.reason,
         lineage=Lineage(session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
-                        job_id=job.job_id, message_ids=[m.message_id for m in job.messages],
-                        seq=job.seq),
+                        job_id=job.job_id, message_ids=_message_ids(job),
+                        seq=job.seq, kind="extraction" if job.tool is None else "tool"),
         model=model.name, prompt_version=model.prompt_version,
         prompt_tokens=outcome.usage.prompt_tokens,
         completion_tokens=outcome.usage.completion_tokens,
@@ -59,7 +65,7 @@ def build_decision(job: ExtractionJob, out: JobOutcome, model: MemoryModel,
         read_versions=dict(out.read), changes=changes,
         decisions=dict(out.decisions), llm_calls=out.usage.calls,
         prompt_tokens=out.usage.prompt_tokens, completion_tokens=out.usage.completion_tokens,
-        model=model.name, prompt_version=model.prompt_version,
+        model=model.name, prompt_version=model.prompt_version, error=out.error,
     )
 
 

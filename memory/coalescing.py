@@ -19,6 +19,10 @@ Rules:
   seq above the one the store holds;
 - a session that is fully scanned and quiet for ``forget_after`` is dropped, so the state
   of a long-lived user stays bounded;
+- an agent's tool write (``on_tool``) waits in the user's tool queue and goes out as a job
+  of its own kind (reason ``tool``) under the same seq and the same one-in-flight rule, so
+  it never races an extraction job of the user; queued tools go before extraction jobs
+  (an agent waits for its answer), a retried request id is taken once;
 - an ended session is kept (trimmed) until then: a message that arrives up to
   ``late_grace`` after the end event (the end travels on another topic and may overtake
   the last messages) is flushed at once, a later one reopens the session, and sequence
@@ -28,9 +32,18 @@ Rules:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 
+from memstream.memory.ingest_state import (
+    InFlight,
+    Msg,
+    Policy,
+    QueuedTool,
+    SessionState,
+    Step,
+    UserState,
+)
 from memstream.memory.triggers import is_explicit, is_trivial
 from memstream.topics.schemas import (
     ChatMessage,
@@ -39,6 +52,8 @@ from memstream.topics.schemas import (
     JobResult,
     JobStatus,
     Role,
+    ToolRequest,
+    ToolWrite,
     TriggerReason,
 )
 
@@ -49,80 +64,6 @@ _PRIORITY = {
     TriggerReason.SESSION_END: 2,
     TriggerReason.IDLE: 3,
 }
-
-
-@dataclass(frozen=True)
-class Policy:
-    """The knobs of the trigger policy (all from settings)."""
-
-    min_new_messages: int = 4
-    context_messages: int = 4
-    idle_timeout_s: float = 1800.0
-    job_timeout_s: float = 600.0
-    retry_backoff_s: float = 30.0
-    retry_backoff_max_s: float = 3600.0
-    dedup_window: int = 64
-    forget_after_s: float = 7 * 86_400.0  # a fully scanned, quiet session is dropped
-    late_grace_s: float = 60.0  # a message this soon after the end event still belongs to it
-    ended_dedup_ids: int = 64  # message ids an ended session keeps (producer retries)
-
-
-@dataclass(frozen=True)
-class Msg:
-    """A buffered message: what a job needs to carry, plus the classification."""
-
-    seq: int
-    message_id: str
-    role: str
-    content: str
-    ts: str
-    trivial: bool
-
-
-@dataclass(frozen=True)
-class SessionState:
-    count: int = 0  # messages accepted; the next one gets seq == count
-    watermark: int = 0  # messages [0, watermark) are scanned
-    buffer: tuple[Msg, ...] = ()  # from max(0, watermark - context) to count
-    recent_ids: tuple[str, ...] = ()  # message ids seen lately (producer retries)
-    last_activity: float = 0.0
-    pending: TriggerReason | None = None  # the dirty flag, with the reason it was set
-    ended: bool = False
-    ended_at: float | None = None
-    end_ts: float | None = None  # the end event's own timestamp (when the session ended)
-    failures: int = 0
-    retry_at: float | None = None
-
-
-@dataclass(frozen=True)
-class InFlight:
-    job_id: str
-    seq: int
-    session_id: str
-    from_seq: int
-    to_seq: int
-    reason: TriggerReason
-    sent_at: float
-    attempt: int = 1
-
-
-@dataclass(frozen=True)
-class UserState:
-    tenant_id: str
-    user_id: str
-    sessions: dict[str, SessionState] = field(default_factory=dict)
-    in_flight: InFlight | None = None
-    next_seq: int = 1  # the seq of the user's next job
-
-
-@dataclass(frozen=True)
-class Step:
-    """What one input produced: the new state and the records to send."""
-
-    state: UserState
-    jobs: list[ExtractionJob] = field(default_factory=list)
-    resolved: list[JobResult] = field(default_factory=list)  # trivial jobs, no LLM call
-    duplicate: bool = False
 
 
 def _ts(now: float) -> datetime:
@@ -208,9 +149,47 @@ def _close(state: UserState, sid: str, s: SessionState, policy: Policy) -> UserS
     return _with_session(state, sid, _trim(s, policy))
 
 
+TOOL_SESSION = "tool"  # the session id of a tool job that names none
+
+
+def tool_job_id(tenant: str, user: str, request_id: str) -> str:
+    """Deterministic: the API can wait for the job of the request it sent."""
+    raw = "\x1f".join([tenant, user, "tool", request_id])
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+def _tool_job(state: UserState, tool: QueuedTool, now: float, seq: int,
+              attempt: int = 1) -> ExtractionJob:
+    return ExtractionJob(
+        job_id=tool_job_id(state.tenant_id, state.user_id, tool.request_id), seq=seq,
+        tenant_id=state.tenant_id, user_id=state.user_id, session_id=tool.session_id,
+        from_seq=0, to_seq=0, reason=TriggerReason.TOOL, messages=[], attempt=attempt,
+        created_at=_ts(now), tool=ToolWrite.model_validate(tool.write),
+    )
+
+
+def on_tool(state: UserState, req: ToolRequest, now: float, policy: Policy) -> Step:
+    """Queue an agent's tool write (once per request id) and start it if nothing runs."""
+    taken = {rid for rid, _ in state.recent_tools}
+    if req.request_id in taken or len(state.tools) >= policy.max_queued_tools:
+        return Step(state, duplicate=True)
+    write = req.write.model_dump(mode="json") | {"request_id": req.request_id}
+    queued = QueuedTool(req.request_id, req.session_id or TOOL_SESSION, write,
+                        req.ts.timestamp())
+    state = replace(state, tools=(*state.tools, queued),
+                    recent_tools=(*state.recent_tools, (req.request_id, now)
+                                  )[-policy.tool_dedup_ids:])
+    return pump(state, now, policy)
+
+
 def pump(state: UserState, now: float, policy: Policy) -> Step:
     """If no job is in flight, start the most urgent due one (trivial ones resolve inline)."""
     resolved: list[JobResult] = []
+    if state.in_flight is None and state.tools:
+        job = _tool_job(state, state.tools[0], now, state.next_seq)
+        flight = InFlight(job.job_id, job.seq, job.session_id, 0, 0, TriggerReason.TOOL, now,
+                          kind="tool")
+        return Step(replace(state, in_flight=flight, next_seq=job.seq + 1), jobs=[job])
     while state.in_flight is None:
         # Among due sessions, the one whose oldest unscanned message is oldest goes first:
         # facts must reach the store in conversation order, or an older "2 kids" decided
@@ -291,6 +270,8 @@ def on_result(state: UserState, result: JobResult, now: float, policy: Policy) -
     if flight is None or flight.job_id != result.job_id or (result.seq and
                                                              flight.seq != result.seq):
         return Step(state, duplicate=True)  # stale or replayed result: already applied
+    if flight.kind == "tool":
+        return _on_tool_result(state, flight, result, now, policy)
     s = state.sessions.get(flight.session_id, SessionState())
     if result.status == JobStatus.FENCED:
         # Nothing of the job reached the store: issue the range again, under a seq above
@@ -315,16 +296,32 @@ def on_result(state: UserState, result: JobResult, now: float, policy: Policy) -
     return pump(replace(state, in_flight=None), now, policy)
 
 
+def _on_tool_result(state: UserState, flight: InFlight, result: JobResult, now: float,
+                    policy: Policy) -> Step:
+    """A tool job is done (or failed for good: the extract agent retried it and set it
+    aside) and leaves the queue; a fenced one goes again under a seq above the store's."""
+    if result.status == JobStatus.FENCED:
+        state = replace(state, next_seq=max(state.next_seq, (result.applied_seq or 0) + 1))
+    else:
+        state = replace(state, tools=state.tools[1:])
+    return pump(replace(state, in_flight=None), now, policy)
+
+
 def on_tick(state: UserState, now: float, policy: Policy) -> Step:
     """Timers: re-send an unanswered job, forget quiet sessions, flush idle ones, retry."""
     flight = state.in_flight
     if flight is not None and now - flight.sent_at >= policy.job_timeout_s:
+        again = replace(flight, sent_at=now, attempt=flight.attempt + 1)
+        if flight.kind == "tool":
+            if not state.tools:  # nothing left to re-send (a state restored half-way)
+                return pump(replace(state, in_flight=None), now, policy)
+            tool_job = _tool_job(state, state.tools[0], now, flight.seq, again.attempt)
+            return Step(replace(state, in_flight=again), jobs=[tool_job])
         s = state.sessions[flight.session_id]
         job = _job_for(state, flight.session_id, s, flight.reason, now,
-                       attempt=flight.attempt + 1, to_seq=flight.to_seq, seq=flight.seq)
-        again = replace(flight, sent_at=now, attempt=flight.attempt + 1)
+                       attempt=again.attempt, to_seq=flight.to_seq, seq=flight.seq)
         return Step(replace(state, in_flight=again), jobs=[job])
-    busy = flight.session_id if flight is not None else None
+    busy = flight.session_id if flight is not None and flight.kind != "tool" else None
     stale = [
         sid for sid, s in state.sessions.items()
         if sid != busy and s.watermark >= s.count
@@ -332,6 +329,9 @@ def on_tick(state: UserState, now: float, policy: Policy) -> Step:
     ]
     for sid in stale:
         state = _with_session(state, sid, None)
+    kept = tuple(t for t in state.recent_tools if now - t[1] < policy.forget_after_s)
+    if kept != state.recent_tools:
+        state = replace(state, recent_tools=kept)
     return pump(state, now, policy)
 
 
@@ -347,47 +347,6 @@ def next_deadline(state: UserState, policy: Policy) -> float | None:
             times.append(s.retry_at)
         else:
             times.append(s.last_activity + policy.idle_timeout_s)
+    if state.recent_tools:
+        times.append(state.recent_tools[0][1] + policy.forget_after_s)
     return min(times) if times else None
-
-
-def snapshot(state: UserState) -> dict[str, object]:
-    """A JSON-ready snapshot for the changelog-backed table (see :func:`restore`)."""
-    return {
-        "v": 1,
-        "tenant_id": state.tenant_id,
-        "user_id": state.user_id,
-        "next_seq": state.next_seq,
-        "in_flight": None if state.in_flight is None else {
-            **state.in_flight.__dict__, "reason": state.in_flight.reason.value,
-        },
-        "sessions": {
-            sid: {
-                **{k: v for k, v in s.__dict__.items() if k not in ("buffer", "recent_ids")},
-                "pending": s.pending.value if s.pending else None,
-                "buffer": [list(m.__dict__.values()) for m in s.buffer],
-                "recent_ids": list(s.recent_ids),
-            }
-            for sid, s in state.sessions.items()
-        },
-    }
-
-
-def restore(data: dict[str, object]) -> UserState:
-    """Rebuild the state from :func:`snapshot` output."""
-    flight = data.get("in_flight")
-    sessions_raw = data.get("sessions") or {}
-    assert isinstance(sessions_raw, dict)
-    sessions = {}
-    for sid, raw in sessions_raw.items():
-        fields = dict(raw)
-        fields["buffer"] = tuple(Msg(*m) for m in fields["buffer"])
-        fields["recent_ids"] = tuple(fields["recent_ids"])
-        fields["pending"] = TriggerReason(fields["pending"]) if fields["pending"] else None
-        sessions[sid] = SessionState(**fields)
-    in_flight = None
-    if isinstance(flight, dict):
-        in_flight = InFlight(**{"seq": 0, **flight, "reason": TriggerReason(flight["reason"])})
-    next_seq = data.get("next_seq", 1)
-    assert isinstance(next_seq, int)
-    return UserState(str(data["tenant_id"]), str(data["user_id"]), sessions, in_flight,
-                     next_seq)

@@ -16,14 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from memstream.memory import rules
+from memstream.memory import rules, toolwrite
 from memstream.memory.decisions import Candidate, Context, Decision, IdMap, PlannedOp, resolve
 from memstream.memory.embedding import Embedder, cosine
-from memstream.memory.model import Memory, OpKind
+from memstream.memory.model import Memory, MemoryType, OpKind
 from memstream.memory.store import MemoryStore, Scope
 from memstream.memory.triggers import is_trivial
 from memstream.retry import deadline_scope
-from memstream.topics.schemas import ExtractionJob, JobMessage, Role
+from memstream.topics.schemas import ExtractionJob, JobMessage, Role, ToolWrite
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,7 @@ class JobOutcome:
     usage: Usage = Usage()
     trivial: bool = False
     read: dict[str, int] = field(default_factory=dict)  # stored memory id -> version seen
+    error: str | None = None  # a tool write that could not be done (nothing changes)
 
     def saw(self, hits: Sequence[tuple[Memory, float]]) -> None:
         """Remember the stored versions the decision read (checked again at apply time)."""
@@ -109,7 +110,8 @@ class _Overlay:
 
     def search(self, scope: Scope, vector: list[float], k: int) -> list[tuple[Memory, float]]:
         touched = self.gone | set(self.pending)
-        hits = [(m, s) for m, s in self.store.search(scope, vector, k + len(touched))
+        hits = [(m, s) for m, s in self.store.search(scope, vector, k + len(touched),
+                                                     exclude_slots=toolwrite.CORE_SLOTS)
                 if m.memory_id not in touched]
         hits += [(m, cosine(v, vector)) for m, v in self.pending.values()]
         return sorted(hits, key=lambda h: -h[1])[:k]
@@ -141,6 +143,8 @@ class Extractor:
 
     def _decide(self, job: ExtractionJob, now: float) -> JobOutcome:
         out = JobOutcome()
+        if job.tool is not None:
+            return self._decide_tool(job, job.tool, now, out)
         if all_trivial(job):
             out.trivial = True
             return out
@@ -165,13 +169,38 @@ class Extractor:
                 out.ops.append((op, None if op.kind == OpKind.DELETE else vector))
         return out
 
+    def _decide_tool(self, job: ExtractionJob, write: ToolWrite, now: float,
+                     out: JobOutcome) -> JobOutcome:
+        """An agent's tool write (see :mod:`memory.toolwrite`): no extraction step."""
+        if write.name == "core_memory_replace":
+            ops, out.read, out.error = toolwrite.core_ops(self.store, job, write, now)
+            vectors = self.embedder.embed([op.after.content for op in ops])
+            out.ops = list(zip(ops, vectors, strict=True))
+            out.decisions["update" if any(op.before for op in ops) else
+                          "add" if ops else "noop"] += 1
+            return out
+        cand = Candidate(write.content, MemoryType(write.memory_type), write.importance)
+        vector = self.embedder.embed([cand.text])[0]
+        # Core blocks are written by core_memory_replace only, never decided against.
+        hits = self.store.search(Scope(job.tenant_id, job.user_id), vector, self.top_k,
+                                 exclude_slots=toolwrite.CORE_SLOTS)
+        out.saw(hits)
+        shown, numbered = IdMap.number(hits)
+        decision, usage = self.model.decide(cand, numbered, self.embedder.same_threshold)
+        out.usage += usage
+        out.decisions[decision.op.value] += 1
+        for op in resolve(cand, 0, shown, decision, toolwrite.tool_context(job, now)):
+            out.ops.append((op, None if op.kind == OpKind.DELETE else vector))
+        return out
+
     def _decide_combined(self, model: CombinedModel, job: ExtractionJob, scope: Scope,
                          ctx: Context, out: JobOutcome) -> JobOutcome:
         """One call: the model sees the memories nearest to any user message of the job."""
         texts = [m.content for m in job.messages if m.role == Role.USER]
         nearest: dict[str, tuple[Memory, float]] = {}
         for vector in self.embedder.embed(texts):
-            for m, score in self.store.search(scope, vector, self.top_k):
+            for m, score in self.store.search(scope, vector, self.top_k,
+                                              exclude_slots=toolwrite.CORE_SLOTS):
                 if m.memory_id not in nearest or nearest[m.memory_id][1] < score:
                     nearest[m.memory_id] = (m, score)
         hits = sorted(nearest.values(), key=lambda h: -h[1])[: 2 * self.top_k]

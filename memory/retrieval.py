@@ -1,36 +1,118 @@
-"""Minimal retrieval (SPEC §5, first cut): the top-k live memories of one user, plus the
-global semantic scope, by cosine relevance, each with its timestamps. Full scoring
-(recency, importance, hit recording) comes with the retrieval milestone."""
+"""Retrieval (SPEC §5): filter by tenant and user (plus the global scope), vector search
+wider than k, join the hit statistics, drop what must not come back, rank, and gather the
+blocks a prompt needs (procedural rules, core memory). Pure over the store protocol; the
+HTTP API (:mod:`memstream.streams.api`) and the CLI call it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from memstream.memory.access import AccessStats
 from memstream.memory.embedding import Embedder
-from memstream.memory.model import GLOBAL_USER, Memory
+from memstream.memory.model import GLOBAL_USER, Memory, MemoryType
+from memstream.memory.scoring import Scored, Weights, rank, visible
 from memstream.memory.store import MemoryStore, Scope
+from memstream.memory.toolwrite import CORE_SLOTS
+
+MIN_CANDIDATES = 20
+MAX_PROCEDURAL = 50  # rules in the block: the user's own first, most important first
+MAX_RULES_READ = 1_000
+RANKED_TYPES = (MemoryType.SEMANTIC.value, MemoryType.EPISODIC.value)
 
 
 @dataclass(frozen=True)
-class Hit:
-    memory: Memory
-    relevance: float | None
-
-    def as_dict(self) -> dict[str, Any]:
-        m = self.memory
-        score = None if self.relevance is None else round(self.relevance, 4)
-        return {"memory_id": m.memory_id, "content": m.content, "type": m.type.value,
-                "importance": m.importance, "score": score,
-                "created_at": m.created_at, "updated_at": m.updated_at,
-                "valid_from": m.valid_from, "version": m.version,
-                "scope": "global" if m.user_id == GLOBAL_USER else "user"}
+class Query:
+    tenant_id: str
+    user_id: str
+    text: str
+    k: int = 5
+    include_global: bool = True
+    statuses: Collection[str] = ("active",)
+    include_expired: bool = False
 
 
-def search(store: MemoryStore, embedder: Embedder, tenant_id: str, user_id: str, query: str,
-           k: int = 5) -> list[Hit]:
-    if not query.strip():
-        return []
-    vector = embedder.embed([query])[0]
-    scope = Scope(tenant_id, user_id, include_global=True)
-    return [Hit(m, score) for m, score in store.search(scope, vector, k)]
+@dataclass(frozen=True)
+class Recall:
+    scored: list[Scored]
+    procedural: list[Memory] = field(default_factory=list)
+    core: dict[str, str] = field(default_factory=dict)
+
+
+def with_stats(memory: Memory, stats: AccessStats | None) -> Memory:
+    if stats is None:
+        return memory
+    return memory.evolve(last_accessed_at=stats.last_accessed_at,
+                         access_count=stats.access_count)
+
+
+def candidates_for(q: Query, factor: int) -> int:
+    return max(q.k * factor, MIN_CANDIDATES)
+
+
+def join_stats(store: MemoryStore, tenant_id: str, user_id: str,
+               memories: Sequence[Memory]) -> list[Memory]:
+    """Memories with the reading user's hit statistics (a global memory's too: recency is
+    per reader)."""
+    stats = store.access_stats(Scope(tenant_id, user_id),
+                               list(dict.fromkeys(m.memory_id for m in memories)))
+    return [with_stats(m, stats.get(m.memory_id)) for m in memories]
+
+
+def ranked(store: MemoryStore, vector: list[float], q: Query, now: float, weights: Weights,
+           factor: int = 4) -> list[Scored]:
+    """The top k of the wider candidate set, scored (procedural and core memories apart)."""
+    scope = Scope(q.tenant_id, q.user_id, include_global=q.include_global)
+    # Rules and core blocks are filtered in the search itself: many rules near the query
+    # must not crowd the facts out of the candidate set.
+    hits = store.search(scope, vector, candidates_for(q, factor), list(q.statuses),
+                        types=RANKED_TYPES, exclude_slots=CORE_SLOTS)
+    hits = [(m, s) for m, s in hits if visible(m, now, q.statuses, q.include_expired)]
+    joined = join_stats(store, q.tenant_id, q.user_id, [m for m, _ in hits])
+    return rank(list(zip(joined, [s for _, s in hits], strict=True)), now, weights, q.k)
+
+
+def procedural(store: MemoryStore, q: Query, now: float) -> list[Memory]:
+    """The rules of how to act: returned as a block, not searched by similarity."""
+    scope = Scope(q.tenant_id, q.user_id, include_global=q.include_global)
+    found = store.list(scope, limit=MAX_RULES_READ, types=[MemoryType.PROCEDURAL.value])
+    found = [m for m in found if m.slot not in CORE_SLOTS and visible(m, now)]
+    # The user's own rules first, then the global ones; most important first.
+    found.sort(key=lambda m: (m.user_id == GLOBAL_USER, -m.importance, m.created_at))
+    return found[:MAX_PROCEDURAL]
+
+
+def core(store: MemoryStore, q: Query) -> dict[str, str]:
+    found = store.list(Scope(q.tenant_id, q.user_id), slots=list(CORE_SLOTS),
+                       limit=len(CORE_SLOTS) * 4)
+    return {m.slot.split(":", 1)[1]: m.content for m in sorted(found, key=lambda m: m.version)
+            if m.slot}
+
+
+def recall(store: MemoryStore, embedder: Embedder, q: Query, now: float, weights: Weights,
+           factor: int = 4, *, blocks: bool = True) -> Recall:
+    """Everything one retrieval returns; ``blocks`` adds procedural rules and core memory."""
+    if not q.text.strip():
+        return Recall([])
+    vector = embedder.embed([q.text])[0]
+    scored = ranked(store, vector, q, now, weights, factor)
+    if not blocks:
+        return Recall(scored)
+    return Recall(scored, procedural(store, q, now), core(store, q))
+
+
+def memory_dict(m: Memory) -> dict[str, Any]:
+    """A memory as the API shows it (topics.api.MemoryOut)."""
+    return {"memory_id": m.memory_id, "version": m.version, "type": m.type.value,
+            "content": m.content, "importance": m.importance, "status": m.status.value,
+            "scope": "global" if m.user_id == GLOBAL_USER else "user", "slot": m.slot,
+            "created_at": m.created_at, "updated_at": m.updated_at,
+            "valid_from": m.valid_from, "valid_to": m.valid_to, "expires_at": m.expires_at,
+            "last_accessed_at": m.last_accessed_at, "access_count": m.access_count}
+
+
+def scored_dict(s: Scored) -> dict[str, Any]:
+    return {**memory_dict(s.memory), "score": round(s.score, 6), "recency": round(s.recency, 6),
+            "importance_score": round(s.importance, 6), "relevance": round(s.relevance, 6)}

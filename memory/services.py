@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from memstream.errors import ConfigError
 from memstream.memory.embedding import Embedder, HashingEmbedder, OpenAIEmbedder, UseEmbedder
 from memstream.memory.extraction import Extractor, MemoryModel, RulesModel
+from memstream.memory.scoring import Weights
 from memstream.memory.store import MemoryStore
 from memstream.settings import Settings
 
@@ -61,6 +62,13 @@ def build_model(settings: Settings) -> MemoryModel:
                               "MEMSTREAM_LLM_BASE_URL")
         return OpenAIModel(settings, client=_openai_client(settings))
     return RulesModel()
+
+
+def weights(settings: Settings) -> Weights:
+    """The retrieval score's weights and normalisation (SPEC §5)."""
+    return Weights(recency=settings.weight_recency, importance=settings.weight_importance,
+                   relevance=settings.weight_relevance, decay=settings.recency_decay,
+                   normalise=settings.retrieval_normalise)
 
 
 def build_services(settings: Settings) -> Services:

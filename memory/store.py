@@ -16,18 +16,42 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from memstream.errors import MemstreamError
+from memstream.memory.access import AccessStats
 from memstream.memory.fencing import Cursor
 from memstream.memory.model import GLOBAL_USER, Memory, version_point_id
 
-INDEXED_KEYWORDS = ("tenant_id", "user_id", "status", "memory_id", "slot", "source.op_id",
+INDEXED_KEYWORDS = ("tenant_id", "user_id", "status", "memory_id", "slot", "type", "source.op_id",
                     "extra.closed_by")
 
 
 CURSOR_STATUS = "cursor"  # the per-user fencing record; never matches a memory query
+ACCESS_STATUS = "access"  # a memory's hit statistics (memory.access); never a memory either
+HIDDEN_STATUSES = (CURSOR_STATUS, ACCESS_STATUS)
 
 
 def cursor_point_id(tenant_id: str, user_id: str) -> str:
     return version_point_id(f"cursor\x1f{tenant_id}\x1f{user_id}", 0)
+
+
+def access_point_id(tenant_id: str, user_id: str, memory_id: str) -> str:
+    return version_point_id(f"access\x1f{tenant_id}\x1f{user_id}\x1f{memory_id}", 0)
+
+
+def access_payload(scope: Scope, stats: AccessStats) -> dict[str, object]:
+    return {"tenant_id": scope.tenant_id, "user_id": scope.user_id, "status": ACCESS_STATUS,
+            "access": stats.to_payload()}
+
+
+def access_from(scope: Scope, payloads: Iterable[dict[str, Any] | None]) -> dict[str, AccessStats]:
+    """memory id -> its statistics, among retrieved payloads (checked: same tenant and user)."""
+    found: dict[str, AccessStats] = {}
+    for payload in payloads:
+        if (payload and payload.get("status") == ACCESS_STATUS
+                and payload.get("tenant_id") == scope.tenant_id
+                and payload.get("user_id") == scope.user_id):
+            stats = AccessStats.from_payload(payload["access"])
+            found[stats.memory_id] = stats
+    return found
 
 
 def cursor_payload(scope: Scope, cursor: Cursor) -> dict[str, object]:
@@ -79,13 +103,17 @@ class MemoryStore(Protocol):
         ...
 
     def search(self, scope: Scope, vector: list[float], k: int,
-               statuses: Sequence[str] = ("active",)) -> list[tuple[Memory, float]]:
-        """Top-k by cosine among the scope's memories with one of ``statuses``."""
+               statuses: Sequence[str] = ("active",), *, types: Sequence[str] | None = None,
+               exclude_slots: Sequence[str] = ()) -> list[tuple[Memory, float]]:
+        """Top-k by cosine among the scope's memories with one of ``statuses`` (and, if
+        given, one of ``types``), leaving out the slots ``exclude_slots``."""
         ...
 
     def list(self, scope: Scope, statuses: Sequence[str] | None = ("active",),
-             limit: int = 10_000) -> list[Memory]:
-        """Every version record in the scope (all statuses when ``statuses`` is None)."""
+             limit: int = 10_000, *, types: Sequence[str] | None = None,
+             slots: Sequence[str] | None = None) -> list[Memory]:
+        """Every version record in the scope (all statuses when ``statuses`` is None),
+        optionally only of these types / slots."""
         ...
 
     def op_applied(self, scope: Scope, op_id: str) -> bool:
@@ -102,6 +130,14 @@ class MemoryStore(Protocol):
 
     def set_cursor(self, scope: Scope, cursor: Cursor) -> None:
         """Record ``cursor``; written after the job's changes."""
+        ...
+
+    def access_stats(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, AccessStats]:
+        """The hit statistics of these memories (those that have any)."""
+        ...
+
+    def put_access(self, scope: Scope, stats: Sequence[AccessStats]) -> None:
+        """Store folded hit statistics (see :mod:`memory.access`)."""
         ...
 
     def close(self) -> None: ...

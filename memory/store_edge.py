@@ -7,13 +7,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from memstream.memory.access import AccessStats
 from memstream.memory.fencing import Cursor
 from memstream.memory.model import Memory
 from memstream.memory.store import (
-    CURSOR_STATUS,
+    HIDDEN_STATUSES,
     INDEXED_KEYWORDS,
     Scope,
     StoreError,
+    access_from,
+    access_payload,
+    access_point_id,
     cursor_from,
     cursor_payload,
     cursor_point_id,
@@ -47,17 +51,31 @@ class EdgeStore:
             raise StoreError(f"cannot open the Qdrant Edge shard at {shard_dir}: {exc}") from exc
 
     def _filter(self, scope: Scope, statuses: Sequence[str] | None,
-                extra: list[Any] | None = None) -> Any:
+                extra: list[Any] | None = None, exclude_slots: Sequence[str] = ()) -> Any:
         qe = self._qe
         must = [
             qe.FieldCondition(key="tenant_id", match=qe.MatchValue(scope.tenant_id)),
             qe.FieldCondition(key="user_id", match=qe.MatchAny(scope.users())),
+            *(extra or []),
         ]
+        must_not = []
         if statuses is not None:
             must.append(qe.FieldCondition(key="status", match=qe.MatchAny(list(statuses))))
-            return qe.Filter(must=must + (extra or []))
-        cursor = qe.FieldCondition(key="status", match=qe.MatchValue(CURSOR_STATUS))
-        return qe.Filter(must=must + (extra or []), must_not=[cursor])
+        else:
+            must_not.append(qe.FieldCondition(key="status",
+                                              match=qe.MatchAny(list(HIDDEN_STATUSES))))
+        if exclude_slots:
+            must_not.append(qe.FieldCondition(key="slot", match=qe.MatchAny(list(exclude_slots))))
+        return qe.Filter(must=must, must_not=must_not or None)
+
+    def _kinds(self, types: Sequence[str] | None, slots: Sequence[str] | None) -> list[Any]:
+        qe = self._qe
+        conds = []
+        if types is not None:
+            conds.append(qe.FieldCondition(key="type", match=qe.MatchAny(list(types))))
+        if slots is not None:
+            conds.append(qe.FieldCondition(key="slot", match=qe.MatchAny(list(slots))))
+        return conds
 
     def write(self, memories: Sequence[Memory], vectors: Sequence[list[float] | None]) -> None:
         qe = self._qe
@@ -74,20 +92,24 @@ class EdgeStore:
             # memory-change topic can rebuild the store anyway. close() flushes.
 
     def search(self, scope: Scope, vector: list[float], k: int,
-               statuses: Sequence[str] = ("active",)) -> list[tuple[Memory, float]]:
+               statuses: Sequence[str] = ("active",), *, types: Sequence[str] | None = None,
+               exclude_slots: Sequence[str] = ()) -> list[tuple[Memory, float]]:
         qe = self._qe
-        request = qe.QueryRequest(limit=k, query=qe.Query.Nearest(vector),
-                                  filter=self._filter(scope, statuses), with_payload=True)
+        where = self._filter(scope, statuses, self._kinds(types, None), exclude_slots)
+        request = qe.QueryRequest(limit=k, query=qe.Query.Nearest(vector), filter=where,
+                                  with_payload=True)
         with self._lock:
             hits = self._shard.query(request)
         return [(Memory.from_payload(h.payload or {}), float(h.score)) for h in hits]
 
     def list(self, scope: Scope, statuses: Sequence[str] | None = ("active",),
-             limit: int = 10_000) -> list[Memory]:
+             limit: int = 10_000, *, types: Sequence[str] | None = None,
+             slots: Sequence[str] | None = None) -> list[Memory]:
         qe = self._qe
+        where = self._filter(scope, statuses, self._kinds(types, slots))
         with self._lock:
             records, _ = self._shard.scroll(qe.ScrollRequest(
-                limit=limit, filter=self._filter(scope, statuses), with_payload=True))
+                limit=limit, filter=where, with_payload=True))
         return [Memory.from_payload(r.payload or {}) for r in records]
 
     def op_applied(self, scope: Scope, op_id: str) -> bool:
@@ -123,6 +145,22 @@ class EdgeStore:
                          unit_vector(self._dim), cursor_payload(scope, cursor))
         with self._lock:
             self._shard.update(qe.UpdateOperation.upsert_points([point]))
+
+    def access_stats(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, AccessStats]:
+        if not memory_ids:
+            return {}
+        ids: list[Any] = [access_point_id(scope.tenant_id, scope.user_id, m) for m in memory_ids]
+        with self._lock:
+            found = self._shard.retrieve(ids, True, False)
+        return access_from(scope, (r.payload for r in found))
+
+    def put_access(self, scope: Scope, stats: Sequence[AccessStats]) -> None:
+        qe = self._qe
+        points = [qe.Point(access_point_id(scope.tenant_id, scope.user_id, s.memory_id),
+                           unit_vector(self._dim), access_payload(scope, s)) for s in stats]
+        if points:
+            with self._lock:
+                self._shard.update(qe.UpdateOperation.upsert_points(points))
 
     def close(self) -> None:
         with self._lock:

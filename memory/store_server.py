@@ -5,13 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from memstream.memory.access import AccessStats
 from memstream.memory.fencing import Cursor
 from memstream.memory.model import Memory
 from memstream.memory.store import (
-    CURSOR_STATUS,
+    HIDDEN_STATUSES,
     INDEXED_KEYWORDS,
     Scope,
     StoreError,
+    access_from,
+    access_payload,
+    access_point_id,
     cursor_from,
     cursor_payload,
     cursor_point_id,
@@ -45,17 +49,32 @@ class ServerStore:
         return cls(collection, dim, client=QdrantClient(url=url, api_key=api_key))
 
     def _filter(self, scope: Scope, statuses: Sequence[str] | None,
-                extra: list[Any] | None = None) -> Any:
+                extra: list[Any] | None = None, exclude_slots: Sequence[str] = ()) -> Any:
         m = self._m
         must: list[Any] = [
             m.FieldCondition(key="tenant_id", match=m.MatchValue(value=scope.tenant_id)),
             m.FieldCondition(key="user_id", match=m.MatchAny(any=scope.users())),
+            *(extra or []),
         ]
+        must_not: list[Any] = []
         if statuses is not None:
             must.append(m.FieldCondition(key="status", match=m.MatchAny(any=list(statuses))))
-            return m.Filter(must=must + (extra or []))
-        cursor = m.FieldCondition(key="status", match=m.MatchValue(value=CURSOR_STATUS))
-        return m.Filter(must=must + (extra or []), must_not=[cursor])
+        else:
+            must_not.append(m.FieldCondition(key="status",
+                                             match=m.MatchAny(any=list(HIDDEN_STATUSES))))
+        if exclude_slots:
+            must_not.append(m.FieldCondition(key="slot",
+                                             match=m.MatchAny(any=list(exclude_slots))))
+        return m.Filter(must=must, must_not=must_not or None)
+
+    def _kinds(self, types: Sequence[str] | None, slots: Sequence[str] | None) -> list[Any]:
+        m = self._m
+        conds = []
+        if types is not None:
+            conds.append(m.FieldCondition(key="type", match=m.MatchAny(any=list(types))))
+        if slots is not None:
+            conds.append(m.FieldCondition(key="slot", match=m.MatchAny(any=list(slots))))
+        return conds
 
     def write(self, memories: Sequence[Memory], vectors: Sequence[list[float] | None]) -> None:
         m = self._m
@@ -69,16 +88,20 @@ class ServerStore:
                                          points=[mem.point_id], wait=True)
 
     def search(self, scope: Scope, vector: list[float], k: int,
-               statuses: Sequence[str] = ("active",)) -> list[tuple[Memory, float]]:
+               statuses: Sequence[str] = ("active",), *, types: Sequence[str] | None = None,
+               exclude_slots: Sequence[str] = ()) -> list[tuple[Memory, float]]:
+        where = self._filter(scope, statuses, self._kinds(types, None), exclude_slots)
         hits = self._client.query_points(
             self.collection, query=vector, limit=k, with_payload=True,
-            query_filter=self._filter(scope, statuses)).points
+            query_filter=where).points
         return [(Memory.from_payload(h.payload), float(h.score)) for h in hits]
 
     def list(self, scope: Scope, statuses: Sequence[str] | None = ("active",),
-             limit: int = 10_000) -> list[Memory]:
-        records, _ = self._client.scroll(self.collection, scroll_filter=self._filter(
-            scope, statuses), limit=limit, with_payload=True)
+             limit: int = 10_000, *, types: Sequence[str] | None = None,
+             slots: Sequence[str] | None = None) -> list[Memory]:
+        where = self._filter(scope, statuses, self._kinds(types, slots))
+        records, _ = self._client.scroll(self.collection, scroll_filter=where, limit=limit,
+                                         with_payload=True)
         return [Memory.from_payload(r.payload) for r in records]
 
     def op_applied(self, scope: Scope, op_id: str) -> bool:
@@ -113,6 +136,22 @@ class ServerStore:
                               vector=unit_vector(self._dim),
                               payload=cursor_payload(scope, cursor))
         self._client.upsert(self.collection, points=[point], wait=True)
+
+    def access_stats(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, AccessStats]:
+        if not memory_ids:
+            return {}
+        ids = [access_point_id(scope.tenant_id, scope.user_id, mid) for mid in memory_ids]
+        found = self._client.retrieve(self.collection, ids=ids, with_payload=True,
+                                      with_vectors=False)
+        return access_from(scope, (r.payload for r in found))
+
+    def put_access(self, scope: Scope, stats: Sequence[AccessStats]) -> None:
+        m = self._m
+        points = [m.PointStruct(id=access_point_id(scope.tenant_id, scope.user_id, s.memory_id),
+                                vector=unit_vector(self._dim),
+                                payload=access_payload(scope, s)) for s in stats]
+        if points:
+            self._client.upsert(self.collection, points=points, wait=True)
 
     def close(self) -> None:
         self._client.close()

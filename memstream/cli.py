@@ -94,6 +94,81 @@ def topics_list(settings: Settings) -> None:
                    f"{keep:>7}  {spec.schema.__name__}")
 
 
+@main.group()
+def keys() -> None:
+    """Per-tenant API keys of the HTTP API (stored hashed on a compacted topic)."""
+
+
+def _key_errors(exc: Exception) -> click.ClickException:
+    """A readable message for a bad tenant/label or a broker failure (no traceback)."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return click.UsageError("; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+            for e in exc.errors(include_input=False, include_url=False)))
+    return click.ClickException(str(exc))
+
+
+@keys.command("create")
+@click.option("--tenant", required=True, help="The tenant the key opens (only that one)")
+@click.option("--label", default="", help="A note for operators (who holds the key)")
+@click.pass_obj
+def keys_create(settings: Settings, tenant: str, label: str) -> None:
+    """Mint a key for one tenant and print it, once."""
+    from pydantic import ValidationError
+
+    from memstream.errors import MemstreamError
+    from memstream.keys_topic import create_key
+
+    try:
+        plaintext, record = asyncio.run(create_key(settings, tenant, label))
+    except (ValidationError, MemstreamError) as exc:
+        raise _key_errors(exc) from exc
+    click.echo(f"key id: {record.key_id}")
+    click.echo(f"tenant: {record.tenant_id}")
+    click.echo(f"key:    {plaintext}")
+    click.echo("Only its SHA-256 is stored: the key cannot be shown again. Keep it now.")
+
+
+@keys.command("list")
+@click.option("--tenant", default=None, help="Only this tenant's keys")
+@click.pass_obj
+def keys_list(settings: Settings, tenant: str | None) -> None:
+    """Key id, tenant, label, created and revoked time of every key (never a hash)."""
+    from memstream.errors import MemstreamError
+    from memstream.keys_topic import list_keys
+
+    try:
+        records = asyncio.run(list_keys(settings))
+    except MemstreamError as exc:
+        raise _key_errors(exc) from exc
+    click.echo(f"{'KEY ID':16}  {'TENANT':24}  {'CREATED':25}  {'REVOKED':25}  LABEL")
+    for r in records:
+        if tenant is None or r.tenant_id == tenant:
+            revoked = r.revoked_at.isoformat(timespec="seconds") if r.revoked_at else "-"
+            click.echo(f"{r.key_id:16}  {r.tenant_id:24}  "
+                       f"{r.created_at.isoformat(timespec='seconds'):25}  {revoked:25}  "
+                       f"{r.label}")
+
+
+@keys.command("revoke")
+@click.argument("key_id")
+@click.pass_obj
+def keys_revoke(settings: Settings, key_id: str) -> None:
+    """Revoke a key (its record stays on the topic, with the time of revocation)."""
+    from memstream.errors import MemstreamError
+    from memstream.keys_topic import revoke_key
+
+    try:
+        record = asyncio.run(revoke_key(settings, key_id))
+    except MemstreamError as exc:
+        raise _key_errors(exc) from exc
+    assert record.revoked_at is not None
+    click.echo(f"revoked {record.key_id} (tenant {record.tenant_id}) at "
+               f"{record.revoked_at.isoformat(timespec='seconds')}")
+
+
 @main.command()
 @click.option("--loglevel", default="info")
 @click.pass_obj
@@ -125,7 +200,7 @@ def worker(settings: Settings, loglevel: str) -> None:
 def search(settings: Settings, tenant: str, user: str, k: int | None, query: str) -> None:
     """Top-k live memories of one user (plus global ones) for QUERY, with scores.
 
-    Asks the running worker's HTTP view when MEMSTREAM_API_KEY is set and it answers;
+    Asks the running worker's HTTP view when MEMSTREAM_ADMIN_KEY is set and it answers;
     otherwise opens the store directly (the worker must not be running on it then).
     """
     import json

@@ -14,8 +14,6 @@ import secrets
 import shutil
 import socket
 import tempfile
-import urllib.parse
-import urllib.request
 import uuid
 from collections import Counter
 from datetime import UTC, datetime
@@ -30,7 +28,13 @@ from memstream import broker as local_broker
 from memstream.kafka_io import TopicReader, send_events, start_producer
 from memstream.process import WorkerProcess
 from memstream.settings import Settings
-from memstream.topics.registry import Topics, create_topics, delete_topics, registry
+from memstream.topics.registry import (
+    Topics,
+    all_topic_names,
+    create_topics,
+    delete_topics,
+    registry,
+)
 from memstream.topics.schemas import ChatMessage, Event, JobDecision, JobStatus, SessionEvent
 
 QUERIES = {"en": "where does the user live and what should I keep in mind?",
@@ -99,31 +103,39 @@ async def _run(settings: Settings, events: list[Event], timeout: float = 120) ->
             if r.topic == topics.decisions.name]
 
 
-def _get(settings: Settings, path: str, **params: object) -> dict[str, Any]:
-    assert settings.api_key is not None
-    url = f"http://127.0.0.1:{settings.web_port}{path}?{urllib.parse.urlencode(params)}"
-    req = urllib.request.Request(url, headers={"X-API-Key": settings.api_key.get_secret_value()})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return dict(json.loads(resp.read()))
-
-
 def _report(settings: Settings, events: list[Event], decisions: list[JobDecision]) -> None:
+    from memstream.client import MemoryClient
+
+    assert settings.admin_key is not None
     users = sorted({(e.tenant_id, e.user_id) for e in events})  # type: ignore[attr-defined]
-    click.echo("\nMemories per user (live, from the worker's /v1/memories view):")
+    last_session = {(e.tenant_id, e.user_id): e.session_id
+                    for e in events if isinstance(e, ChatMessage)}
+    url = f"http://127.0.0.1:{settings.web_port}"
+    click.echo("\nMemories per user (live, through memstream.client -> the worker's /v1 API):")
     for tenant, user in users:
-        memories = _get(settings, "/v1/memories", tenant=tenant, user=user)["memories"]
+        with MemoryClient(url, settings.admin_key.get_secret_value(), tenant_id=tenant) as c:
+            memories = c.get_all(user_id=user)
         click.echo(f"  {tenant}/{user}: {len(memories)} memories")
         for m in memories:
-            expiry = "  (expires)" if m.get("expires_at") else ""
-            click.echo(f"    - [{m['type']:10} imp {m['importance']}] v{m['version']} "
-                       f"{m['content']}{expiry}")
-    click.echo("\nSearch (top 2 per user):")
+            expiry = "  (expires)" if m.expires_at else ""
+            click.echo(f"    - [{m.type:10} imp {m.importance}] v{m.version} "
+                       f"{m.content}{expiry}")
+    click.echo("\nContext for the next turn (one `context` call per user: scored memories, "
+               "the session's last turns, a ready prompt block):")
     for tenant, user in users:
         lang = "zh" if user in ("wang", "li") else "en"
-        hits = _get(settings, "/v1/memories/search", tenant=tenant, user=user,
-                    q=QUERIES[lang], k=2)["memories"]
-        shown = "; ".join(f"{h['content']} ({h['score']:.2f})" for h in hits) or "-"
-        click.echo(f"  {tenant}/{user}: {shown}")
+        session = last_session[(tenant, user)]
+        with MemoryClient(url, settings.admin_key.get_secret_value(), tenant_id=tenant) as c:
+            ctx = c.context(QUERIES[lang], user_id=user, session_id=session, limit=3,
+                            budget_chars=600)
+        shown = "; ".join(f"{m.content} ({m.score:.2f})" for m in ctx.memories) or "-"
+        click.echo(f"  {tenant}/{user}  query: {QUERIES[lang]}")
+        click.echo(f"    memories: {shown}")
+        click.echo(f"    window ({session}, last {len(ctx.window)} turns): "
+                   + " | ".join(f"{w.role}: {w.content[:40]}" for w in ctx.window[-4:]))
+        click.echo("    prompt block:")
+        for line in ctx.prompt_block.splitlines():
+            click.echo(f"      {line}")
     msgs = [e for e in events if isinstance(e, ChatMessage)]
     ops: Counter[str] = Counter()
     for d in decisions:
@@ -152,7 +164,7 @@ def run_demo(base: Settings, *, keep_broker: bool) -> None:
     settings = base.model_copy(update={
         "topic_prefix": run, "app_id": run, "data_dir": work, "idle_timeout_s": 3.0,
         "tick_interval_s": 0.5, "web_enabled": True, "web_port": _free_port(),
-        "api_key": base.api_key or SecretStr(secrets.token_urlsafe(16)),
+        "admin_key": base.admin_key or SecretStr(secrets.token_urlsafe(16)),
     })
     local = settings.bootstrap_servers == f"127.0.0.1:{settings.kafka_port}"
     started_broker = False
@@ -173,8 +185,7 @@ def run_demo(base: Settings, *, keep_broker: bool) -> None:
         _report(settings, events, decisions)
     finally:
         worker.stop()
-        asyncio.run(delete_topics(settings, [t.name for t in registry(settings).all()] + [
-            f"{run}-ingest-state-changelog", f"{run}-__assignor-__leader"]))
+        asyncio.run(delete_topics(settings, all_topic_names(settings)))
         shutil.rmtree(work, ignore_errors=True)
         if started_broker and not keep_broker:
             local_broker.stop(settings)

@@ -42,8 +42,13 @@ class Settings(BaseSettings):
     log_throttle_s: float = Field(
         10.0, ge=0, description="Repeated Kafka client log lines: one per this many s (0: all)")
     data_dir: Path = Field(Path(".memstream"), description="Local state (tables, store)")
-    web_enabled: bool = Field(False, description="Serve the worker's HTTP views")
-    web_port: int = Field(6066, description="Port of the worker's HTTP views")
+    web_enabled: bool = Field(False, description="Serve the HTTP API from the worker")
+    web_port: int = Field(6066, description="Port of the worker's HTTP API")
+    web_host: str = Field("127.0.0.1", description="Address the HTTP API binds (0.0.0.0: all)")
+    admin_key: SecretStr | None = Field(
+        None, description="Operator key of the HTTP API: opens every tenant (tenant keys: "
+        "`memstream keys create`)")
+    http_max_body_bytes: int = Field(65_536, ge=1024, description="Larger request bodies: 413")
     retention_days: int = Field(7, ge=1, description="Retention of the message/job topics")
     dead_letter_retention_days: int = Field(30, ge=1, description="Retention of dead letters")
 
@@ -95,7 +100,6 @@ class Settings(BaseSettings):
     embedding_model: str = Field("text-embedding-3-small", description="embedder=openai model")
     embedding_dim: int = Field(1536, ge=1, description="embedder=openai dimensions")
     llm: Literal["rules", "openai"] = Field("rules", description="Extractor/decider backend")
-    api_key: SecretStr | None = Field(None, description="Key the HTTP views require")
 
     # --- Retrieval (SPEC §5) -----------------------------------------------------------
     retrieval_k: int = Field(5, ge=1, description="Memories returned by default")
@@ -103,7 +107,15 @@ class Settings(BaseSettings):
     weight_recency: float = Field(1.0, description="Score weight a (recency)")
     weight_importance: float = Field(1.0, description="Score weight b (importance)")
     weight_relevance: float = Field(1.0, description="Score weight c (relevance)")
-    short_term_turns: int = Field(10, ge=0, description="Recent turns returned with memories")
+    retrieval_normalise: Literal["absolute", "minmax"] = Field(
+        "absolute", description="Score components: absolute scales, or min-max per candidate set")
+    retrieval_candidates: int = Field(
+        4, ge=1, description="The vector search fetches k times this many candidates to rank")
+    short_term_turns: int = Field(10, ge=0, description="Recent messages returned with memories")
+    conversation_keep: int = Field(
+        200, ge=0, description="Messages per session kept for conversation_search")
+    access_flush_s: float = Field(0.2, gt=0, description="Hit events are sent every this many s")
+    access_batch: int = Field(500, ge=1, description="... or when this many are waiting")
 
     # --- Periodic jobs (SPEC §6) -------------------------------------------------------
     reflection_threshold: int = Field(150, ge=1, description="importance_sum that reflects")
@@ -165,9 +177,8 @@ class Settings(BaseSettings):
             "topic_replication_factor": 1,
             "processing_guarantee": self.processing_guarantee,
             "datadir": str(self.data_dir / "faust"),
-            "web_enabled": self.web_enabled,
-            "web_port": self.web_port,
-            "web_host": "127.0.0.1",
+            # Faust's own web server stays off: the API is memstream's (streams.serve).
+            "web_enabled": False,
             "table_standby_replicas": 0,
             "broker_session_timeout": self.session_timeout_s,
             "broker_heartbeat_interval": self.heartbeat_interval_s,

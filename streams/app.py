@@ -21,6 +21,7 @@ from memstream.memory.coalescing import Policy, UserState
 from memstream.memory.services import Services, build_services
 from memstream.settings import Settings
 from memstream.streams.counters import Counters
+from memstream.streams.waiters import Waiters
 from memstream.topics.registry import Topics, registry
 
 SNAPSHOT_MAX_BYTES = 16 * 1024 * 1024
@@ -84,10 +85,14 @@ class Pipeline:
     policy: Policy
     decisions: faust.TopicT
     memory_changes: faust.TopicT
+    memory_access: faust.TopicT
+    window: TableT[bytes, Any]  # the short-term window (streams.window)
     services: Services
     clock: Callable[[], float] = time.time
     counters: Counters = field(default_factory=Counters)
     restored: RestoredStates = field(default_factory=RestoredStates)
+    waiters: Waiters = field(default_factory=Waiters)  # API callers waiting for tool jobs
+    api: Any = None  # the HTTP API's backend when web_enabled (streams.api.WorkerBackend)
 
     @cached_property
     def input_models(self) -> dict[str, type[BaseModel]]:
@@ -102,7 +107,7 @@ def _raw_topic(app: faust.App, *names: str) -> faust.TopicT:
 def build_app(settings: Settings, clock: Callable[[], float] = time.time,
               services: Services | None = None) -> Pipeline:
     """Create the Faust app: the ingest agent and its timer, the extract and apply agents."""
-    from memstream.streams import extract, faust_setup, ingest, web
+    from memstream.streams import access, extract, faust_setup, ingest, serve
     from memstream.streams.commit_order import commit_after_outputs
 
     commit_after_outputs()
@@ -129,11 +134,16 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
         policy=policy_from(settings),
         decisions=_raw_topic(app, reg.decisions.name),
         memory_changes=_raw_topic(app, reg.memory_changes.name),
+        memory_access=_raw_topic(app, reg.memory_access.name),
+        window=app.Table("session-window", default=None, partitions=settings.partitions,
+                         key_type=bytes),
         services=services or build_services(settings),
         clock=clock,
     )
     ingest.register(pipeline)
     if settings.extract_enabled:
         extract.register(pipeline)
-        web.register(pipeline)
+        access.register(pipeline)
+    if settings.web_enabled:
+        serve.register(pipeline)
     return pipeline

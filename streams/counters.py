@@ -27,6 +27,15 @@ class Counters:
     # streams.guard: transient failures retried in place, records set aside as internal
     handler_retries: int = 0
     handler_failures: int = 0
+    # retrieval (streams.api): queries served, hits recorded / folded, feedback, tool calls
+    tool_requests: int = 0
+    tool_requests_refused: int = 0
+    searches: int = 0
+    hits_recorded: int = 0
+    access_events_folded: int = 0
+    feedback_used: int = 0
+    feedback_not_useful: int = 0
+    tool_calls: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -29,12 +29,14 @@ from memstream.settings import Settings
 from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import decode_or_dead_letter, send_dead_letter
 from memstream.streams.guard import guarded
+from memstream.streams.waiters import Outcome
 from memstream.topics.schemas import (
     ExtractionJob,
     JobDecision,
     JobRange,
     JobResult,
     JobStatus,
+    MemoryChange,
 )
 
 log = logging.getLogger(__name__)
@@ -164,6 +166,15 @@ async def publish(p: Pipeline, key: bytes, decision: JobDecision, applied: Appli
         decision, applied.status, datetime.fromtimestamp(p.clock(), UTC),
         llm_calls=decision.llm_calls, error=applied.error, applied_seq=applied.applied_seq)
     await p.job_results.send(key=key, value=result.dumps())
+    if applied.status != JobStatus.FENCED:  # a fenced job goes again under the same id
+        p.waiters.resolve(decision.job_id, Outcome(
+            applied.status.value, [_summary(c) for c in applied.publish],
+            applied.error or decision.error))
+
+
+def _summary(change: MemoryChange) -> dict[str, object]:
+    return {"op": change.op, "memory_id": change.memory_id, "version": change.version,
+            "content": change.after.get("content", "")}
 
 
 async def extract_one(p: Pipeline, locks: UserLocks, message: Any) -> None:

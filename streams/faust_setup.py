@@ -13,8 +13,9 @@ Three things stock faust-streaming 0.15 does that memstream cannot live with:
   isolation level of the worker's consumer, and waits for the last record it will actually
   be given: no silence to wait out, no race with the first fetch.
 - **Web.** Faust serves ``/router``, ``/table`` (table contents), ``/`` and, depending on
-  settings, ``/stats`` ``/graph`` ``/performance`` without any authentication. :class:`App`
-  serves only the views memstream registers (``streams/web.py``, behind ``X-API-Key``).
+  settings, ``/stats`` ``/graph`` ``/performance`` without any authentication. Faust's web
+  server stays off (settings); should it be turned on, :class:`App` serves none of those.
+  memstream's API is its own aiohttp app (``streams/http.py``, ``streams/serve.py``).
 - **Logs.** With the broker unreachable, aiokafka's reconnect loops log ~70 lines a second.
   :class:`ThrottleFilter` lets the first of each repeated client message through and then one
   per interval, with the count of those it held back.

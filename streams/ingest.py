@@ -20,10 +20,19 @@ from pydantic import BaseModel
 
 from memstream.errors import InvalidRecord
 from memstream.memory import coalescing as machine
+from memstream.memory.ingest_state import restore, snapshot
+from memstream.streams import window
 from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import decode_input, send_dead_letter
 from memstream.streams.guard import guarded
-from memstream.topics.schemas import ChatMessage, JobResult, JobStatus, SessionEvent, Tick
+from memstream.topics.schemas import (
+    ChatMessage,
+    JobResult,
+    JobStatus,
+    SessionEvent,
+    Tick,
+    ToolRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +43,12 @@ def step_for(p: Pipeline, state: machine.UserState, event: BaseModel, now: float
     if isinstance(event, ChatMessage):
         c.messages += 1
         return machine.on_message(state, event, now, policy)
+    if isinstance(event, ToolRequest):
+        c.tool_requests += 1
+        step = machine.on_tool(state, event, now, policy)
+        if step.duplicate:  # taken before (a retry), or the user's queue is full
+            c.tool_requests_refused += 1
+        return step
     if isinstance(event, SessionEvent):
         c.session_events += 1
         return machine.on_session_end(state, event.session_id, now, policy,
@@ -65,18 +80,23 @@ async def handle(p: Pipeline, event: Any) -> None:
     raw = p.state.get(kbytes)
     state = p.restored.get(kbytes, raw)
     if state is None:
-        state = machine.restore(raw) if raw else machine.UserState(
+        state = restore(raw) if raw else machine.UserState(
             decoded.tenant_id, decoded.user_id  # type: ignore[attr-defined]
         )
     step = step_for(p, state, decoded, p.clock())
     if step.duplicate and isinstance(decoded, ChatMessage):
         p.counters.duplicates += 1
-    if not step.state.sessions and step.state.in_flight is None:
+    elif isinstance(decoded, ChatMessage):
+        seq = step.state.sessions[decoded.session_id].count - 1
+        window.record(p.window, p.settings, decoded, seq)
+    for sid in set(state.sessions) - set(step.state.sessions):
+        window.forget(p.window, p.settings, state.tenant_id, state.user_id, sid)
+    if step.state.idle:
         if raw is not None:
             del p.state[kbytes]  # nothing left to remember for this user
             p.restored.forget(kbytes)
     elif step.state != state or raw is None:
-        snap = machine.snapshot(step.state)
+        snap = snapshot(step.state)
         snap["deadline"] = machine.next_deadline(step.state, p.policy)
         p.state[kbytes] = snap
         p.restored.put(kbytes, snap, step.state)

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from memstream.errors import BrokerError
 from memstream.settings import Settings
 from memstream.topics.schemas import (
+    AccessEvent,
     ChatMessage,
     DeadLetter,
     ExtractionJob,
@@ -22,6 +23,7 @@ from memstream.topics.schemas import (
     MemoryChange,
     SessionEvent,
     Tick,
+    ToolRequest,
 )
 
 DAY_MS = 86_400_000
@@ -61,19 +63,26 @@ class Topics:
     dead_letters: TopicSpec
     decisions: TopicSpec
     memory_changes: TopicSpec
+    tool_requests: TopicSpec
+    memory_access: TopicSpec
+    api_keys: TopicSpec
 
     def all(self) -> list[TopicSpec]:
         return [
             self.messages, self.session_events, self.jobs, self.job_results, self.ticks,
-            self.dead_letters, self.decisions, self.memory_changes,
+            self.dead_letters, self.decisions, self.memory_changes, self.tool_requests,
+            self.memory_access, self.api_keys,
         ]
 
     def ingest_inputs(self) -> list[TopicSpec]:
         """What the ingest agent consumes, in one co-partitioned stream."""
-        return [self.messages, self.session_events, self.job_results, self.ticks]
+        return [self.messages, self.session_events, self.job_results, self.ticks,
+                self.tool_requests]
 
 
 def registry(settings: Settings) -> Topics:
+    from memstream.keys_topic import keys_topic_spec  # it builds its spec from TopicSpec
+
     n = settings.partitions
     keep = settings.retention_days * DAY_MS
     return Topics(
@@ -116,7 +125,29 @@ def registry(settings: Settings) -> Topics:
             doc="Every applied ADD/UPDATE/DELETE with before/after, reason and lineage; "
                 "the store's source of truth (kept forever, replayable).",
         ),
+        tool_requests=TopicSpec(
+            settings.topic("tool-requests"), ToolRequest, n, keep,
+            doc="Agents' memory writes (memory_insert, core_memory_replace), keyed "
+                "tenant/user: the ingest stage turns each into a job of kind tool.",
+        ),
+        memory_access=TopicSpec(
+            settings.topic("memory-access"), AccessEvent, n, -1,
+            doc="Retrieval hits and feedback, batched by the API; folded into "
+                "last_accessed_at / access_count (kept: a rebuild folds it again).",
+        ),
+        api_keys=keys_topic_spec(settings),
     )
+
+
+TABLES = ("ingest-state", "session-window")  # the worker's changelog-backed tables
+
+
+def all_topic_names(settings: Settings) -> list[str]:
+    """Every topic a deployment of ``settings`` owns: the registry, the tables' changelogs
+    and Faust's assignor topic (what a test or a benchmark deletes when it is done)."""
+    app = settings.app_id
+    return [t.name for t in registry(settings).all()] + [
+        f"{app}-{table}-changelog" for table in TABLES] + [f"{app}-__assignor-__leader"]
 
 
 async def create_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> list[str]:

@@ -97,6 +97,39 @@ class TriggerReason(StrEnum):
     EXPLICIT = "explicit"
     SESSION_END = "session_end"
     IDLE = "idle"
+    TOOL = "tool"  # an agent's memory tool call (memory_insert, core_memory_replace)
+
+
+class ToolWrite(BaseModel):
+    """A memory write asked for by an agent's tool call: becomes a job of its own kind.
+
+    ``memory_insert``: ``content`` (+ ``importance``, ``memory_type``);
+    ``core_memory_replace``: ``label``, ``old_content``, ``content`` (the new text).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: Literal["memory_insert", "core_memory_replace"]
+    request_id: str = Field("", max_length=128)  # the tool call it came from (lineage)
+    content: str = Field(max_length=4_000)
+    importance: int = Field(5, ge=1, le=10)
+    memory_type: Literal["episodic", "procedural"] = "episodic"
+    label: str | None = None
+    old_content: str = Field("", max_length=4_000)
+
+
+class ToolRequest(Event):
+    """An agent's memory write, produced by the API to the tool-requests topic (keyed
+    tenant/user, co-partitioned with the messages) so the ingest stage serialises it with the
+    user's extraction jobs: one job in flight per user, whatever its kind."""
+
+    request_id: Ident  # the tool call id: a retried request is taken once
+    tenant_id: Ident
+    user_id: Ident
+    session_id: Ident | None = None
+    write: ToolWrite
+    principal: str = ""  # which key asked (key id; "admin"), for the audit trail
+    ts: Timestamp
 
 
 class JobMessage(BaseModel):
@@ -133,6 +166,7 @@ class ExtractionJob(Event):
     context: list[JobMessage] = Field(default_factory=list)
     attempt: int = 1
     created_at: datetime
+    tool: ToolWrite | None = None  # a tool job (reason "tool"): no messages, no LLM call
 
 
 class JobStatus(StrEnum):
@@ -219,8 +253,29 @@ class DeadLetter(BaseModel):
         return self.model_dump_json().encode()
 
 
+class AccessKind(StrEnum):
+    HIT = "hit"  # returned by a retrieval
+    USED = "used"  # feedback: the caller used it
+    NOT_USEFUL = "not_useful"  # feedback: retrieved but not useful
+
+
+class AccessEvent(Event):
+    """Retrievals and feedback, on the memory-access topic (keyed tenant/user). The worker
+    folds them into each memory's ``last_accessed_at`` / ``access_count`` (and feedback
+    counts), idempotently by ``event_id``; a rebuild folds the topic again."""
+
+    event_id: str = Field(max_length=128)
+    tenant_id: Ident
+    user_id: Ident
+    kind: AccessKind = AccessKind.HIT
+    memory_ids: list[str] = Field(max_length=200)
+    query_id: str = Field(max_length=128)
+    ts: Timestamp
+
+
 class Lineage(BaseModel):
-    """Which conversation a change came from."""
+    """Which conversation a change came from (``kind`` "tool": an agent's tool call; then
+    ``job_id`` is the tool job and ``message_ids`` holds the request id)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -230,6 +285,7 @@ class Lineage(BaseModel):
     job_id: str
     message_ids: list[str] = Field(default_factory=list)
     seq: int = 0  # the job's per-user sequence number
+    kind: Literal["extraction", "tool"] = "extraction"
 
 
 class MemoryChange(Event):

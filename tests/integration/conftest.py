@@ -22,7 +22,7 @@ from memstream import broker as local_broker
 from memstream.kafka_io import TopicReader, send_events, send_raw, start_producer
 from memstream.process import WorkerProcess
 from memstream.settings import Settings
-from memstream.topics.registry import create_topics, delete_topics, registry
+from memstream.topics.registry import all_topic_names, create_topics, delete_topics, registry
 from memstream.topics.schemas import (
     ChatMessage,
     Event,
@@ -138,10 +138,7 @@ class Harness:
                 await reader.stop()
         if self.producer is not None:
             await self.producer.stop()
-        app = self.settings.app_id
-        await delete_topics(self.settings, [t.name for t in self.topics.all()] + [
-            f"{app}-ingest-state-changelog", f"{app}-__assignor-__leader",
-        ])
+        await delete_topics(self.settings, all_topic_names(self.settings))
 
 
 @contextlib.asynccontextmanager

@@ -130,14 +130,14 @@ def get(url: str, key: str | None = None) -> tuple[int, bytes]:
 async def test_the_worker_serves_only_memstream_views(harness):
     port = free_port()
     h = await harness(extract_enabled=True, embedder="hashing", web_enabled=True,
-                      web_port=port, api_key=SecretStr("k-9"))
+                      web_port=port, admin_key=SecretStr("k-9"))
     h.worker()
     base = f"http://127.0.0.1:{port}"
     for path in ["/", "/router/", "/table/", "/table/ingest-state/", "/stats/",
                  "/assignment/", "/graph/", "/performance/"]:
         status, _ = await asyncio.to_thread(get, base + path)
         assert status == 404, path
-    ours = base + "/v1/memories?tenant=acme&user=u1"
+    ours = base + "/v1/tenants/acme/users/u1/memories"
     assert (await asyncio.to_thread(get, ours))[0] == 401
     status, body = await asyncio.to_thread(get, ours, "k-9")
     assert status == 200 and json.loads(body)["memories"] == []

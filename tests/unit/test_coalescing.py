@@ -14,9 +14,8 @@ from memstream.memory.coalescing import (
     on_result,
     on_session_end,
     on_tick,
-    restore,
-    snapshot,
 )
+from memstream.memory.ingest_state import restore, snapshot
 from memstream.topics.schemas import JobStatus, TriggerReason
 from tests.unit.helpers import msg, result
 

@@ -18,12 +18,11 @@ from memstream.memory.coalescing import (
     on_message,
     on_result,
     on_tick,
-    restore,
-    snapshot,
 )
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, RulesModel
 from memstream.memory.fencing import Cursor, Touch, Verdict, decide_or_skip, moved_on, verdict
+from memstream.memory.ingest_state import restore, snapshot
 from memstream.memory.store import Scope
 from memstream.topics.schemas import JobStatus
 from tests.unit.helpers import msg, result

@@ -1,0 +1,100 @@
+"""The asyncio client: the same methods as the sync one, on the caller's event loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import httpx
+
+from memstream.client import _ops as ops
+from memstream.client._base import ClientBase
+from memstream.client._produce import Messages, ProducerFactory
+from memstream.topics import api
+
+T = TypeVar("T")
+
+
+class AsyncMemoryClient(ClientBase):
+    """memstream for one tenant, asyncio: the same methods as :class:`MemoryClient`."""
+
+    def __init__(self, base_url: str, api_key: str, *, tenant_id: str,
+                 bootstrap_servers: str | None = None, topic_prefix: str = "memstream",
+                 timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None,
+                 producer_factory: ProducerFactory | None = None,
+                 clock: Callable[[], datetime] | None = None) -> None:
+        super().__init__(base_url, api_key, tenant_id, bootstrap_servers, topic_prefix,
+                         timeout, producer_factory, clock)
+        self._http = httpx.AsyncClient(transport=transport, **self._http_options())
+
+    async def _run(self, op: ops.Op[T]) -> T:
+        step = ops.advance(op, None, self._secret)
+        while isinstance(step, ops.Call):
+            with ops.reaching_api():
+                response = await self._http.request(**step.request_kwargs())
+            step = ops.advance(op, response, self._secret)
+        return step.value
+
+    async def add(self, messages: Messages, *, user_id: str, session_id: str,
+                  role: str = "user") -> list[str]:
+        """See :meth:`MemoryClient.add`."""
+        ids, records = self._message_records(messages, user_id, session_id, role)
+        await self._producer.send(records)
+        return ids
+
+    async def end_session(self, *, user_id: str, session_id: str) -> None:
+        """See :meth:`MemoryClient.end_session`."""
+        await self._producer.send(self._session_end_records(user_id, session_id))
+
+    async def search(self, query: str, *, user_id: str, limit: int | None = None,
+                     **options: Any) -> api.SearchResponse:
+        """See :meth:`MemoryClient.search`."""
+        return await self._run(ops.search_op(self.tenant_id, user_id, query, limit, options))
+
+    async def get_all(self, *, user_id: str, status: str | None = None,
+                      type: str | None = None, page_size: int = 100) -> list[api.MemoryOut]:
+        """See :meth:`MemoryClient.get_all`."""
+        return await self._run(ops.get_all_op(self.tenant_id, user_id, status, type, page_size))
+
+    async def context(self, query: str, *, user_id: str, session_id: str | None = None,
+                      limit: int | None = None, budget_chars: int | None = None,
+                      budget_tokens: int | None = None,
+                      record_hits: bool = True) -> api.ContextResponse:
+        """See :meth:`MemoryClient.context`."""
+        request = ops.context_request(query, session_id, limit, budget_chars, budget_tokens,
+                                  record_hits)
+        return await self._run(ops.context_op(self.tenant_id, user_id, request))
+
+    async def tools(self) -> list[dict[str, Any]]:
+        """See :meth:`MemoryClient.tools`."""
+        return await self._run(ops.tools_op())
+
+    async def execute_tool(self, name: str, arguments: Mapping[str, Any] | str, *,
+                           user_id: str, session_id: str | None = None,
+                           tool_call_id: str | None = None,
+                           wait_s: float = 5.0) -> api.ToolResult:
+        """See :meth:`MemoryClient.execute_tool`."""
+        request = ops.tool_call(name, arguments, session_id, tool_call_id, wait_s)
+        return await self._run(ops.execute_tool_op(self.tenant_id, user_id, request))
+
+    async def feedback(self, query_id: str, memory_id: str, *, user_id: str,
+                       useful: bool) -> None:
+        """See :meth:`MemoryClient.feedback`."""
+        request = api.FeedbackRequest(query_id=query_id, memory_id=memory_id, useful=useful)
+        await self._run(ops.feedback_op(self.tenant_id, user_id, request))
+
+    async def aclose(self) -> None:
+        """Stop the producer, close the HTTP connections. Idempotent."""
+        try:
+            await self._producer.stop()
+        finally:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()

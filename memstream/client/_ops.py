@@ -1,0 +1,192 @@
+"""The client's HTTP operations, sans-I/O: request building and response parsing.
+
+Each operation is written once, as a generator that yields a :class:`Call` and receives the
+:class:`httpx.Response`, so the sync and the async client only differ in the few lines that
+actually do I/O (their ``_run``, which meets the operations in :func:`advance`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Generator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from memstream.client._errors import MemstreamAPIError, MemstreamConnectionError
+from memstream.errors import MemstreamError
+from memstream.topics.api import (
+    MAX_PAGE,
+    Accepted,
+    ContextRequest,
+    ContextResponse,
+    ErrorBody,
+    ErrorCode,
+    FeedbackRequest,
+    MemoryOut,
+    MemoryPage,
+    SearchRequest,
+    SearchResponse,
+    ToolCallRequest,
+    ToolResult,
+)
+from memstream.topics.schemas import ID_PATTERN
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+_MAX_ERROR_TEXT = 300  # of a non-JSON error body: enough to recognise, never a whole page
+_STATUS_CODES = {401: ErrorCode.UNAUTHORIZED, 403: ErrorCode.FORBIDDEN,
+                 400: ErrorCode.BAD_REQUEST, 404: ErrorCode.NOT_FOUND,
+                 405: ErrorCode.METHOD_NOT_ALLOWED, 413: ErrorCode.PAYLOAD_TOO_LARGE,
+                 500: ErrorCode.INTERNAL, 503: ErrorCode.UNAVAILABLE}
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    path: str
+    params: dict[str, str | int] | None = None
+    json: dict[str, Any] | None = None
+
+    def request_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``httpx.Client.request`` and ``AsyncClient.request`` alike."""
+        return {"method": self.method, "url": self.path, "params": self.params,
+                "json": self.json}
+
+
+@dataclass(frozen=True)
+class Done(Generic[T]):
+    value: T
+
+
+Op = Generator[Call, httpx.Response, T]
+
+
+def check_id(name: str, value: str) -> str:
+    """Ids go into URL paths and record keys: refuse a bad one before anything is sent."""
+    if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
+        raise ValueError(f"{name} must be 1-128 letters, digits or . _ : @ + = - "
+                         "(no '/', no spaces), starting with a letter or digit")
+    return value
+
+
+def _user_path(tenant_id: str, user_id: str, tail: str) -> str:
+    return f"/v1/tenants/{tenant_id}/users/{check_id('user_id', user_id)}/{tail}"
+
+
+def _body(request: BaseModel) -> dict[str, Any]:
+    """Only what the caller set: the server's defaults (``k``, statuses, ...) stay its own."""
+    return request.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+
+
+def _parse(response: httpx.Response, model: type[M]) -> M:
+    try:
+        return model.model_validate_json(response.content)
+    except ValidationError as exc:
+        raise MemstreamError(f"unexpected {model.__name__} from the API: "
+                             f"{exc.error_count()} validation error(s)") from exc
+
+
+def api_error(status: int, content: bytes, secret: str = "") -> MemstreamAPIError:
+    """The error of an unsuccessful answer: its :class:`ErrorBody`, else the status alone."""
+    try:
+        detail = ErrorBody.model_validate_json(content).error
+        code, message = detail.code.value, detail.message
+    except ValidationError:  # a proxy's HTML page, an empty body, a newer code
+        code = _STATUS_CODES.get(status, "http_error")
+        text = content.decode("utf-8", errors="replace").strip()
+        message = text[:_MAX_ERROR_TEXT] or f"HTTP {status}"
+    if secret:
+        message = message.replace(secret, "***")
+    return MemstreamAPIError(status, str(code), message)
+
+
+def advance(op: Op[T], response: httpx.Response | None, secret: str) -> Call | Done[T]:
+    """Start an operation (``response`` None) or hand it the answer to its last call: the
+    one place where the sync and the async client meet the operations."""
+    try:
+        if response is None:
+            return next(op)  # validation happens here, before any request
+        if not response.is_success:
+            raise api_error(response.status_code, response.content, secret)
+        return op.send(response)
+    except StopIteration as done:
+        return Done(cast(T, done.value))
+
+
+@contextlib.contextmanager
+def reaching_api() -> Iterator[None]:
+    try:
+        yield
+    except httpx.TransportError as exc:
+        raise MemstreamConnectionError(
+            f"memstream API unreachable: {type(exc).__name__}: {exc}") from exc
+
+
+def search_op(tenant: str, user: str, query: str, limit: int | None,
+              options: Mapping[str, Any]) -> Op[SearchResponse]:
+    body = SearchRequest(query=query, k=limit, **options)
+    response = yield Call("POST", _user_path(tenant, user, "search"), json=_body(body))
+    return _parse(response, SearchResponse)
+
+
+def context_op(tenant: str, user: str, request: ContextRequest) -> Op[ContextResponse]:
+    response = yield Call("POST", _user_path(tenant, user, "context"), json=_body(request))
+    return _parse(response, ContextResponse)
+
+
+def get_all_op(tenant: str, user: str, status: str | None, type_: str | None,
+               page_size: int) -> Op[list[MemoryOut]]:
+    if not 1 <= page_size <= MAX_PAGE:
+        raise ValueError(f"page_size must be 1..{MAX_PAGE}")
+    path = _user_path(tenant, user, "memories")
+    params: dict[str, str | int] = {"limit": page_size}
+    params |= {k: v for k, v in (("status", status), ("type", type_)) if v is not None}
+    memories: list[MemoryOut] = []
+    seen: set[str] = set()
+    while True:
+        page = _parse((yield Call("GET", path, params=dict(params))), MemoryPage)
+        memories.extend(page.memories)
+        if page.next_cursor is None:
+            return memories
+        if page.next_cursor in seen:  # a server bug must not become an endless loop
+            raise MemstreamError(f"the API repeated the cursor {page.next_cursor!r}")
+        seen.add(page.next_cursor)
+        params["cursor"] = page.next_cursor
+
+
+def tools_op() -> Op[list[dict[str, Any]]]:
+    data = (yield Call("GET", "/v1/tools")).json()
+    tools = data.get("tools") if isinstance(data, dict) else data  # bare list or {"tools": []}
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise MemstreamError("unexpected tool list from the API")
+    return tools
+
+
+def execute_tool_op(tenant: str, user: str, request: ToolCallRequest) -> Op[ToolResult]:
+    path = _user_path(tenant, user, "tools/execute")
+    return _parse((yield Call("POST", path, json=_body(request))), ToolResult)
+
+
+def feedback_op(tenant: str, user: str, request: FeedbackRequest) -> Op[Accepted]:
+    path = _user_path(tenant, user, "feedback")
+    return _parse((yield Call("POST", path, json=_body(request))), Accepted)
+
+
+def context_request(query: str, session_id: str | None, limit: int | None,
+                    budget_chars: int | None, budget_tokens: int | None,
+                    record_hits: bool = True) -> ContextRequest:
+    extra = {} if record_hits else {"record_hits": False}
+    return ContextRequest(query=query, session_id=session_id, k=limit,
+                          budget_chars=budget_chars, budget_tokens=budget_tokens, **extra)
+
+
+def tool_call(name: str, arguments: Mapping[str, Any] | str, session_id: str | None,
+              tool_call_id: str | None, wait_s: float = 5.0) -> ToolCallRequest:
+    args = arguments if isinstance(arguments, str) else dict(arguments)
+    extra = {} if wait_s == 5.0 else {"wait_s": wait_s}
+    return ToolCallRequest(name=name, arguments=args, session_id=session_id,
+                           tool_call_id=tool_call_id, **extra)

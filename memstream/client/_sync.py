@@ -1,0 +1,119 @@
+"""The synchronous client: httpx for reads, aiokafka driven from a private loop thread."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import httpx
+
+from memstream.client import _ops as ops
+from memstream.client._base import ClientBase
+from memstream.client._produce import LoopThread, Messages, ProducerFactory, Record
+from memstream.topics import api
+
+T = TypeVar("T")
+
+
+class MemoryClient(ClientBase):
+    """memstream for one tenant, synchronous. Thread-safe; close it (or use ``with``).
+
+    ``producer_factory`` and ``clock`` are seams for tests; ``transport`` too (httpx).
+    """
+
+    def __init__(self, base_url: str, api_key: str, *, tenant_id: str,
+                 bootstrap_servers: str | None = None, topic_prefix: str = "memstream",
+                 timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
+                 producer_factory: ProducerFactory | None = None,
+                 clock: Callable[[], datetime] | None = None) -> None:
+        super().__init__(base_url, api_key, tenant_id, bootstrap_servers, topic_prefix,
+                         timeout, producer_factory, clock)
+        self._http = httpx.Client(transport=transport, **self._http_options())
+        self._loop_thread: LoopThread | None = None
+        self._loop_lock = threading.Lock()
+
+    def _run(self, op: ops.Op[T]) -> T:
+        step = ops.advance(op, None, self._secret)
+        while isinstance(step, ops.Call):
+            with ops.reaching_api():
+                response = self._http.request(**step.request_kwargs())
+            step = ops.advance(op, response, self._secret)
+        return step.value
+
+    def _produce(self, records: Sequence[Record]) -> None:
+        with self._loop_lock:
+            self._loop_thread = self._loop_thread or LoopThread()
+        self._loop_thread.run(self._producer.send(records))
+
+    def add(self, messages: Messages, *, user_id: str, session_id: str,
+            role: str = "user") -> list[str]:
+        """Produce messages to memstream, in order; returns their message ids.
+
+        Everything is validated before the first record is sent. Retrying with the same
+        ids (pass ``message_id``) is safe: memstream drops duplicates.
+        """
+        ids, records = self._message_records(messages, user_id, session_id, role)
+        self._produce(records)
+        return ids
+
+    def end_session(self, *, user_id: str, session_id: str) -> None:
+        """Tell memstream the session ended: what is below the extraction threshold runs."""
+        self._produce(self._session_end_records(user_id, session_id))
+
+    def search(self, query: str, *, user_id: str, limit: int | None = None,
+               **options: Any) -> api.SearchResponse:
+        """Ranked memories; ``options`` are the other :class:`SearchRequest` fields."""
+        return self._run(ops.search_op(self.tenant_id, user_id, query, limit, options))
+
+    def get_all(self, *, user_id: str, status: str | None = None, type: str | None = None,
+                page_size: int = 100) -> list[api.MemoryOut]:
+        """Every memory of the user (following the cursor through all pages)."""
+        return self._run(ops.get_all_op(self.tenant_id, user_id, status, type, page_size))
+
+    def context(self, query: str, *, user_id: str, session_id: str | None = None,
+                limit: int | None = None, budget_chars: int | None = None,
+                budget_tokens: int | None = None, record_hits: bool = True) -> api.ContextResponse:
+        """Memories, core blocks, the session's recent turns and a ready prompt block."""
+        request = ops.context_request(query, session_id, limit, budget_chars, budget_tokens,
+                                  record_hits)
+        return self._run(ops.context_op(self.tenant_id, user_id, request))
+
+    def tools(self) -> list[dict[str, Any]]:
+        """The memory tools as OpenAI tool definitions, ready for ``tools=``."""
+        return self._run(ops.tools_op())
+
+    def execute_tool(self, name: str, arguments: Mapping[str, Any] | str, *, user_id: str,
+                     session_id: str | None = None, tool_call_id: str | None = None,
+                     wait_s: float = 5.0) -> api.ToolResult:
+        """Run a tool call a model made; ``arguments`` may be the model's JSON string.
+        A write waits up to ``wait_s`` for its job to be applied (else status "queued")."""
+        request = ops.tool_call(name, arguments, session_id, tool_call_id, wait_s)
+        return self._run(ops.execute_tool_op(self.tenant_id, user_id, request))
+
+    def feedback(self, query_id: str, memory_id: str, *, user_id: str, useful: bool) -> None:
+        """Whether a memory a search returned (``query_id``) helped."""
+        request = api.FeedbackRequest(query_id=query_id, memory_id=memory_id, useful=useful)
+        self._run(ops.feedback_op(self.tenant_id, user_id, request))
+
+    def close(self) -> None:
+        """Stop the producer and its thread, close the HTTP connections. Idempotent."""
+        with self._loop_lock:
+            loop_thread, self._loop_thread = self._loop_thread, None
+        try:
+            if loop_thread is not None:
+                try:
+                    loop_thread.run(self._producer.stop())
+                finally:
+                    loop_thread.stop()
+        finally:
+            self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

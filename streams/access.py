@@ -1,0 +1,129 @@
+"""Hit recording: the API's batched publisher and the agent that folds hits into the store.
+
+Reads never wait on Kafka: :class:`AccessRecorder.record` only appends to a bounded
+in-memory queue; a background task sends what waits every ``access_flush_s`` (or at
+``access_batch`` events) with a plain idempotent producer. If the broker is away, events wait
+(up to ``MAX_PENDING``, then the oldest are dropped and counted: hit statistics are a
+ranking signal, not a ledger, and reads must not fail for them).
+
+The ``fold`` agent consumes the memory-access topic and folds each event into the
+statistics records of :mod:`memory.access` (idempotent by event id), so the store's hit
+counts are a function of the topic: a rebuild folds it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from datetime import UTC, datetime
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from memstream.memory.rebuild import fold_access
+from memstream.streams.app import Pipeline
+from memstream.streams.dead_letters import decode_or_dead_letter
+from memstream.streams.guard import guarded
+from memstream.topics.schemas import AccessEvent
+
+log = logging.getLogger(__name__)
+MAX_PENDING = 100_000
+
+
+class AccessRecorder:
+    """Queue access events without waiting; send them in batches in the background."""
+
+    def __init__(self, bootstrap_servers: str, topic: str, flush_s: float, batch: int) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.flush_s = flush_s
+        self.batch = batch
+        self.pending: deque[AccessEvent] = deque()
+        self.sent = 0
+        self.dropped = 0
+        self._wake = asyncio.Event()
+        self._producer: AIOKafkaProducer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def record(self, event: AccessEvent) -> None:
+        if len(self.pending) >= MAX_PENDING:
+            self.pending.popleft()
+            self.dropped += 1
+        self.pending.append(event)
+        if len(self.pending) >= self.batch:
+            self._wake.set()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="access-recorder")
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.flush_s)
+            self._wake.clear()
+            try:
+                await self.flush()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the broker is away: keep the events, try again
+                log.warning("access events not sent yet (%s: %s); %d waiting",
+                            type(exc).__name__, str(exc)[:200], len(self.pending))
+                await asyncio.sleep(min(5.0, self.flush_s * 10))
+
+    async def flush(self) -> int:
+        if not self.pending:
+            return 0
+        if self._producer is None:
+            producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers,
+                                        enable_idempotence=True, linger_ms=5)
+            await producer.start()
+            self._producer = producer
+        batch = list(self.pending)
+        futures = [await self._producer.send(self.topic, key=e.key().encode(), value=e.dumps())
+                   for e in batch]
+        await asyncio.gather(*futures)
+        for _ in batch:
+            self.pending.popleft()
+        self.sent += len(batch)
+        return len(batch)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        try:
+            await asyncio.wait_for(self.flush(), 10.0)
+        except Exception as exc:
+            log.warning("%d access events not sent at shutdown (%s)", len(self.pending),
+                        type(exc).__name__)
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+
+def access_event(tenant: str, user: str, kind: str, memory_ids: list[str], query_id: str,
+                 event_id: str, now: float) -> AccessEvent:
+    return AccessEvent(event_id=event_id, tenant_id=tenant, user_id=user, kind=kind,
+                       memory_ids=memory_ids, query_id=query_id,
+                       ts=datetime.fromtimestamp(now, UTC))
+
+
+async def fold_one(p: Pipeline, message: Any) -> None:
+    event = await decode_or_dead_letter(p, AccessEvent, message)
+    if event is None:
+        return
+    await asyncio.to_thread(fold_access, p.services.store, [event])
+    p.counters.access_events_folded += 1
+
+
+def register(p: Pipeline) -> None:
+    @p.app.agent(p.memory_access, name="fold-access")
+    async def fold(stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            await guarded(p, message, lambda: fold_one(p, message))  # noqa: B023

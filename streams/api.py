@@ -1,0 +1,267 @@
+"""The worker's side of the HTTP API: the :class:`~memstream.streams.http.Backend` that
+answers from the store, the window table and the pipeline, and its start / stop.
+
+Reads run in a worker thread against the store the agents write (the embedded store
+lives in this process); they never wait on Kafka: hits go to the
+:class:`~memstream.streams.access.AccessRecorder` queue. Tool writes are sent to the
+tool-requests topic and become jobs of the user (see :mod:`memory.toolwrite`); the call
+waits (``wait_s``) for the apply agent to report the job's changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from memstream.memory import retrieval
+from memstream.memory import window as windows
+from memstream.memory.model import Memory, MemoryType
+from memstream.memory.prompt_block import prompt_block
+from memstream.memory.services import weights
+from memstream.memory.store import Scope
+from memstream.memory.tools import TOOLS, ToolError, parse_arguments, replace_core
+from memstream.streams import window
+from memstream.streams.access import AccessRecorder, access_event
+from memstream.streams.app import Pipeline
+from memstream.streams.http import ApiError
+from memstream.streams.waiters import Outcome
+from memstream.topics.api import (
+    Accepted,
+    ContextRequest,
+    ContextResponse,
+    ErrorCode,
+    FeedbackRequest,
+    MemoryPage,
+    Principal,
+    SearchRequest,
+    SearchResponse,
+    ToolCallRequest,
+    ToolResult,
+    WindowMessage,
+)
+from memstream.topics.schemas import ID_PATTERN, ToolRequest, ToolWrite
+
+log = logging.getLogger(__name__)
+LIST_MAX = 10_000  # version records of one user a list call reads
+
+
+def _page_token(offset: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"o": offset}).encode()).decode()
+
+
+def _page_offset(cursor: str | None) -> int:
+    if not cursor:
+        return 0
+    try:
+        offset = int(json.loads(base64.urlsafe_b64decode(cursor.encode()))["o"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ApiError(400, ErrorCode.BAD_REQUEST, "cursor is not one this API gave") from exc
+    if offset < 0:
+        raise ApiError(400, ErrorCode.BAD_REQUEST, "cursor is not one this API gave")
+    return offset
+
+
+def _window_out(rows: list[windows.Row]) -> list[WindowMessage]:
+    return [WindowMessage(seq=r[0], message_id=r[1], role=r[2], content=r[3], ts=r[4])
+            for r in rows]
+
+
+class WorkerBackend:
+    """Answers the API from this worker's store and tables."""
+
+    def __init__(self, p: Pipeline, recorder: AccessRecorder) -> None:
+        self.p = p
+        self.recorder = recorder
+        self.started = False
+        self._producer: AIOKafkaProducer | None = None
+
+    def ready(self) -> bool:
+        return self.started
+
+    def tools(self) -> list[dict[str, Any]]:
+        return TOOLS
+
+    # --- reads ---------------------------------------------------------------------------
+
+    def _query(self, tenant: str, user: str, text: str, k: int | None, **kw: Any,
+               ) -> retrieval.Query:
+        return retrieval.Query(tenant, user, text, k or self.p.settings.retrieval_k, **kw)
+
+    async def _recall(self, q: retrieval.Query, record: bool) -> tuple[str, retrieval.Recall]:
+        s = self.p.services
+        found = await asyncio.to_thread(
+            retrieval.recall, s.store, s.embedder, q, self.p.clock(), weights(self.p.settings),
+            self.p.settings.retrieval_candidates)
+        query_id = uuid.uuid4().hex
+        self.p.counters.searches += 1
+        if record and found.scored:
+            ids = [x.memory.memory_id for x in found.scored]
+            self.recorder.record(access_event(q.tenant_id, q.user_id, "hit", ids, query_id,
+                                              query_id, self.p.clock()))
+            self.p.counters.hits_recorded += len(ids)
+        return query_id, found
+
+    async def list_memories(self, tenant: str, user: str, *, limit: int, cursor: str | None,
+                            status: str | None, type: str | None) -> MemoryPage:
+        offset = _page_offset(cursor)
+        statuses = None if status == "all" else [status or "active"]
+        types = [MemoryType(type).value] if type else None
+        store = self.p.services.store
+
+        def read() -> tuple[list[Memory], bool]:
+            # The store scrolls in point-id order: read the user's records (bounded), sort by
+            # creation, then cut the page, so pages are stable.
+            found = store.list(Scope(tenant, user), statuses, LIST_MAX, types=types)
+            found.sort(key=lambda m: (m.created_at, m.memory_id, m.version))
+            page = retrieval.join_stats(store, tenant, user, found[offset:offset + limit])
+            return page, len(found) > offset + limit
+
+        page, more = await asyncio.to_thread(read)
+        return MemoryPage.model_validate({
+            "memories": [retrieval.memory_dict(m) for m in page],
+            "next_cursor": _page_token(offset + limit) if more else None})
+
+    async def search(self, tenant: str, user: str, req: SearchRequest) -> SearchResponse:
+        q = self._query(tenant, user, req.query, req.k, include_global=req.include_global,
+                        statuses=tuple(req.statuses), include_expired=req.include_expired)
+        query_id, found = await self._recall(q, req.record_hits)
+        return SearchResponse.model_validate({
+            "query_id": query_id, "memories": [retrieval.scored_dict(x) for x in found.scored],
+            "procedural": [retrieval.memory_dict(m) for m in found.procedural]})
+
+    async def context(self, tenant: str, user: str, req: ContextRequest) -> ContextResponse:
+        q = self._query(tenant, user, req.query, req.k)
+        query_id, found = await self._recall(q, req.record_hits)
+        rows = (window.rows(self.p.window, tenant, user, req.session_id,
+                            self.p.settings.short_term_turns) if req.session_id else [])
+        block = prompt_block(found.core, found.scored, found.procedural,
+                             budget_chars=req.budget_chars, budget_tokens=req.budget_tokens)
+        kept = found.scored[:block.kept]
+        return ContextResponse.model_validate({
+            "query_id": query_id, "memories": [retrieval.scored_dict(x) for x in kept],
+            "procedural": [retrieval.memory_dict(m) for m in found.procedural],
+            "core": found.core, "window": [w.model_dump() for w in _window_out(rows)],
+            "prompt_block": block.text, "truncated": block.truncated})
+
+    async def feedback(self, tenant: str, user: str, req: FeedbackRequest) -> Accepted:
+        scope = Scope(tenant, user, include_global=True)
+        known = await asyncio.to_thread(self.p.services.store.live_versions, scope,
+                                        [req.memory_id])
+        if not known:  # only memories this user can see: no statistics for made-up ids
+            raise ApiError(404, ErrorCode.NOT_FOUND, "no live memory with this id for the user")
+        kind = "used" if req.useful else "not_useful"
+        event_id = f"fb:{req.query_id}:{req.memory_id}"  # the same feedback counts once
+        self.recorder.record(access_event(tenant, user, kind, [req.memory_id], req.query_id,
+                                          event_id, self.p.clock()))
+        if req.useful:
+            self.p.counters.feedback_used += 1
+        else:
+            self.p.counters.feedback_not_useful += 1
+        return Accepted(id=event_id)
+
+    # --- tools ---------------------------------------------------------------------------
+
+    async def execute_tool(self, tenant: str, user: str, req: ToolCallRequest,
+                           principal: Principal) -> ToolResult:
+        self.p.counters.tool_calls += 1
+        try:
+            args = parse_arguments(req.name, req.arguments)
+            if req.name == "memory_search":
+                return await self._memory_search(tenant, user, req, args)
+            if req.name == "conversation_search":
+                return self._conversation_search(tenant, user, req, args)
+            return await self._write(tenant, user, req, args, principal)
+        except ToolError as exc:
+            return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="error",
+                              content=f"error: {exc}", data={"code": exc.code})
+
+    async def _memory_search(self, tenant: str, user: str, req: ToolCallRequest,
+                             args: Any) -> ToolResult:
+        q = self._query(tenant, user, args.query, args.k)
+        query_id, found = await self._recall(q, True)
+        lines = [f"{i}. ({datetime.fromtimestamp(x.memory.valid_from, UTC):%Y-%m-%d}) "
+                 f"{x.memory.content}" for i, x in enumerate(found.scored, start=1)]
+        return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="ok",
+                          content="\n".join(lines) or "no memories found",
+                          data={"query_id": query_id,
+                                "memories": [retrieval.scored_dict(x) for x in found.scored]})
+
+    def _conversation_search(self, tenant: str, user: str, req: ToolCallRequest,
+                             args: Any) -> ToolResult:
+        session = args.session_id or req.session_id
+        if not session:
+            raise ToolError("invalid_arguments", "conversation_search needs a session_id")
+        rows = window.rows(self.p.window, tenant, user, session, window.keep(self.p.settings))
+        hits = windows.search(rows, args.query, args.limit or 10)
+        lines = [f"[{r[4][:16]}] {r[2]}: {r[3]}" for r in hits]
+        return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="ok",
+                          content="\n".join(lines) or "no matching messages",
+                          data={"messages": [w.model_dump() for w in _window_out(hits)]})
+
+    async def _write(self, tenant: str, user: str, req: ToolCallRequest, args: Any,
+                     principal: Principal) -> ToolResult:
+        if req.name == "core_memory_replace":
+            current = await asyncio.to_thread(retrieval.core, self.p.services.store,
+                                              self._query(tenant, user, "-", 1))
+            replace_core(current.get(args.label, ""), args.old_content, args.new_content)
+            write = ToolWrite(name="core_memory_replace", label=args.label,
+                              old_content=args.old_content, content=args.new_content)
+        else:
+            write = ToolWrite(name="memory_insert", content=args.content,
+                              importance=args.importance or 5,
+                              memory_type=args.type or "episodic")
+        snap = self.p.state.get(f"{tenant}/{user}".encode()) or {}
+        if len(snap.get("tools") or ()) >= self.p.policy.max_queued_tools:
+            raise ToolError("queue_full", "too many memory writes waiting for this user; "
+                            "retry later")
+        request_id = req.tool_call_id if req.tool_call_id and ID_PATTERN.fullmatch(
+            req.tool_call_id) else uuid.uuid4().hex
+        session = req.session_id if req.session_id and ID_PATTERN.fullmatch(
+            req.session_id) else None
+        from memstream.memory.coalescing import tool_job_id
+
+        job_id = tool_job_id(tenant, user, request_id)
+        future = self.p.waiters.expect(job_id)
+        request = ToolRequest(request_id=request_id, tenant_id=tenant, user_id=user,
+                              session_id=session, write=write, principal=principal.key_id,
+                              ts=datetime.fromtimestamp(self.p.clock(), UTC))
+        await self._send(request)
+        outcome = await self.p.waiters.wait(job_id, future, req.wait_s)
+        return self._write_result(req, request_id, job_id, outcome)
+
+    @staticmethod
+    def _write_result(req: ToolCallRequest, request_id: str, job_id: str,
+                      outcome: Outcome | None) -> ToolResult:
+        data: dict[str, Any] = {"request_id": request_id, "job_id": job_id}
+        if outcome is None:
+            return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="queued",
+                              content="accepted: the memory write is queued", data=data)
+        data["changes"] = outcome.changes
+        if outcome.error or outcome.status == "failed":
+            return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="error",
+                              content=f"error: {outcome.error or 'the write failed'}",
+                              data=data)
+        done = ", ".join(f"{c['op']} {c['content']!r}" for c in outcome.changes)
+        return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="ok",
+                          content=f"done: {done}" if done else "done: already known", data=data)
+
+    async def _send(self, request: ToolRequest) -> None:
+        if self._producer is None:
+            producer = AIOKafkaProducer(bootstrap_servers=self.p.settings.bootstrap_servers,
+                                        enable_idempotence=True, acks="all")
+            await producer.start()
+            self._producer = producer
+        await self._producer.send_and_wait(self.p.topics.tool_requests.name,
+                                           key=request.key().encode(), value=request.dumps())
+
+    async def close(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None

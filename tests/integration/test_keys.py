@@ -1,0 +1,192 @@
+"""API keys against the real broker: the CLI, the admin helpers and the worker's follower."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Mapping
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from click.testing import CliRunner
+
+from memstream.cli import main
+from memstream.keys import KeyRecord, KeyRing
+from memstream.keys_topic import (
+    KeyFollower,
+    UnknownKeyError,
+    create_key,
+    keys_topic_spec,
+    list_keys,
+    revoke_key,
+)
+from memstream.settings import Settings
+from memstream.topics.registry import create_topics, delete_topics
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def settings(kafka_bootstrap: str):
+    s = Settings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"t-keys-{uuid.uuid4().hex[:10]}")
+    yield s
+    await delete_topics(s, [keys_topic_spec(s).name])
+
+
+async def eventually(check, timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.1)
+
+
+async def test_create_list_revoke(settings: Settings):
+    assert await list_keys(settings) == []  # no topic yet
+    with pytest.raises(UnknownKeyError):
+        await revoke_key(settings, "0123456789abcdef")
+    key_a, rec_a = await create_key(settings, "acme", "first")
+    _, rec_b = await create_key(settings, "globex", "second")
+    listed = await list_keys(settings)
+    assert {r.key_id for r in listed} == {rec_a.key_id, rec_b.key_id}
+    revoked = await revoke_key(settings, rec_a.key_id)
+    assert revoked.revoked_at is not None and revoked.sha256 == rec_a.sha256
+    again = await revoke_key(settings, rec_a.key_id)
+    assert again.revoked_at == revoked.revoked_at  # idempotent: the first time is kept
+    by_id = {r.key_id: r for r in await list_keys(settings)}
+    assert by_id[rec_a.key_id].revoked_at == revoked.revoked_at
+    assert by_id[rec_b.key_id].revoked_at is None
+    ring = KeyRing()
+    for r in by_id.values():
+        ring.apply(r)
+    assert ring.authorise(key_a) is None
+
+
+async def test_follower_waits_for_topic_then_follows(settings: Settings, caplog):
+    follower = KeyFollower(KeyRing(admin_key="adm"), settings.bootstrap_servers,
+                           keys_topic_spec(settings).name, retry_s=0.2, poll_s=0.2)
+    await follower.start()
+    try:
+        assert not await follower.wait_ready(1.0)  # no topic: waits quietly
+        key_a, rec_a = await create_key(settings, "acme", "")
+        assert await follower.wait_ready(20.0)
+        await eventually(lambda: follower.ring.authorise(key_a) is not None)
+        principal = follower.ring.authorise(key_a)
+        assert principal is not None and principal.tenant_id == "acme"
+
+        # A bad record is skipped (and logged without its bytes); following goes on.
+        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+        await producer.start()
+        try:
+            with caplog.at_level(logging.WARNING, logger="memstream.keys"):
+                secretish = b'{"sha256": "' + b"f" * 64 + b'"}'
+                await producer.send_and_wait(follower.topic, key=b"0123456789abcdef",
+                                             value=secretish)
+                await producer.send_and_wait(follower.topic, key=b"0123456789abcdef",
+                                             value=b"\xff not json")
+                key_b, _ = await create_key(settings, "globex", "")
+                await eventually(lambda: follower.ring.authorise(key_b) is not None)
+        finally:
+            await producer.stop()
+        skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+        assert len(skipped) == 2, skipped
+        assert not any("f" * 64 in m or "not json" in m for m in skipped)
+
+        await revoke_key(settings, rec_a.key_id)
+        await eventually(lambda: follower.ring.authorise(key_a) is None)
+        assert follower.ring.authorise(key_b) is not None
+        assert follower.ring.authorise("adm") is not None
+    finally:
+        await follower.stop()
+    assert follower._task is None
+
+
+class CountingRing(KeyRing):
+    """Remembers how many keys each update carried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def update(self, changes: Mapping[str, KeyRecord | None]) -> None:
+        self.sizes.append(len(changes))
+        super().update(changes)
+
+
+async def test_follower_start_reads_the_revoked_state_at_once(settings: Settings):
+    key, rec = await create_key(settings, "acme", "")
+    await revoke_key(settings, rec.key_id)
+    key_live, _ = await create_key(settings, "acme", "")
+    ring = CountingRing()
+    follower = KeyFollower.for_settings(settings, ring)
+    await follower.start()
+    try:
+        assert await follower.wait_ready(20.0)
+        assert ring.sizes[0] == 2  # the whole topic applied in one go: never briefly live
+        assert ring.authorise(key) is None and ring.authorise(key_live) is not None
+        assert len(ring) == 2
+    finally:
+        await follower.stop()
+
+
+async def test_topic_is_compacted_and_kept(settings: Settings):
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    await create_key(settings, "acme", "")
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        name = keys_topic_spec(settings).name
+        [resp] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)])
+        configs = {c[0]: c[1] for c in resp.resources[0][4]}
+    finally:
+        await admin.close()
+    assert configs["cleanup.policy"] == "compact"
+    assert configs["retention.ms"] == "-1"
+    await create_topics(settings, [keys_topic_spec(settings)])  # idempotent
+
+
+def test_cli_create_list_revoke(settings: Settings, monkeypatch):
+    monkeypatch.setenv("MEMSTREAM_BOOTSTRAP_SERVERS", settings.bootstrap_servers)
+    monkeypatch.setenv("MEMSTREAM_TOPIC_PREFIX", settings.topic_prefix)
+    runner = CliRunner()
+
+    made = runner.invoke(main, ["keys", "create", "--tenant", "acme", "--label", "bot one"])
+    assert made.exit_code == 0, made.output
+    [plaintext] = [w for w in made.output.split() if w.startswith("msk_")]
+    key_id = plaintext.split("_")[1]
+    assert made.output.count(plaintext) == 1
+    assert f"key id: {key_id}" in made.output and "cannot be shown again" in made.output
+    runner.invoke(main, ["keys", "create", "--tenant", "globex"])
+
+    listed = runner.invoke(main, ["keys", "list"])
+    assert listed.exit_code == 0, listed.output
+    [row] = [line for line in listed.output.splitlines() if line.startswith(key_id)]
+    assert "acme" in row and "bot one" in row and row.split()[3] == "-"
+    record = next(r for r in asyncio.run(list_keys(settings)) if r.key_id == key_id)
+    assert record.sha256 not in listed.output and plaintext not in listed.output
+    only = runner.invoke(main, ["keys", "list", "--tenant", "globex"])
+    assert key_id not in only.output and "globex" in only.output
+
+    revoked = runner.invoke(main, ["keys", "revoke", key_id])
+    assert revoked.exit_code == 0, revoked.output
+    assert f"revoked {key_id}" in revoked.output
+    row = next(line for line in runner.invoke(main, ["keys", "list"]).output.splitlines()
+               if line.startswith(key_id))
+    assert row.split()[3] != "-"
+
+    async def follow() -> tuple[bool, object]:
+        follower = KeyFollower.for_settings(settings)
+        await follower.start()
+        try:
+            return await follower.wait_ready(20.0), follower.ring.authorise(plaintext)
+        finally:
+            await follower.stop()
+
+    assert asyncio.run(follow()) == (True, None)
+
+    unknown = runner.invoke(main, ["keys", "revoke", "0123456789abcdef"])
+    assert unknown.exit_code != 0 and "no API key" in unknown.output
+    bad = runner.invoke(main, ["keys", "create", "--tenant", "no/slash"])
+    assert bad.exit_code == 2 and "tenant_id" in bad.output

@@ -1,0 +1,248 @@
+"""Retrieval, hit recording, the short-term window and agent tools, end to end: a real
+broker, one worker serving the HTTP API, the Python client (``memstream.client``).
+
+Every test has a tenant of its own on the module's shared worker and waits on barriers
+(a job result, a memory's statistics, an API answer), never on fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+import pytest_asyncio
+
+from memstream.client import AsyncMemoryClient, MemstreamAPIError
+from memstream.errors import MemstreamError
+from memstream.kafka_io import TopicReader
+from memstream.keys_topic import create_key
+from memstream.memory.rebuild import rebuild
+from memstream.memory.store import Scope
+from memstream.memory.store_edge import EdgeStore
+from memstream.topics.schemas import AccessEvent, MemoryChange
+from tests.integration.conftest import running
+from tests.integration.test_memory_e2e import wait_covered
+
+pytestmark = pytest.mark.integration
+T = TypeVar("T")
+ADMIN = "admin-key-7"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+PORT = free_port()
+
+
+async def until(probe: Callable[[], Awaitable[T | None]], what: str,
+                timeout: float = 60.0) -> T:
+    """Poll ``probe`` until it returns something (a barrier on an observable state)."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            got = await probe()
+            if got is not None:
+                return got
+        except (MemstreamError, OSError) as exc:
+            last = exc
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def api(kafka_bootstrap, tmp_path_factory):
+    async with running(kafka_bootstrap, tmp_path_factory.mktemp("api"), extract_enabled=True,
+                       web_enabled=True, web_port=PORT, admin_key=ADMIN) as h:
+        client = AsyncMemoryClient(f"http://127.0.0.1:{PORT}", ADMIN, tenant_id="probe")
+
+        async def healthy() -> bool | None:
+            return True if await client.tools() else None
+
+        await until(healthy, "the API to answer", timeout=120)
+        await client.aclose()
+        yield h
+
+
+def client_for(h, tenant: str, key: str = ADMIN) -> AsyncMemoryClient:
+    return AsyncMemoryClient(f"http://127.0.0.1:{PORT}", key, tenant_id=tenant,
+                             bootstrap_servers=h.settings.bootstrap_servers,
+                             topic_prefix=h.settings.topic_prefix)
+
+
+async def remembered(h, client: AsyncMemoryClient, tenant: str, user: str, session: str,
+                     texts: list[str]) -> None:
+    await client.add([{"role": "user", "content": t} for t in texts], user_id=user,
+                      session_id=session)
+    await client.end_session(user_id=user, session_id=session)
+    await wait_covered(h, {(user, session): len(texts)}, tenant=tenant)
+
+
+async def test_add_then_context_round_trip(api, tenant):
+    async with client_for(api, tenant) as c:
+        await remembered(api, c, tenant, "ana", "s1",
+                         ["Remember this: I live in Lisbon", "I am allergic to penicillin"])
+        ctx = await c.context("where do I live?", user_id="ana", session_id="s1")
+    contents = [m.content for m in ctx.memories]
+    assert "Lives in Lisbon" in contents
+    assert [w.content for w in ctx.window] == ["Remember this: I live in Lisbon",
+                                                "I am allergic to penicillin"]
+    assert "Lives in Lisbon" in ctx.prompt_block and ctx.query_id
+
+
+async def test_hits_update_statistics_and_survive_a_rebuild(api, tenant, tmp_path):
+    async with client_for(api, tenant) as c:
+        await remembered(api, c, tenant, "ben", "s1", ["Remember this: I live in Porto"])
+        for _ in range(3):
+            found = await c.search("city", user_id="ben")
+        memory_id = found.memories[0].memory_id
+
+        async def counted() -> int | None:
+            mems = await c.get_all(user_id="ben")
+            hit = next(m for m in mems if m.memory_id == memory_id)
+            return hit.access_count if hit.access_count >= 3 else None
+
+        assert await until(counted, "three hits folded") == 3
+        await c.feedback(found.query_id, memory_id, user_id="ben", useful=True)
+        with pytest.raises(MemstreamAPIError) as unknown:  # only memories the user can see
+            await c.feedback(found.query_id, "made-up", user_id="ben", useful=True)
+        assert unknown.value.status == 404
+        live = next(m for m in await c.get_all(user_id="ben") if m.memory_id == memory_id)
+    assert live.last_accessed_at is not None
+    b = api.settings.bootstrap_servers
+    changes = await read_all(b, api.topics.memory_changes.name, MemoryChange, tenant)
+    hits = await read_all(b, api.topics.memory_access.name, AccessEvent, tenant)
+    store = EdgeStore(tmp_path / "rebuilt", 512)
+    try:
+        rebuild(store, changes, hits)
+        stats = store.access_stats(Scope(tenant, "ben"), [memory_id])[memory_id]
+        assert (stats.access_count, stats.last_accessed_at) == (3, live.last_accessed_at)
+        assert [m.content for m in store.list(Scope(tenant, "ben"))] == ["Lives in Porto"]
+    finally:
+        store.close()
+
+
+async def read_all(bootstrap: str, topic: str, model, tenant: str) -> list:
+    reader = await TopicReader(bootstrap, topic).start()
+    try:
+        await reader.settle(1.0)
+    finally:
+        await reader.stop()
+    found = [model.model_validate_json(r.value) for r in reader.records]
+    return [x for x in found if x.tenant_id == tenant]
+
+
+async def test_tool_writes_are_jobs_serialised_with_extraction(api, tenant):
+    async with client_for(api, tenant) as c:
+        # An extraction burst and a tool write of the same user, at the same time.
+        burst = c.add([{"role": "user", "content": t} for t in
+                       ["Remember this: I live in Oslo", "we have 2 kids", "I work at Acme",
+                        "I prefer short answers"]], user_id="cat", session_id="s1")
+        insert = c.execute_tool("memory_insert", {"content": "Prefers window seats"},
+                                user_id="cat", tool_call_id="call-1")
+        _, done = await asyncio.gather(burst, insert)
+        assert done.status in ("ok", "queued"), done
+        replaced = await c.execute_tool("core_memory_replace", {
+            "label": "profile", "old_content": "", "new_content": "Name: Cat. Lives in Oslo."},
+            user_id="cat")
+        assert replaced.status in ("ok", "queued"), replaced
+        await c.end_session(user_id="cat", session_id="s1")
+        await wait_covered(api, {("cat", "s1"): 4}, tenant=tenant)
+
+        async def with_core():
+            ctx = await c.context("seats", user_id="cat")
+            return ctx if ctx.core.get("profile") and any(
+                m.content == "Prefers window seats" for m in ctx.memories) else None
+
+        ctx = await until(with_core, "the tool writes applied")
+    assert ctx.prompt_block.index("Name: Cat") < ctx.prompt_block.index("Prefers window seats")
+    changes = await read_all(api.settings.bootstrap_servers, api.topics.memory_changes.name,
+                             MemoryChange, tenant)
+    tool = [x for x in changes if x.lineage.kind == "tool"]
+    assert {x.after["content"] for x in tool} == {"Prefers window seats",
+                                                 "Name: Cat. Lives in Oslo."}
+    assert "call-1" in next(x for x in tool if x.after["content"] == "Prefers window seats"
+                            ).lineage.message_ids
+    # One job of the user in flight at a time: each job is sent only after the previous
+    # job's result, whatever its kind; and seqs increase.
+    await api.jobs.settle(1.0)
+    await api.results.settle(0.5)
+    first: dict[int, tuple[int, object]] = {}  # seq -> (when first sent, job): re-sends aside
+    for r in api.jobs.records:
+        j = _job(r)
+        if j.tenant_id == tenant and j.seq not in first:
+            first[j.seq] = (r.timestamp, j)
+    jobs = [first[seq] for seq in sorted(first)]
+    results = {(x.job_id, x.seq): ts for ts, x in _results(api, tenant)}
+    assert any(j.tool for _, j in jobs) and any(not j.tool for _, j in jobs)
+    for (_, before), (sent, _after) in itertools.pairwise(jobs):
+        assert results[(before.job_id, before.seq)] <= sent
+
+
+def _job(record):
+    from memstream.topics.schemas import ExtractionJob
+
+    return ExtractionJob.model_validate_json(record.value)
+
+
+def _results(h, tenant: str):
+    from memstream.topics.schemas import JobResult
+
+    out = []
+    for r in h.results.records:
+        x = JobResult.model_validate_json(r.value)
+        if x.tenant_id == tenant:
+            out.append((r.timestamp, x))
+    return out
+
+
+async def test_a_tenant_key_opens_its_tenant_only(api, tenant):
+    plaintext, _ = await create_key(api.settings, tenant, "test")
+    async with client_for(api, tenant, plaintext) as mine:
+        async def works():
+            return await mine.get_all(user_id="dan") is not None or None
+
+        await until(works, "the new key to reach the worker")
+        other = AsyncMemoryClient(f"http://127.0.0.1:{PORT}", plaintext, tenant_id="zzother")
+        with pytest.raises(MemstreamAPIError) as denied:
+            await other.search("x", user_id="dan")
+        await other.aclose()
+        nokey = AsyncMemoryClient(f"http://127.0.0.1:{PORT}", "msk_0_nope", tenant_id=tenant)
+        with pytest.raises(MemstreamAPIError) as unknown:
+            await nokey.get_all(user_id="dan")
+        await nokey.aclose()
+    assert (denied.value.status, denied.value.code) == (403, "forbidden")
+    assert (unknown.value.status, unknown.value.code) == (401, "unauthorized")
+
+
+async def test_window_keeps_the_last_turns_across_a_kill(harness, tmp_path):
+    port = free_port()
+    h = await harness(extract_enabled=True, embedder="hashing", web_enabled=True,
+                      web_port=port, admin_key=ADMIN)
+    worker = h.worker()
+    c = AsyncMemoryClient(f"http://127.0.0.1:{port}", ADMIN, tenant_id="acme",
+                          bootstrap_servers=h.settings.bootstrap_servers,
+                          topic_prefix=h.settings.topic_prefix)
+    try:
+        await c.add([{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"}
+                     for i in range(12)], user_id="eve", session_id="w1")
+        expected = [f"turn {i}" for i in range(2, 12)]
+
+        async def window():
+            ctx = await c.context("turn", user_id="eve", session_id="w1", record_hits=False)
+            got = [w.content for w in ctx.window]
+            return got if got == expected else None
+
+        assert await until(window, "the window before the kill", 120) == expected
+        worker.restart(kill=True, wait=False)  # SIGKILL: no shutdown hook, no flush
+        assert await until(window, "the window after the restart", 120) == expected
+    finally:
+        await c.aclose()

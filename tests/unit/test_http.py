@@ -1,0 +1,450 @@
+"""The worker's HTTP layer (memstream.streams.http) against a fake backend and fake keys."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from memstream.streams.http import ROUTES, ApiError, HttpServer, build_http_app
+from memstream.streams.openapi import error_statuses, openapi_document
+from memstream.topics.api import (
+    MAX_PAGE,
+    Accepted,
+    ContextRequest,
+    ContextResponse,
+    ErrorBody,
+    ErrorCode,
+    FeedbackRequest,
+    MemoryOut,
+    MemoryPage,
+    Principal,
+    ScoredMemory,
+    SearchRequest,
+    SearchResponse,
+    ToolCallRequest,
+    ToolResult,
+)
+
+pytestmark = pytest.mark.unit
+
+TENANT_KEY = "key-acme-0123456789"
+ADMIN_KEY = "key-admin-9876543210"
+KEYS = {TENANT_KEY: Principal(key_id="k-acme", tenant_id="acme"),
+        ADMIN_KEY: Principal(key_id="k-admin", admin=True)}
+TOOL = {"type": "function", "function": {"name": "memory_search", "parameters": {}}}
+MEMORY = MemoryOut(memory_id="m1", version=1, type="episodic", content="likes tea",
+                   importance=5, status="active", scope="user", created_at=1.0,
+                   updated_at=1.0, valid_from=1.0)
+SCORED = ScoredMemory(**MEMORY.model_dump(), score=0.9, recency=1.0, importance_score=0.5,
+                      relevance=0.8)
+
+
+class FakeBackend:
+    """Records every call; ``fail`` makes the next calls raise it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.is_ready = True
+        self.fail: BaseException | None = None
+
+    def ready(self) -> bool:
+        return self.is_ready
+
+    def tools(self) -> list[dict[str, Any]]:
+        return [TOOL]
+
+    def _record(self, *call: Any) -> None:
+        self.calls.append(call)
+        if self.fail is not None:
+            raise self.fail
+
+    async def list_memories(self, tenant: str, user: str, *, limit: int, cursor: str | None,
+                            status: str | None, type: str | None) -> MemoryPage:
+        self._record("list_memories", tenant, user,
+                     {"limit": limit, "cursor": cursor, "status": status, "type": type})
+        return MemoryPage(memories=[MEMORY], next_cursor="next-1")
+
+    async def search(self, tenant: str, user: str, req: SearchRequest) -> SearchResponse:
+        self._record("search", tenant, user, req)
+        return SearchResponse(query_id="q1", memories=[SCORED])
+
+    async def context(self, tenant: str, user: str, req: ContextRequest) -> ContextResponse:
+        self._record("context", tenant, user, req)
+        return ContextResponse(query_id="q1", memories=[SCORED], procedural=[],
+                               core={"profile": "p"}, window=[], prompt_block="block")
+
+    async def feedback(self, tenant: str, user: str, req: FeedbackRequest) -> Accepted:
+        self._record("feedback", tenant, user, req)
+        return Accepted(id="f1")
+
+    async def execute_tool(self, tenant: str, user: str, req: ToolCallRequest,
+                           principal: Principal) -> ToolResult:
+        self._record("execute_tool", tenant, user, req, principal)
+        return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="ok",
+                          content="done")
+
+
+class FakeAuthoriser:
+    def __init__(self, keys: dict[str, Principal]) -> None:
+        self.keys = keys
+
+    def authorise(self, presented: str) -> Principal | None:
+        return self.keys.get(presented)
+
+
+@asynccontextmanager
+async def serve(backend: FakeBackend | None = None,
+                max_body: int = 65536) -> AsyncIterator[tuple[TestClient, FakeBackend]]:
+    backend = backend or FakeBackend()
+    app = build_http_app(backend, FakeAuthoriser(KEYS), max_body_bytes=max_body)
+    async with TestClient(TestServer(app)) as client:
+        yield client, backend
+
+
+def bearer(key: str = TENANT_KEY) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def user_path(tail: str, tenant: str = "acme", user: str = "u1") -> str:
+    return f"/v1/tenants/{tenant}/users/{user}/{tail}"
+
+
+# (method, path tail, a valid body, backend method)
+SCOPED = [
+    ("GET", "memories", None, "list_memories"),
+    ("POST", "search", {"query": "tea", "k": 3}, "search"),
+    ("POST", "context", {"query": "tea", "session_id": "s1"}, "context"),
+    ("POST", "feedback", {"query_id": "q1", "memory_id": "m1", "useful": True}, "feedback"),
+    ("POST", "tools/execute", {"name": "memory_search", "arguments": {"query": "tea"}},
+     "execute_tool"),
+]
+SCOPED_IDS = [s[1] for s in SCOPED]
+
+
+async def error_of(resp: aiohttp.ClientResponse, status: int, code: ErrorCode) -> str:
+    assert resp.status == status, await resp.text()
+    body = ErrorBody.model_validate(await resp.json())
+    assert body.error.code == code
+    return body.error.message
+
+
+# --- keys and tenants -------------------------------------------------------------------
+@pytest.mark.parametrize(("method", "tail", "body", "_call"), SCOPED, ids=SCOPED_IDS)
+async def test_a_missing_key_is_401_and_reaches_nothing(method, tail, body, _call):
+    async with serve() as (client, backend):
+        resp = await client.request(method, user_path(tail), json=body)
+        await error_of(resp, 401, ErrorCode.UNAUTHORIZED)
+        assert resp.headers["WWW-Authenticate"] == "Bearer"
+        assert backend.calls == []
+
+
+@pytest.mark.parametrize("headers", [
+    {"Authorization": "Bearer not-a-key"}, {"X-API-Key": "not-a-key"},
+    {"Authorization": f"Basic {TENANT_KEY}"}, {"Authorization": "Bearer "},
+    {"X-API-Key": TENANT_KEY + "x" * 2000},
+], ids=["bearer", "x-api-key", "other-scheme", "empty-bearer", "overlong"])
+async def test_a_wrong_key_is_401(headers):
+    async with serve() as (client, backend):
+        resp = await client.post(user_path("search"), json={"query": "tea"}, headers=headers)
+        await error_of(resp, 401, ErrorCode.UNAUTHORIZED)
+        assert backend.calls == []
+
+
+@pytest.mark.parametrize("headers", [bearer(), {"X-API-Key": TENANT_KEY},
+                                     {"Authorization": f"bearer {TENANT_KEY}"}])
+async def test_both_key_headers_are_accepted(headers):
+    async with serve() as (client, backend):
+        resp = await client.post(user_path("search"), json={"query": "tea"}, headers=headers)
+        assert resp.status == 200
+        assert [c[:3] for c in backend.calls] == [("search", "acme", "u1")]
+
+
+@pytest.mark.parametrize(("method", "tail", "body", "_call"), SCOPED, ids=SCOPED_IDS)
+async def test_a_tenant_key_on_another_tenant_is_403(method, tail, body, _call):
+    async with serve() as (client, backend):
+        resp = await client.request(method, user_path(tail, tenant="globex"), json=body,
+                                    headers=bearer())
+        await error_of(resp, 403, ErrorCode.FORBIDDEN)
+        assert backend.calls == []
+
+
+@pytest.mark.parametrize(("method", "tail", "body", "call"), SCOPED, ids=SCOPED_IDS)
+async def test_the_admin_key_opens_any_tenant(method, tail, body, call):
+    async with serve() as (client, backend):
+        resp = await client.request(method, user_path(tail, tenant="globex", user="u9"),
+                                    json=body, headers=bearer(ADMIN_KEY))
+        assert resp.status == 200, await resp.text()
+        assert [c[:3] for c in backend.calls] == [(call, "globex", "u9")]
+
+
+async def test_the_key_is_checked_before_the_body_is_read():
+    async with serve(max_body=10) as (client, backend):
+        resp = await client.post(user_path("search"), data=b"{not json" * 10)
+        await error_of(resp, 401, ErrorCode.UNAUTHORIZED)  # not 413, not 400
+        assert backend.calls == []
+
+
+async def test_tools_need_a_valid_key_of_any_tenant():
+    async with serve() as (client, _):
+        await error_of(await client.get("/v1/tools"), 401, ErrorCode.UNAUTHORIZED)
+        for key in (TENANT_KEY, ADMIN_KEY):
+            resp = await client.get("/v1/tools", headers={"X-API-Key": key})
+            assert resp.status == 200
+            assert (await resp.json()) == {"tools": [TOOL]}
+
+
+# --- path ids, bodies, parameters ----------------------------------------------------------
+@pytest.mark.parametrize(("tenant", "user"), [
+    ("acme", "bad%20id"), ("acme", "-lead"), ("acme", "u" * 129), ("ac%2Fme", "u1"),
+])
+async def test_a_bad_path_id_is_400(tenant, user):
+    async with serve() as (client, backend):
+        resp = await client.post(user_path("search", tenant, user), json={"query": "tea"},
+                                 headers=bearer(ADMIN_KEY))
+        assert "id" in await error_of(resp, 400, ErrorCode.BAD_REQUEST)
+        assert backend.calls == []
+
+
+@pytest.mark.parametrize("data", [b"{not json", b"", b"[1, 2]", b'"text"', b"null",
+                                  b'{"query": NaN}', b"\xff\xfe{", b"[" * 100_000])
+async def test_a_body_that_is_not_a_json_object_is_400(data):
+    async with serve(max_body=200_000) as (client, backend):
+        resp = await client.post(user_path("search"), data=data, headers=bearer())
+        await error_of(resp, 400, ErrorCode.BAD_REQUEST)
+        assert backend.calls == []
+
+
+async def test_an_extra_field_is_400_and_named():
+    async with serve() as (client, backend):
+        resp = await client.post(user_path("search"), json={"query": "tea", "colour": "red"},
+                                 headers=bearer())
+        assert "colour" in await error_of(resp, 400, ErrorCode.BAD_REQUEST)
+        assert backend.calls == []
+
+
+@pytest.mark.parametrize("k", [0, 51, "many"])
+async def test_k_out_of_range_is_400_without_echoing_the_input(k):
+    big = "secret-query " * 250
+    async with serve() as (client, backend):
+        resp = await client.post(user_path("search"), json={"query": big, "k": k},
+                                 headers=bearer())
+        message = await error_of(resp, 400, ErrorCode.BAD_REQUEST)
+        assert "k" in message and "secret-query" not in message and len(message) <= 300
+        assert backend.calls == []
+
+
+async def test_a_wrong_content_type_is_accepted_when_the_body_parses():
+    async with serve() as (client, backend):
+        resp = await client.post(user_path("search"), data=b'{"query": "tea"}',
+                                 headers={**bearer(), "Content-Type": "text/plain"})
+        assert resp.status == 200
+        assert backend.calls[0][3] == SearchRequest(query="tea")
+
+
+async def test_an_oversized_body_by_content_length_is_413():
+    async with serve(max_body=1000) as (client, backend):
+        resp = await client.post(user_path("search"), json={"query": "x" * 2000},
+                                 headers=bearer())
+        await error_of(resp, 413, ErrorCode.PAYLOAD_TOO_LARGE)
+        assert backend.calls == []
+
+
+async def test_a_huge_content_length_is_refused_without_waiting_for_the_body():
+    async with serve(max_body=1000) as (client, backend):
+        reader, writer = await asyncio.open_connection(client.host, client.port)
+        writer.write(f"POST {user_path('search')} HTTP/1.1\r\nHost: t\r\n"
+                     f"Authorization: Bearer {TENANT_KEY}\r\nContent-Type: application/json\r\n"
+                     "Content-Length: 1000000000\r\n\r\n{".encode())
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), timeout=5)
+        writer.close()
+        assert status_line.split()[1] == b"413"
+        assert backend.calls == []
+
+
+async def chunks(n: int, size: int = 100) -> AsyncIterator[bytes]:
+    yield b'{"query": "'
+    for _ in range(n):
+        yield b"x" * size
+    yield b'"}'
+
+
+async def test_an_oversized_chunked_body_is_413():
+    async with serve(max_body=1000) as (client, backend):
+        resp = await client.post(user_path("search"), data=chunks(30), headers=bearer())
+        assert resp.request_info.headers.get("Transfer-Encoding") == "chunked"
+        await error_of(resp, 413, ErrorCode.PAYLOAD_TOO_LARGE)
+        assert backend.calls == []
+
+
+async def test_a_chunked_body_within_the_limit_is_read():
+    async with serve(max_body=1000) as (client, backend):
+        resp = await client.post(user_path("search"), data=chunks(5), headers=bearer())
+        assert resp.status == 200
+        assert backend.calls[0][3].query == "x" * 500
+
+
+async def test_list_parameters_reach_the_backend():
+    async with serve() as (client, backend):
+        resp = await client.get(user_path("memories"), headers=bearer(), params={
+            "limit": "5", "cursor": "abc", "status": "all", "type": "episodic"})
+        assert MemoryPage.model_validate(await resp.json()).next_cursor == "next-1"
+        resp = await client.get(user_path("memories"), headers=bearer())
+        assert resp.status == 200
+    assert [c[3] for c in backend.calls] == [
+        {"limit": 5, "cursor": "abc", "status": "all", "type": "episodic"},
+        {"limit": 100, "cursor": None, "status": None, "type": None}]
+
+
+@pytest.mark.parametrize("params", [
+    {"limit": "0"}, {"limit": str(MAX_PAGE + 1)}, {"limit": "ten"}, {"limit": "-1"},
+    {"limit": "1_0"}, {"cursor": "c" * 201}, {"status": "gone"}, {"type": "core"},
+])
+async def test_bad_list_parameters_are_400(params):
+    async with serve() as (client, backend):
+        resp = await client.get(user_path("memories"), headers=bearer(), params=params)
+        await error_of(resp, 400, ErrorCode.BAD_REQUEST)
+        assert backend.calls == []
+
+
+async def test_requests_reach_the_backend_typed_with_their_tenant_and_user():
+    async with serve() as (client, backend):
+        body = {"name": "memory_search", "arguments": '{"query": "tea"}', "tool_call_id": "c1"}
+        resp = await client.post(user_path("tools/execute", "acme", "u7"), json=body,
+                                 headers=bearer())
+        result = ToolResult.model_validate(await resp.json())
+        resp = await client.post(user_path("context", "acme", "u8"), headers=bearer(),
+                                 json={"query": "tea", "budget_chars": 500})
+        assert ContextResponse.model_validate(await resp.json()).prompt_block == "block"
+    assert result.tool_call_id == "c1"
+    assert backend.calls == [
+        ("execute_tool", "acme", "u7", ToolCallRequest.model_validate(body), KEYS[TENANT_KEY]),
+        ("context", "acme", "u8", ContextRequest(query="tea", budget_chars=500))]
+
+
+# --- errors -----------------------------------------------------------------------------
+async def test_an_unknown_route_is_404_json():
+    async with serve() as (client, _):
+        await error_of(await client.get("/v1/nothing"), 404, ErrorCode.NOT_FOUND)
+        await error_of(await client.get("/"), 404, ErrorCode.NOT_FOUND)
+
+
+async def test_a_wrong_method_is_405_json():
+    async with serve() as (client, _):
+        resp = await client.get(user_path("search"), headers=bearer())
+        await error_of(resp, 405, ErrorCode.METHOD_NOT_ALLOWED)
+        assert "POST" in resp.headers["Allow"]
+        await error_of(await client.delete("/v1/health"), 405, ErrorCode.METHOD_NOT_ALLOWED)
+
+
+async def test_an_api_error_of_the_backend_passes_through():
+    backend = FakeBackend()
+    backend.fail = ApiError(404, ErrorCode.NOT_FOUND, "no such memory")
+    async with serve(backend) as (client, _):
+        resp = await client.post(user_path("feedback"), headers=bearer(),
+                                 json={"query_id": "q1", "memory_id": "m9", "useful": False})
+        assert await error_of(resp, 404, ErrorCode.NOT_FOUND) == "no such memory"
+
+
+async def test_a_transient_backend_failure_is_503(caplog):
+    backend = FakeBackend()
+    backend.fail = ConnectionError("qdrant at 10.0.0.7 refused")
+    async with serve(backend) as (client, _):
+        resp = await client.post(user_path("search"), json={"query": "tea"}, headers=bearer())
+        message = await error_of(resp, 503, ErrorCode.UNAVAILABLE)
+        assert "10.0.0.7" not in message and resp.headers["Retry-After"]
+
+
+async def test_a_crash_is_500_without_detail_and_logged_without_key_or_body(caplog):
+    backend = FakeBackend()
+    backend.fail = RuntimeError("internal detail /srv/db")
+    caplog.set_level(logging.DEBUG)
+    async with serve(backend) as (client, _):
+        resp = await client.post(user_path("search"), json={"query": "body-text-42"},
+                                 headers=bearer())
+        message = await error_of(resp, 500, ErrorCode.INTERNAL)
+    assert "/srv/db" not in message and "RuntimeError" not in message
+    logged = [r for r in caplog.records if r.name == "memstream.streams.http"]
+    assert logged and "search" in logged[0].getMessage() and logged[0].exc_info
+    assert TENANT_KEY not in caplog.text and "body-text-42" not in caplog.text
+
+
+async def test_health_follows_readiness_and_gates_the_scoped_routes():
+    backend = FakeBackend()
+    backend.is_ready = False
+    async with serve(backend) as (client, _):
+        resp = await client.get("/v1/health")
+        assert (resp.status, await resp.json()) == (503, {"status": "starting"})
+        resp = await client.post(user_path("search"), json={"query": "tea"}, headers=bearer())
+        await error_of(resp, 503, ErrorCode.UNAVAILABLE)
+        backend.is_ready = True
+        resp = await client.get("/v1/health")
+        assert (resp.status, await resp.json()) == (200, {"status": "ok"})
+    assert backend.calls == []
+
+
+# --- OpenAPI ----------------------------------------------------------------------------
+def refs_in(node: Any) -> set[str]:
+    if isinstance(node, dict):
+        found = {node["$ref"]} if isinstance(node.get("$ref"), str) else set()
+        return found.union(*(refs_in(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(refs_in(v) for v in node))
+    return set()
+
+
+async def test_the_openapi_document_matches_the_served_routes():
+    doc = openapi_document()
+    app = build_http_app(FakeBackend(), FakeAuthoriser(KEYS))
+    served = {(r.method.lower(), r.resource.canonical) for r in app.router.routes()
+              if r.resource is not None}
+    documented = {(m, p) for p, ops in doc["paths"].items() for m in ops}
+    assert served == documented and len(served) == len(ROUTES)
+    assert doc["openapi"].startswith("3.1") and doc["info"]["version"] == "1"
+    schemas = doc["components"]["schemas"]
+    assert {r.split("/")[-1] for r in refs_in(doc)} <= set(schemas)
+    assert set(doc["components"]["securitySchemes"]) == {"bearer", "apiKey"}
+    for route in ROUTES:
+        op = doc["paths"][route.path][route.method.lower()]
+        assert op["operationId"] == route.name
+        assert {"200", *map(str, error_statuses(route))} <= set(op["responses"])
+        if route.body is not None:
+            ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+            assert ref.endswith("/" + route.body.__name__)
+        names = {p["name"] for p in op.get("parameters", [])}
+        assert {n for n in ("tenant", "user") if "{" + n + "}" in route.path} <= names
+    list_op = doc["paths"]["/v1/tenants/{tenant}/users/{user}/memories"]["get"]
+    assert {p["name"] for p in list_op["parameters"]} >= {"limit", "cursor", "status", "type"}
+    assert doc["paths"]["/v1/health"]["get"]["security"] == []
+    assert "security" not in doc["paths"]["/v1/tools"]["get"]  # the global one applies
+
+
+async def test_the_openapi_document_is_served_without_a_key():
+    async with serve() as (client, _):
+        resp = await client.get("/v1/openapi.json")
+        assert resp.status == 200
+        assert await resp.json() == json.loads(json.dumps(openapi_document()))
+
+
+# --- serving ----------------------------------------------------------------------------
+async def test_the_server_binds_a_free_port_and_stops():
+    server = HttpServer(build_http_app(FakeBackend(), FakeAuthoriser(KEYS)), "127.0.0.1", 0)
+    await server.start()
+    try:
+        assert server.port > 0
+        async with aiohttp.ClientSession() as session, \
+                session.get(f"http://127.0.0.1:{server.port}/v1/health") as resp:
+            assert (resp.status, await resp.json()) == (200, {"status": "ok"})
+    finally:
+        await server.stop()
+    with pytest.raises(aiohttp.ClientConnectionError):
+        async with aiohttp.ClientSession() as session:
+            await session.get(f"http://127.0.0.1:{server.port}/v1/health")
