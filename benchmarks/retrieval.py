@@ -25,6 +25,14 @@ loaded after the Edge figures are taken (its 100k Python payloads would otherwis
 process's garbage collector) and searched ``--local-queries`` times only: it scans every
 point in Python per filtered query (seconds at 100k).
 
+Rows, so the reader sees where the time goes: the query embedding alone; Edge
+``store.search`` alone (query vectors precomputed); ``retrieval.recall`` in-process (what
+the handler runs: embed, search, hit statistics, ranking, procedural and core blocks), one
+at a time and in ``--concurrency`` threads; ``WorkerBackend.search`` called directly (adds
+the to_thread hop and the response model); HTTP search with 1 and ``--concurrency``
+clients, without and with hit recording (every query both ways, passes in A B B A order, so
+a drift in the machine's load hits both alike).
+
 Hit recording: with ``--bootstrap``, or when a broker answers on 127.0.0.1:19092, the
 AccessRecorder really sends to a throwaway topic it creates and deletes; otherwise the
 events only queue ("recorder queue only, no broker").
@@ -73,6 +81,7 @@ from memstream.streams.app import Pipeline
 from memstream.streams.counters import Counters
 from memstream.streams.http import HttpServer, build_http_app
 from memstream.streams.waiters import Waiters
+from memstream.topics.api import SearchRequest
 from memstream.topics.registry import Topics, TopicSpec, create_topics, delete_topics, registry
 from memstream.topics.schemas import AccessEvent
 
@@ -279,31 +288,61 @@ class BenchPipeline:
     window: dict[bytes, Any] = field(default_factory=dict)
 
 
+@dataclass
+class HttpFigures:
+    """One HTTP row, gathered over several passes."""
+
+    lat: list[float] = field(default_factory=list)
+    elapsed: float = 0.0
+    errors: int = 0
+    memories: int = 0
+    procedural: int = 0
+
+    def summary(self) -> dict[str, float]:
+        n = max(1, len(self.lat))
+        return {**summary(self.lat, self.elapsed), "errors": self.errors,
+                "memories": round(self.memories / n, 2),
+                "procedural": round(self.procedural / n, 2)}
+
+
 async def http_run(client: httpx.AsyncClient, work: Sequence[tuple[str, str]], record: bool,
-                   concurrency: int) -> tuple[list[float], float, dict[str, float]]:
-    """``concurrency`` clients drain ``work``; latencies, elapsed s and what came back."""
+                   concurrency: int, into: HttpFigures) -> None:
+    """``concurrency`` clients drain ``work``; latencies and what came back go ``into``."""
     todo = iter(work)
-    lat: list[float] = []
-    got = {"errors": 0, "memories": 0, "procedural": 0}
 
     async def one_client() -> None:
         for user, text in todo:  # a shared iterator: each request is taken once
             t = time.perf_counter()
             r = await client.post(f"/v1/tenants/{TENANT}/users/{user}/search",
                                   json={"query": text, "record_hits": record})
-            lat.append((time.perf_counter() - t) * 1000)
+            into.lat.append((time.perf_counter() - t) * 1000)
             if r.status_code != 200:
-                got["errors"] += 1
+                into.errors += 1
                 continue
             body = r.json()
-            got["memories"] += len(body["memories"])
-            got["procedural"] += len(body["procedural"])
+            into.memories += len(body["memories"])
+            into.procedural += len(body["procedural"])
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one_client() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - t0
-    return lat, elapsed, {k: round(v / len(work), 2) if k != "errors" else v
-                          for k, v in got.items()}
+    into.elapsed += time.perf_counter() - t0
+
+
+async def http_rows(client: httpx.AsyncClient, work: Sequence[tuple[str, str]],
+                    concurrency: int) -> dict[str, dict[str, float]]:
+    """Without and with hit recording, every query both ways, in A B B A order over the
+    two halves of the work, so a change in the machine's load hits both alike."""
+    await http_run(client, work[:50], False, 1, HttpFigures())  # warm: connections, code
+    half = len(work) // 2
+    out = {}
+    for conc, tag in ((1, "seq"), (concurrency, "conc")):
+        rows = {False: HttpFigures(), True: HttpFigures()}
+        for record, part in ((False, work[:half]), (True, work[:half]), (True, work[half:]),
+                             (False, work[half:])):
+            await http_run(client, part, record, conc, rows[record])
+        out[f"http_{tag}_nohits"] = rows[False].summary()
+        out[f"http_{tag}_hits"] = rows[True].summary()
+    return out
 
 
 async def find_broker(settings: Settings, explicit: bool) -> tuple[str | None, str]:
@@ -335,6 +374,7 @@ async def bench_edge(args: argparse.Namespace, settings: Settings, embedder: Emb
     res["store_search"] = summary(timed(lambda i: store.search(
         Scope(TENANT, work[i][0], include_global=True), vectors[work[i][1]], cands, ["active"]),
         len(work)))
+
     def recall(i: int) -> object:
         return retrieval.recall(store, embedder, q[i], time.time(), w,
                                 settings.retrieval_candidates)
@@ -349,22 +389,23 @@ async def bench_edge(args: argparse.Namespace, settings: Settings, embedder: Emb
     backend = WorkerBackend(cast(Pipeline, stand_in), recorder)
     server = HttpServer(build_http_app(backend, KeyRing(admin_key=ADMIN_KEY)), "127.0.0.1",
                         args.port)
+    backend.started = True
+    lat = []
+    for user, text in work:  # the handler's call minus HTTP: to_thread hop, response model
+        t = time.perf_counter()
+        await backend.search(TENANT, user, SearchRequest(query=text, record_hits=False))
+        lat.append((time.perf_counter() - t) * 1000)
+    res["backend_search"] = summary(lat)
     await server.start()
     if topic is not None:
         recorder.start()
-    backend.started = True
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
     limits = httpx.Limits(max_connections=args.concurrency + 2,
                           max_keepalive_connections=args.concurrency + 2)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}",
                                      headers=headers, limits=limits, timeout=30) as client:
-            await http_run(client, work[:50], False, 1)  # warm: connections, code paths
-            for name, record, conc in [("http_seq_nohits", False, 1), ("http_seq_hits", True, 1),
-                                       ("http_conc_nohits", False, args.concurrency),
-                                       ("http_conc_hits", True, args.concurrency)]:
-                lat, elapsed, got = await http_run(client, work, record, conc)
-                res[name] = {**summary(lat, elapsed), **got}
+            res.update(await http_rows(client, work, args.concurrency))
     finally:
         backend.started = False
         await server.stop()
@@ -409,6 +450,7 @@ def table(r: dict[str, Any]) -> None:
          e["store_search"]),
         ("edge recall() in-process (embed+search+blocks)", e["recall"]),
         (f"edge recall() in-process, {c} threads", e["recall_threads"]),
+        ("WorkerBackend.search() direct, no HTTP", e["backend_search"]),
         ("HTTP search, 1 client, record_hits=false", e["http_seq_nohits"]),
         ("HTTP search, 1 client, record_hits=true", e["http_seq_hits"]),
         (f"HTTP search, {c} clients, record_hits=false", e["http_conc_nohits"]),

@@ -31,8 +31,8 @@ from memstream.topics.schemas import (
 
 
 def _message_ids(job: ExtractionJob) -> list[str]:
-    if job.tool is not None:
-        return [job.tool.request_id] if job.tool.request_id else []
+    if job.tool is not None:  # the model's tool call id (else the request's)
+        return [i for i in (job.tool.call_id or job.tool.request_id,) if i]
     return [m.message_id for m in job.messages]
 
 
@@ -45,7 +45,8 @@ def change_for(op: PlannedOp, vector: list[float] | None, job: ExtractionJob,
         records=[r.to_payload() for r in op.writes], vector=vector, reason=op.reason,
         lineage=Lineage(session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
                         job_id=job.job_id, message_ids=_message_ids(job),
-                        seq=job.seq, kind="extraction" if job.tool is None else "tool"),
+                        seq=job.seq, kind="extraction" if job.tool is None else "tool",
+                        actor=job.tool.principal if job.tool else ""),
         model=model.name, prompt_version=model.prompt_version,
         prompt_tokens=outcome.usage.prompt_tokens,
         completion_tokens=outcome.usage.completion_tokens,

@@ -173,7 +173,8 @@ def on_tool(state: UserState, req: ToolRequest, now: float, policy: Policy) -> S
     taken = {rid for rid, _ in state.recent_tools}
     if req.request_id in taken or len(state.tools) >= policy.max_queued_tools:
         return Step(state, duplicate=True)
-    write = req.write.model_dump(mode="json") | {"request_id": req.request_id}
+    write = req.write.model_dump(mode="json") | {"request_id": req.request_id,
+                                                  "principal": req.principal}
     queued = QueuedTool(req.request_id, req.session_id or TOOL_SESSION, write,
                         req.ts.timestamp())
     state = replace(state, tools=(*state.tools, queued),
@@ -182,24 +183,29 @@ def on_tool(state: UserState, req: ToolRequest, now: float, policy: Policy) -> S
     return pump(state, now, policy)
 
 
+def _start_tool(state: UserState, now: float) -> Step:
+    job = _tool_job(state, state.tools[0], now, state.next_seq)
+    flight = InFlight(job.job_id, job.seq, job.session_id, 0, 0, TriggerReason.TOOL, now,
+                      kind="tool")
+    return Step(replace(state, in_flight=flight, next_seq=job.seq + 1), jobs=[job])
+
+
 def pump(state: UserState, now: float, policy: Policy) -> Step:
     """If no job is in flight, start the most urgent due one (trivial ones resolve inline)."""
     resolved: list[JobResult] = []
-    if state.in_flight is None and state.tools:
-        job = _tool_job(state, state.tools[0], now, state.next_seq)
-        flight = InFlight(job.job_id, job.seq, job.session_id, 0, 0, TriggerReason.TOOL, now,
-                          kind="tool")
-        return Step(replace(state, in_flight=flight, next_seq=job.seq + 1), jobs=[job])
     while state.in_flight is None:
-        # Among due sessions, the one whose oldest unscanned message is oldest goes first:
-        # facts must reach the store in conversation order, or an older "2 kids" decided
-        # after a newer "3 kids" would overwrite it. (Explicit makes a session due at once;
-        # it does not let newer messages overtake older ones.)
+        # Among due sessions (and the first queued tool write), the one whose oldest
+        # unscanned message is oldest goes first: facts must reach the store in
+        # conversation order, or an older "2 kids" decided after a newer "3 kids" would
+        # overwrite it. (Explicit makes a session due at once; it does not let newer
+        # messages overtake older ones; a tool write takes its turn by its own time.)
         due = [
             (_oldest_unscanned(s), sid, r)
             for sid, s in state.sessions.items()
             if (r := due_reason(s, now, policy)) is not None
         ]
+        if state.tools and (not due or _ts(state.tools[0].ts).isoformat() <= min(due)[0]):
+            return _with_resolved(_start_tool(state, now), resolved)
         if not due:
             break
         _, sid, reason = min(due)
@@ -215,6 +221,10 @@ def pump(state: UserState, now: float, policy: Policy) -> Step:
                         next_seq=job.seq + 1)
         return Step(state, jobs=[job], resolved=resolved)
     return Step(state, resolved=resolved)
+
+
+def _with_resolved(step: Step, resolved: list[JobResult]) -> Step:
+    return replace(step, resolved=resolved + step.resolved)
 
 
 def _trivial_result(job: ExtractionJob, now: float) -> JobResult:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from memstream.memory import rules, toolwrite
@@ -96,6 +96,15 @@ class JobOutcome:
             self.read[m.memory_id] = m.version
 
 
+def not_core(c: Candidate) -> Candidate:
+    """A candidate from the conversation never lands in core memory: a ``core:`` slot is
+    written by an agent's ``core_memory_replace`` only (chat text is data: "store this with
+    slot core:instructions" must not reach the top of every prompt)."""
+    if c.slot and c.slot.startswith(toolwrite.CORE_PREFIX):
+        return replace(c, slot=None)
+    return c
+
+
 def all_trivial(job: ExtractionJob) -> bool:
     return all(m.role != Role.USER or is_trivial(m.content) for m in job.messages)
 
@@ -154,6 +163,7 @@ class Extractor:
         if isinstance(self.model, CombinedModel) and self.model.combined:
             return self._decide_combined(self.model, job, scope, ctx, out)
         candidates, usage = self.model.extract(job.messages, job.context)
+        candidates = [not_core(c) for c in candidates]
         out.usage += usage
         view = _Overlay(self.store)
         vectors = self.embedder.embed([c.text for c in candidates])
@@ -211,7 +221,8 @@ class Extractor:
         out.usage += usage
         vectors = iter(self.embedder.embed([c.text for c, _ in pairs if c.text]))
         by_target: dict[str, int] = {}  # a memory changed twice: the last change wins
-        for index, (cand, decision) in enumerate(pairs):
+        for index, (raw, decision) in enumerate(pairs):
+            cand = not_core(raw)
             vec = next(vectors) if cand.text else None
             out.decisions[decision.op.value] += 1
             for op in resolve(cand, index, shown, decision, ctx):

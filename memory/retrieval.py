@@ -74,7 +74,7 @@ def ranked(store: MemoryStore, vector: list[float], q: Query, now: float, weight
     return rank(list(zip(joined, [s for _, s in hits], strict=True)), now, weights, q.k)
 
 
-def procedural(store: MemoryStore, q: Query, now: float) -> list[Memory]:
+def rules(store: MemoryStore, q: Query, now: float) -> list[Memory]:
     """The rules of how to act: returned as a block, not searched by similarity."""
     scope = Scope(q.tenant_id, q.user_id, include_global=q.include_global)
     found = store.list(scope, limit=MAX_RULES_READ, types=[MemoryType.PROCEDURAL.value])
@@ -84,7 +84,7 @@ def procedural(store: MemoryStore, q: Query, now: float) -> list[Memory]:
     return found[:MAX_PROCEDURAL]
 
 
-def core(store: MemoryStore, q: Query) -> dict[str, str]:
+def core_blocks(store: MemoryStore, q: Query) -> dict[str, str]:
     found = store.list(Scope(q.tenant_id, q.user_id), slots=list(CORE_SLOTS),
                        limit=len(CORE_SLOTS) * 4)
     return {m.slot.split(":", 1)[1]: m.content for m in sorted(found, key=lambda m: m.version)
@@ -92,15 +92,15 @@ def core(store: MemoryStore, q: Query) -> dict[str, str]:
 
 
 def recall(store: MemoryStore, embedder: Embedder, q: Query, now: float, weights: Weights,
-           factor: int = 4, *, blocks: bool = True) -> Recall:
-    """Everything one retrieval returns; ``blocks`` adds procedural rules and core memory."""
+           factor: int = 4, *, procedural: bool = True, core: bool = True) -> Recall:
+    """Everything one retrieval returns: the ranked memories, plus (when asked for) the
+    procedural rules and the core memory blocks."""
     if not q.text.strip():
         return Recall([])
     vector = embedder.embed([q.text])[0]
     scored = ranked(store, vector, q, now, weights, factor)
-    if not blocks:
-        return Recall(scored)
-    return Recall(scored, procedural(store, q, now), core(store, q))
+    return Recall(scored, rules(store, q, now) if procedural else [],
+                  core_blocks(store, q) if core else {})
 
 
 def memory_dict(m: Memory) -> dict[str, Any]:

@@ -26,15 +26,19 @@ from memstream.topics.schemas import ExtractionJob, ToolWrite
 CORE_IMPORTANCE = 8
 
 
+CORE_PREFIX = "core:"
+
+
 def core_slot(label: str) -> str:
-    return f"core:{label}"
+    return f"{CORE_PREFIX}{label}"
 
 
 CORE_SLOTS = tuple(core_slot(label) for label in CORE_LABELS)
 
 
 def tool_context(job: ExtractionJob, now: float) -> Context:
-    request = job.tool.request_id if job.tool and job.tool.request_id else job.job_id
+    request = (job.tool.call_id or job.tool.request_id) if job.tool else ""
+    request = request or job.job_id
     return Context(job.tenant_id, job.user_id, job.session_id, job.from_seq, job.to_seq,
                    job.job_id, now, (request,), job.seq)
 

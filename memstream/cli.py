@@ -96,7 +96,11 @@ def topics_list(settings: Settings) -> None:
 
 @main.group()
 def keys() -> None:
-    """Per-tenant API keys of the HTTP API (stored hashed on a compacted topic)."""
+    """Per-tenant API keys of the HTTP API (stored hashed on a compacted topic).
+
+    Records are signed with MEMSTREAM_ADMIN_KEY: create and revoke need it, and it must be
+    the one the workers have (they ignore records that do not verify).
+    """
 
 
 def _key_errors(exc: Exception) -> click.ClickException:
@@ -135,21 +139,30 @@ def keys_create(settings: Settings, tenant: str, label: str) -> None:
 @click.option("--tenant", default=None, help="Only this tenant's keys")
 @click.pass_obj
 def keys_list(settings: Settings, tenant: str | None) -> None:
-    """Key id, tenant, label, created and revoked time of every key (never a hash)."""
+    """Key id, tenant, label, created and revoked time of every key (never a hash).
+
+    SIGNED: "ok" when the record verifies with MEMSTREAM_ADMIN_KEY; "NO" when it does not
+    (forged, unsigned or signed with another admin key: no worker with this admin key takes
+    it); "?" without an admin key to check with.
+    """
     from memstream.errors import MemstreamError
+    from memstream.keys import verify
     from memstream.keys_topic import list_keys
 
+    admin = settings.admin_key.get_secret_value() if settings.admin_key is not None else ""
     try:
         records = asyncio.run(list_keys(settings))
     except MemstreamError as exc:
         raise _key_errors(exc) from exc
-    click.echo(f"{'KEY ID':16}  {'TENANT':24}  {'CREATED':25}  {'REVOKED':25}  LABEL")
+    click.echo(f"{'KEY ID':16}  {'TENANT':24}  {'CREATED':25}  {'REVOKED':25}  {'SIGNED':6}  "
+               "LABEL")
     for r in records:
         if tenant is None or r.tenant_id == tenant:
             revoked = r.revoked_at.isoformat(timespec="seconds") if r.revoked_at else "-"
+            signed = "?" if not admin else "ok" if verify(r, admin) else "NO"
             click.echo(f"{r.key_id:16}  {r.tenant_id:24}  "
                        f"{r.created_at.isoformat(timespec='seconds'):25}  {revoked:25}  "
-                       f"{r.label}")
+                       f"{signed:6}  {r.label}")
 
 
 @keys.command("revoke")

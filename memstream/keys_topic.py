@@ -6,6 +6,10 @@ Compaction keeps the last record per key id, so revoking writes a new record wit
 :class:`~memstream.keys.KeyRing` (:class:`KeyFollower`); the admin helpers
 (:func:`create_key`, :func:`list_keys`, :func:`revoke_key`) back ``memstream keys``. Neither
 plaintext keys nor hashes are ever logged.
+
+Records are signed with a key derived from the admin key (:mod:`memstream.keys`): creating
+and revoking need ``MEMSTREAM_ADMIN_KEY``, and the follower's ring takes only records that
+verify, so a service that can produce to the topic cannot mint itself a key.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from memstream.errors import BrokerError, InvalidRecord, MemstreamError
-from memstream.keys import KeyRecord, KeyRing, decode, new_key, revoke
+from memstream.errors import BrokerError, ConfigError, InvalidRecord, MemstreamError
+from memstream.keys import KeyRecord, KeyRing, decode, new_key, revoke, verify
 from memstream.settings import Settings
 
 if TYPE_CHECKING:  # the registry imports this module: TopicSpec is imported where used
@@ -40,15 +44,21 @@ class UnknownKeyError(MemstreamError, LookupError):
     """No API key with this id on the keys topic."""
 
 
-def _take(record: Any, into: dict[str, KeyRecord | None]) -> None:
-    """Decode a consumed record into ``into`` (later ones win); a bad one is logged, skipped."""
+def _take(record: Any, into: dict[str, KeyRecord | None],
+          keep: Callable[[str, KeyRecord | None], bool] | None = None) -> None:
+    """Decode a consumed record into ``into`` (later ones win); a bad one is logged, skipped.
+
+    ``keep`` (e.g. :meth:`KeyRing.admit`) filters before a record enters ``into``, so one it
+    refuses leaves the key id's earlier record in place instead of replacing it.
+    """
     try:
         key_id, found = decode(record.key, record.value)
     except InvalidRecord as exc:
         log.warning("api keys: skipped record %s[%d]@%d (%s: %s)", record.topic,
                     record.partition, record.offset, exc.kind, exc)
         return
-    into[key_id] = found
+    if keep is None or keep(key_id, found):
+        into[key_id] = found
 
 
 async def topic_partitions(bootstrap: str, topic: str) -> list[TopicPartition]:
@@ -164,7 +174,7 @@ class KeyFollower:
             await asyncio.sleep(self.retry_s)
 
     def _take(self, record: Any, into: dict[str, KeyRecord | None]) -> None:
-        _take(record, into)
+        _take(record, into, self.ring.admit)
         self._positions[TopicPartition(record.topic, record.partition)] = record.offset + 1
 
     async def _follow(self) -> None:
@@ -186,7 +196,9 @@ class KeyFollower:
                 self.ring.update(self._staged)
                 self._staged = {}
                 self._ready.set()
-                log.info("api keys: %d key(s) read from %s", len(self.ring), self.topic)
+                log.info("api keys: %d key(s) read from %s (%d record(s) ignored: "
+                         "signature does not verify)", len(self.ring), self.topic,
+                         self.ring.rejected)
             self._problem = ""
             while True:
                 batch = await consumer.getmany(timeout_ms=int(self.poll_s * 1000))
@@ -221,7 +233,19 @@ def _broker_errors(topic: str) -> Iterator[None]:
         raise BrokerError(f"api keys topic {topic}: {exc or type(exc).__name__}") from exc
 
 
-async def _read_all(settings: Settings, timeout: float) -> dict[str, KeyRecord | None]:
+def _admin_key(settings: Settings) -> str:
+    """The admin key that signs key records; ConfigError (before any broker call) without."""
+    admin = settings.admin_key.get_secret_value() if settings.admin_key is not None else ""
+    if not admin:
+        raise ConfigError("creating or revoking an API key needs the operator's admin key: "
+                          "set MEMSTREAM_ADMIN_KEY (the one the workers have); key records "
+                          "are signed with it and workers ignore records that do not verify")
+    return admin
+
+
+async def _read_all(settings: Settings, timeout: float,
+                    keep: Callable[[str, KeyRecord | None], bool] | None = None,
+                    ) -> dict[str, KeyRecord | None]:
     topic = settings.topic(KEYS_TOPIC)
     found: dict[str, KeyRecord | None] = {}
     with _broker_errors(topic):
@@ -234,7 +258,7 @@ async def _read_all(settings: Settings, timeout: float) -> dict[str, KeyRecord |
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
             ends = await consumer.end_offsets(tps)
-            await _read_to(consumer, ends, lambda r: _take(r, found),
+            await _read_to(consumer, ends, lambda r: _take(r, found, keep),
                            time.monotonic() + timeout)
         finally:
             await _close(consumer)
@@ -256,11 +280,12 @@ async def _send(settings: Settings, record: KeyRecord) -> None:
 async def create_key(settings: Settings, tenant_id: str, label: str = "", *,
                      clock: Callable[[], float] = time.time) -> tuple[str, KeyRecord]:
     """Mint a key for a tenant and store its record (the topic is created if missing);
-    returns ``(plaintext, record)``. Raises pydantic's ValidationError for a bad tenant id
-    or label before touching the broker, BrokerError when the broker fails."""
+    returns ``(plaintext, record)``, the record signed with the admin key. Raises ConfigError
+    without ``settings.admin_key`` and pydantic's ValidationError for a bad tenant id or
+    label, both before touching the broker; BrokerError when the broker fails."""
     from memstream.topics.registry import create_topics
 
-    plaintext, record = new_key(tenant_id, label, clock())
+    plaintext, record = new_key(tenant_id, label, clock(), _admin_key(settings))
     spec = keys_topic_spec(settings)
     with _broker_errors(spec.name):
         await create_topics(settings, [spec])
@@ -269,7 +294,10 @@ async def create_key(settings: Settings, tenant_id: str, label: str = "", *,
 
 
 async def list_keys(settings: Settings, *, timeout: float = 30.0) -> list[KeyRecord]:
-    """Every key's last record (revoked ones too), oldest first; [] without a topic."""
+    """Every key's last record (revoked ones too), oldest first; [] without a topic.
+
+    Unfiltered, forged records included, so that an operator sees them:
+    :func:`memstream.keys.verify` tells which ones a worker would take."""
     found = await _read_all(settings, timeout)
     return sorted((r for r in found.values() if r is not None),
                   key=lambda r: (r.created_at, r.key_id))
@@ -277,12 +305,17 @@ async def list_keys(settings: Settings, *, timeout: float = 30.0) -> list[KeyRec
 
 async def revoke_key(settings: Settings, key_id: str, *, timeout: float = 30.0,
                      clock: Callable[[], float] = time.time) -> KeyRecord:
-    """Write the revoking record of a key (idempotent: a revoked key is returned as is).
-    Raises :class:`UnknownKeyError` when the topic holds no such key."""
-    current = (await _read_all(settings, timeout)).get(key_id)
+    """Write the signed revoking record of a key (idempotent: a revoked key is returned as
+    is). Only records that verify count, so a forged "revoked" record cannot make this a
+    no-op. Raises ConfigError without ``settings.admin_key`` (before any broker call) and
+    :class:`UnknownKeyError` when the topic holds no such key."""
+    admin = _admin_key(settings)
+    found = await _read_all(settings, timeout,
+                            lambda _, r: r is None or verify(r, admin))
+    current = found.get(key_id)
     if current is None:
         raise UnknownKeyError(f"no API key with id {key_id!r}")
-    revoked = revoke(current, clock())
+    revoked = revoke(current, clock(), admin)
     if revoked is not current:
         await _send(settings, revoked)
     return revoked

@@ -81,12 +81,19 @@ class AccessRecorder:
                                         enable_idempotence=True, linger_ms=5)
             await producer.start()
             self._producer = producer
-        batch = list(self.pending)
-        futures = [await self._producer.send(self.topic, key=e.key().encode(), value=e.dumps())
-                   for e in batch]
-        await asyncio.gather(*futures)
-        for _ in batch:
-            self.pending.popleft()
+        batch, self.pending = self.pending, deque()  # record() goes on filling a new queue
+        try:
+            futures = [await self._producer.send(self.topic, key=e.key().encode(),
+                                                 value=e.dumps()) for e in batch]
+            await asyncio.gather(*futures)
+        except BaseException:
+            # Not (surely) sent: back in front, in order; a resend is counted once by id.
+            batch.extend(self.pending)
+            self.pending = batch
+            while len(self.pending) > MAX_PENDING:
+                self.pending.popleft()
+                self.dropped += 1
+            raise
         self.sent += len(batch)
         return len(batch)
 

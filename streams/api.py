@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import logging
 import uuid
@@ -24,6 +25,7 @@ from memstream.memory import retrieval
 from memstream.memory import window as windows
 from memstream.memory.model import Memory, MemoryType
 from memstream.memory.prompt_block import prompt_block
+from memstream.memory.scoring import Scored
 from memstream.memory.services import weights
 from memstream.memory.store import Scope
 from memstream.memory.tools import TOOLS, ToolError, parse_arguments, replace_core
@@ -68,6 +70,14 @@ def _page_offset(cursor: str | None) -> int:
     return offset
 
 
+def _request_id(tool_call_id: str | None, write: ToolWrite) -> str:
+    """The request's id: the model's tool call id *and* what it asks, so a retried call is
+    taken once while a framework reusing ids ("call_0") for different writes loses none."""
+    what = write.model_dump_json(exclude={"request_id", "call_id", "principal"})
+    raw = f"{tool_call_id or uuid.uuid4().hex}\x1f{what}"
+    return "tc-" + hashlib.sha256(raw.encode()).hexdigest()[:40]
+
+
 def _window_out(rows: list[windows.Row]) -> list[WindowMessage]:
     return [WindowMessage(seq=r[0], message_id=r[1], role=r[2], content=r[3], ts=r[4])
             for r in rows]
@@ -81,9 +91,18 @@ class WorkerBackend:
         self.recorder = recorder
         self.started = False
         self._producer: AIOKafkaProducer | None = None
+        self._producer_lock = asyncio.Lock()
 
     def ready(self) -> bool:
-        return self.started
+        """Serving, and the tables (window, ingest state) restored after a (re)start: until
+        then answers would be silently incomplete, so the API says 503."""
+        if not self.started:
+            return False
+        try:
+            tables: Any = self.p.app.tables
+            return bool(tables.recovery.completed.is_set())
+        except AttributeError:  # no table manager (not a Faust worker): nothing to restore
+            return True
 
     def tools(self) -> list[dict[str, Any]]:
         return TOOLS
@@ -94,19 +113,23 @@ class WorkerBackend:
                ) -> retrieval.Query:
         return retrieval.Query(tenant, user, text, k or self.p.settings.retrieval_k, **kw)
 
-    async def _recall(self, q: retrieval.Query, record: bool) -> tuple[str, retrieval.Recall]:
+    async def _recall(self, q: retrieval.Query, *, procedural: bool = True,
+                      core: bool = True) -> tuple[str, retrieval.Recall]:
         s = self.p.services
         found = await asyncio.to_thread(
             retrieval.recall, s.store, s.embedder, q, self.p.clock(), weights(self.p.settings),
-            self.p.settings.retrieval_candidates)
-        query_id = uuid.uuid4().hex
+            self.p.settings.retrieval_candidates, procedural=procedural, core=core)
         self.p.counters.searches += 1
-        if record and found.scored:
-            ids = [x.memory.memory_id for x in found.scored]
-            self.recorder.record(access_event(q.tenant_id, q.user_id, "hit", ids, query_id,
-                                              query_id, self.p.clock()))
-            self.p.counters.hits_recorded += len(ids)
-        return query_id, found
+        return uuid.uuid4().hex, found
+
+    def _hits(self, q: retrieval.Query, query_id: str, returned: list[Scored]) -> None:
+        """Record what the caller was given (queued: the read never waits on Kafka)."""
+        if not returned:
+            return
+        ids = [x.memory.memory_id for x in returned]
+        self.recorder.record(access_event(q.tenant_id, q.user_id, "hit", ids, query_id,
+                                          query_id, self.p.clock()))
+        self.p.counters.hits_recorded += len(ids)
 
     async def list_memories(self, tenant: str, user: str, *, limit: int, cursor: str | None,
                             status: str | None, type: str | None) -> MemoryPage:
@@ -131,19 +154,23 @@ class WorkerBackend:
     async def search(self, tenant: str, user: str, req: SearchRequest) -> SearchResponse:
         q = self._query(tenant, user, req.query, req.k, include_global=req.include_global,
                         statuses=tuple(req.statuses), include_expired=req.include_expired)
-        query_id, found = await self._recall(q, req.record_hits)
+        query_id, found = await self._recall(q, core=False)
+        if req.record_hits:
+            self._hits(q, query_id, found.scored)
         return SearchResponse.model_validate({
             "query_id": query_id, "memories": [retrieval.scored_dict(x) for x in found.scored],
             "procedural": [retrieval.memory_dict(m) for m in found.procedural]})
 
     async def context(self, tenant: str, user: str, req: ContextRequest) -> ContextResponse:
         q = self._query(tenant, user, req.query, req.k)
-        query_id, found = await self._recall(q, req.record_hits)
+        query_id, found = await self._recall(q)
         rows = (window.rows(self.p.window, tenant, user, req.session_id,
                             self.p.settings.short_term_turns) if req.session_id else [])
         block = prompt_block(found.core, found.scored, found.procedural,
                              budget_chars=req.budget_chars, budget_tokens=req.budget_tokens)
-        kept = found.scored[:block.kept]
+        kept = found.scored[:block.kept]  # what the budget let in: only these count as hits
+        if req.record_hits:
+            self._hits(q, query_id, kept)
         return ContextResponse.model_validate({
             "query_id": query_id, "memories": [retrieval.scored_dict(x) for x in kept],
             "procedural": [retrieval.memory_dict(m) for m in found.procedural],
@@ -157,7 +184,9 @@ class WorkerBackend:
         if not known:  # only memories this user can see: no statistics for made-up ids
             raise ApiError(404, ErrorCode.NOT_FOUND, "no live memory with this id for the user")
         kind = "used" if req.useful else "not_useful"
-        event_id = f"fb:{req.query_id}:{req.memory_id}"  # the same feedback counts once
+        # The same feedback counts once; changing one's mind counts both.
+        event_id = "fb-" + hashlib.sha256("\x1f".join(
+            [tenant, user, req.query_id, req.memory_id, kind]).encode()).hexdigest()[:40]
         self.recorder.record(access_event(tenant, user, kind, [req.memory_id], req.query_id,
                                           event_id, self.p.clock()))
         if req.useful:
@@ -185,7 +214,8 @@ class WorkerBackend:
     async def _memory_search(self, tenant: str, user: str, req: ToolCallRequest,
                              args: Any) -> ToolResult:
         q = self._query(tenant, user, args.query, args.k)
-        query_id, found = await self._recall(q, True)
+        query_id, found = await self._recall(q, procedural=False, core=False)
+        self._hits(q, query_id, found.scored)
         lines = [f"{i}. ({datetime.fromtimestamp(x.memory.valid_from, UTC):%Y-%m-%d}) "
                  f"{x.memory.content}" for i, x in enumerate(found.scored, start=1)]
         return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="ok",
@@ -198,6 +228,8 @@ class WorkerBackend:
         session = args.session_id or req.session_id
         if not session:
             raise ToolError("invalid_arguments", "conversation_search needs a session_id")
+        if not ID_PATTERN.fullmatch(session):
+            raise ToolError("invalid_arguments", "session_id is not a valid session id")
         rows = window.rows(self.p.window, tenant, user, session, window.keep(self.p.settings))
         hits = windows.search(rows, args.query, args.limit or 10)
         lines = [f"[{r[4][:16]}] {r[2]}: {r[3]}" for r in hits]
@@ -208,7 +240,7 @@ class WorkerBackend:
     async def _write(self, tenant: str, user: str, req: ToolCallRequest, args: Any,
                      principal: Principal) -> ToolResult:
         if req.name == "core_memory_replace":
-            current = await asyncio.to_thread(retrieval.core, self.p.services.store,
+            current = await asyncio.to_thread(retrieval.core_blocks, self.p.services.store,
                                               self._query(tenant, user, "-", 1))
             replace_core(current.get(args.label, ""), args.old_content, args.new_content)
             write = ToolWrite(name="core_memory_replace", label=args.label,
@@ -221,8 +253,9 @@ class WorkerBackend:
         if len(snap.get("tools") or ()) >= self.p.policy.max_queued_tools:
             raise ToolError("queue_full", "too many memory writes waiting for this user; "
                             "retry later")
-        request_id = req.tool_call_id if req.tool_call_id and ID_PATTERN.fullmatch(
-            req.tool_call_id) else uuid.uuid4().hex
+        request_id = _request_id(req.tool_call_id, write)
+        if req.tool_call_id:
+            write = write.model_copy(update={"call_id": req.tool_call_id})
         session = req.session_id if req.session_id and ID_PATTERN.fullmatch(
             req.session_id) else None
         from memstream.memory.coalescing import tool_job_id
@@ -232,7 +265,11 @@ class WorkerBackend:
         request = ToolRequest(request_id=request_id, tenant_id=tenant, user_id=user,
                               session_id=session, write=write, principal=principal.key_id,
                               ts=datetime.fromtimestamp(self.p.clock(), UTC))
-        await self._send(request)
+        try:
+            await self._send(request)
+        except BaseException:
+            self.p.waiters.resolve(job_id, Outcome("failed", error="not sent"))
+            raise
         outcome = await self.p.waiters.wait(job_id, future, req.wait_s)
         return self._write_result(req, request_id, job_id, outcome)
 
@@ -253,11 +290,13 @@ class WorkerBackend:
                           content=f"done: {done}" if done else "done: already known", data=data)
 
     async def _send(self, request: ToolRequest) -> None:
-        if self._producer is None:
-            producer = AIOKafkaProducer(bootstrap_servers=self.p.settings.bootstrap_servers,
-                                        enable_idempotence=True, acks="all")
-            await producer.start()
-            self._producer = producer
+        async with self._producer_lock:
+            if self._producer is None:
+                producer = AIOKafkaProducer(
+                    bootstrap_servers=self.p.settings.bootstrap_servers,
+                    enable_idempotence=True, acks="all")
+                await producer.start()
+                self._producer = producer
         await self._producer.send_and_wait(self.p.topics.tool_requests.name,
                                            key=request.key().encode(), value=request.dumps())
 

@@ -110,7 +110,9 @@ class ToolWrite(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     name: Literal["memory_insert", "core_memory_replace"]
-    request_id: str = Field("", max_length=128)  # the tool call it came from (lineage)
+    request_id: str = Field("", max_length=128)  # taken once per id (content-derived)
+    call_id: str = Field("", max_length=128)  # the model's tool call id (lineage)
+    principal: str = Field("", max_length=128)  # which key asked: key id or "admin" (audit)
     content: str = Field(max_length=4_000)
     importance: int = Field(5, ge=1, le=10)
     memory_type: Literal["episodic", "procedural"] = "episodic"
@@ -286,6 +288,7 @@ class Lineage(BaseModel):
     message_ids: list[str] = Field(default_factory=list)
     seq: int = 0  # the job's per-user sequence number
     kind: Literal["extraction", "tool"] = "extraction"
+    actor: str = ""  # tool writes: the API key that asked (key id, or "admin")
 
 
 class MemoryChange(Event):

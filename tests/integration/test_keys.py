@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 import pytest
 from aiokafka import AIOKafkaProducer
 from click.testing import CliRunner
 
 from memstream.cli import main
-from memstream.keys import KeyRecord, KeyRing
+from memstream.keys import KeyRecord, KeyRing, sign
 from memstream.keys_topic import (
     KeyFollower,
     UnknownKeyError,
@@ -26,10 +28,13 @@ from memstream.topics.registry import create_topics, delete_topics
 
 pytestmark = pytest.mark.integration
 
+ADMIN = "integration-admin-key"
+
 
 @pytest.fixture
 async def settings(kafka_bootstrap: str):
-    s = Settings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"t-keys-{uuid.uuid4().hex[:10]}")
+    s = Settings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"t-keys-{uuid.uuid4().hex[:10]}",
+                 admin_key=ADMIN)
     yield s
     await delete_topics(s, [keys_topic_spec(s).name])
 
@@ -46,7 +51,7 @@ async def test_create_list_revoke(settings: Settings):
     with pytest.raises(UnknownKeyError):
         await revoke_key(settings, "0123456789abcdef")
     key_a, rec_a = await create_key(settings, "acme", "first")
-    _, rec_b = await create_key(settings, "globex", "second")
+    key_b, rec_b = await create_key(settings, "globex", "second")
     listed = await list_keys(settings)
     assert {r.key_id for r in listed} == {rec_a.key_id, rec_b.key_id}
     revoked = await revoke_key(settings, rec_a.key_id)
@@ -56,14 +61,15 @@ async def test_create_list_revoke(settings: Settings):
     by_id = {r.key_id: r for r in await list_keys(settings)}
     assert by_id[rec_a.key_id].revoked_at == revoked.revoked_at
     assert by_id[rec_b.key_id].revoked_at is None
-    ring = KeyRing()
+    ring = KeyRing(ADMIN)
     for r in by_id.values():
         ring.apply(r)
-    assert ring.authorise(key_a) is None
+    assert ring.authorise(key_a) is None and ring.authorise(key_b) is not None
+    assert ring.rejected == 0  # what the helpers wrote is signed
 
 
 async def test_follower_waits_for_topic_then_follows(settings: Settings, caplog):
-    follower = KeyFollower(KeyRing(admin_key="adm"), settings.bootstrap_servers,
+    follower = KeyFollower(KeyRing(admin_key=ADMIN), settings.bootstrap_servers,
                            keys_topic_spec(settings).name, retry_s=0.2, poll_s=0.2)
     await follower.start()
     try:
@@ -95,7 +101,7 @@ async def test_follower_waits_for_topic_then_follows(settings: Settings, caplog)
         await revoke_key(settings, rec_a.key_id)
         await eventually(lambda: follower.ring.authorise(key_a) is None)
         assert follower.ring.authorise(key_b) is not None
-        assert follower.ring.authorise("adm") is not None
+        assert follower.ring.authorise(ADMIN) is not None
     finally:
         await follower.stop()
     assert follower._task is None
@@ -105,7 +111,7 @@ class CountingRing(KeyRing):
     """Remembers how many keys each update carried."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(ADMIN)
         self.sizes: list[int] = []
 
     def update(self, changes: Mapping[str, KeyRecord | None]) -> None:
@@ -147,9 +153,14 @@ async def test_topic_is_compacted_and_kept(settings: Settings):
     await create_topics(settings, [keys_topic_spec(settings)])  # idempotent
 
 
-def test_cli_create_list_revoke(settings: Settings, monkeypatch):
+def cli_env(settings: Settings, monkeypatch) -> None:
     monkeypatch.setenv("MEMSTREAM_BOOTSTRAP_SERVERS", settings.bootstrap_servers)
     monkeypatch.setenv("MEMSTREAM_TOPIC_PREFIX", settings.topic_prefix)
+    monkeypatch.setenv("MEMSTREAM_ADMIN_KEY", ADMIN)
+
+
+def test_cli_create_list_revoke(settings: Settings, monkeypatch):
+    cli_env(settings, monkeypatch)
     runner = CliRunner()
 
     made = runner.invoke(main, ["keys", "create", "--tenant", "acme", "--label", "bot one"])
@@ -163,7 +174,7 @@ def test_cli_create_list_revoke(settings: Settings, monkeypatch):
     listed = runner.invoke(main, ["keys", "list"])
     assert listed.exit_code == 0, listed.output
     [row] = [line for line in listed.output.splitlines() if line.startswith(key_id)]
-    assert "acme" in row and "bot one" in row and row.split()[3] == "-"
+    assert "acme" in row and "bot one" in row and row.split()[3:5] == ["-", "ok"]
     record = next(r for r in asyncio.run(list_keys(settings)) if r.key_id == key_id)
     assert record.sha256 not in listed.output and plaintext not in listed.output
     only = runner.invoke(main, ["keys", "list", "--tenant", "globex"])
@@ -190,3 +201,83 @@ def test_cli_create_list_revoke(settings: Settings, monkeypatch):
     assert unknown.exit_code != 0 and "no API key" in unknown.output
     bad = runner.invoke(main, ["keys", "create", "--tenant", "no/slash"])
     assert bad.exit_code == 2 and "tenant_id" in bad.output
+
+
+def forged(key_id: str, tenant_id: str, plaintext: str,
+           revoked_at: datetime | None = None) -> KeyRecord:
+    """A record as an attacker with produce rights writes it: their own key's hash."""
+    return KeyRecord(key_id=key_id, tenant_id=tenant_id,
+                     sha256=hashlib.sha256(plaintext.encode()).hexdigest(),
+                     created_at=datetime.now(UTC), revoked_at=revoked_at)
+
+
+async def test_forged_records_on_the_topic_never_authorise(settings: Settings, monkeypatch):
+    # The review's attack: a service that can produce to the keys topic writes a record
+    # for another tenant with the hash of a key it made up. Only CLI-made keys may work.
+    cli_env(settings, monkeypatch)
+    runner = CliRunner()
+
+    async def cli(*args: str) -> str:
+        result = await asyncio.to_thread(runner.invoke, main, ["keys", *args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    made = await cli("create", "--tenant", "acme")
+    [real] = [w for w in made.split() if w.startswith("msk_")]
+    real_id = real.split("_")[1]
+    follower = KeyFollower.for_settings(settings)
+    await follower.start()
+    try:
+        assert await follower.wait_ready(20.0)
+        assert follower.ring.authorise(real) is not None
+        mine = "msk_00000000000000aa_" + "a" * 43
+        hijack = "msk_" + real_id + "_" + "h" * 43
+        unsigned = forged("00000000000000aa", "victim", mine)
+        attacks = [
+            unsigned,
+            unsigned.model_copy(update={"signature": "0" * 64}),
+            sign(unsigned, "some-other-admin-key"),
+            forged(real_id, "victim", hijack),  # take over the real key's id
+            forged(real_id, "acme", real, revoked_at=datetime.now(UTC)),  # fake "revoked"
+        ]
+        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+        await producer.start()
+        try:
+            for record in attacks:
+                await producer.send_and_wait(follower.topic, key=record.key_id.encode(),
+                                             value=record.dumps())
+        finally:
+            await producer.stop()
+        marker_out = await cli("create", "--tenant", "globex")  # written after the attacks
+        [marker] = [w for w in marker_out.split() if w.startswith("msk_")]
+        await eventually(lambda: follower.ring.authorise(marker) is not None)
+
+        assert follower.ring.authorise(mine) is None and follower.ring.authorise(hijack) is None
+        principal = follower.ring.authorise(real)
+        assert principal is not None and principal.tenant_id == "acme"
+        assert follower.ring.rejected == len(attacks)
+    finally:
+        await follower.stop()
+
+    # A worker that starts now replays the same records and reaches the same answers.
+    fresh = KeyFollower.for_settings(settings)
+    await fresh.start()
+    try:
+        assert await fresh.wait_ready(20.0)
+        assert fresh.ring.authorise(mine) is None and fresh.ring.authorise(hijack) is None
+        assert fresh.ring.authorise(real) is not None and fresh.ring.authorise(marker)
+    finally:
+        await fresh.stop()
+
+    # The operator sees the forgeries, and the fake "revoked" record does not stop a revoke.
+    listed = await cli("list")
+    [row] = [line for line in listed.splitlines() if line.startswith(real_id)]
+    assert row.split()[4] == "NO"
+    assert f"revoked {real_id}" in await cli("revoke", real_id)
+    after = KeyFollower.for_settings(settings)
+    await after.start()
+    try:
+        assert await after.wait_ready(20.0)
+        assert after.ring.authorise(real) is None and after.ring.authorise(marker) is not None
+    finally:
+        await after.stop()

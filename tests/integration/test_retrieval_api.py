@@ -169,8 +169,8 @@ async def test_tool_writes_are_jobs_serialised_with_extraction(api, tenant):
     tool = [x for x in changes if x.lineage.kind == "tool"]
     assert {x.after["content"] for x in tool} == {"Prefers window seats",
                                                  "Name: Cat. Lives in Oslo."}
-    assert "call-1" in next(x for x in tool if x.after["content"] == "Prefers window seats"
-                            ).lineage.message_ids
+    inserted = next(x for x in tool if x.after["content"] == "Prefers window seats")
+    assert inserted.lineage.message_ids == ["call-1"] and inserted.lineage.actor == "admin"
     # One job of the user in flight at a time: each job is sent only after the previous
     # job's result, whatever its kind; and seqs increase.
     await api.jobs.settle(1.0)

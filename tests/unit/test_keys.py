@@ -1,24 +1,32 @@
-"""API keys without a broker: minting, the ring's answers, record validation, decoding."""
+"""API keys without a broker: minting, signing, the ring's answers, record validation,
+decoding."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import hmac
 import json
+import logging
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
+from types import SimpleNamespace
 
 import pytest
+from click.testing import CliRunner
 from pydantic import ValidationError
 
-from memstream.errors import InvalidRecord
-from memstream.keys import KeyRecord, KeyRing, decode, new_key, revoke
-from memstream.keys_topic import keys_topic_spec
+from memstream.cli import main
+from memstream.errors import ConfigError, InvalidRecord
+from memstream.keys import KeyRecord, KeyRing, decode, new_key, revoke, sign, verify
+from memstream.keys_topic import KeyFollower, create_key, keys_topic_spec, revoke_key
 from memstream.settings import Settings
 
 pytestmark = pytest.mark.unit
 
 NOW = 1_780_000_000.0
 ADMIN = "admin-secret-of-the-operator"
+OTHER_ADMIN = "admin-secret-of-another-deployment"
 
 
 def ring_with(*records: KeyRecord, admin: str | None = ADMIN) -> KeyRing:
@@ -29,7 +37,7 @@ def ring_with(*records: KeyRecord, admin: str | None = ADMIN) -> KeyRing:
 
 
 def test_new_key_format_and_record():
-    plaintext, record = new_key("acme", "billing bot", NOW)
+    plaintext, record = new_key("acme", "billing bot", NOW, ADMIN)
     m = re.fullmatch(r"msk_([0-9a-f]{16})_([A-Za-z0-9_-]+)", plaintext)
     assert m is not None, plaintext
     assert m.group(1) == record.key_id
@@ -41,19 +49,19 @@ def test_new_key_format_and_record():
 
 
 def test_new_keys_differ():
-    a, ra = new_key("acme", "", NOW)
-    b, rb = new_key("acme", "", NOW)
+    a, ra = new_key("acme", "", NOW, ADMIN)
+    b, rb = new_key("acme", "", NOW, ADMIN)
     assert a != b and ra.key_id != rb.key_id and ra.sha256 != rb.sha256
 
 
 def test_sha256_is_not_in_repr():
-    _, record = new_key("acme", "", NOW)
+    _, record = new_key("acme", "", NOW, ADMIN)
     assert record.sha256 not in repr(record) and record.sha256 not in str(record)
 
 
 def test_authorise_ok_binds_tenant():
-    key_a, rec_a = new_key("acme", "", NOW)
-    key_b, rec_b = new_key("globex", "", NOW)
+    key_a, rec_a = new_key("acme", "", NOW, ADMIN)
+    key_b, rec_b = new_key("globex", "", NOW, ADMIN)
     ring = ring_with(rec_a, rec_b)
     pa, pb = ring.authorise(key_a), ring.authorise(key_b)
     assert pa is not None and pb is not None
@@ -63,8 +71,8 @@ def test_authorise_ok_binds_tenant():
 
 
 def test_authorise_wrong_secret():
-    key, rec = new_key("acme", "", NOW)
-    other, _ = new_key("acme", "", NOW)
+    key, rec = new_key("acme", "", NOW, ADMIN)
+    other, _ = new_key("acme", "", NOW, ADMIN)
     forged = key.rsplit("_", 1)[0] + "_" + other.rsplit("_", 1)[1]
     assert forged != key
     assert ring_with(rec).authorise(forged) is None
@@ -72,8 +80,8 @@ def test_authorise_wrong_secret():
 
 
 def test_authorise_unknown_id():
-    key, _ = new_key("acme", "", NOW)
-    _, other = new_key("acme", "", NOW)
+    key, _ = new_key("acme", "", NOW, ADMIN)
+    _, other = new_key("acme", "", NOW, ADMIN)
     assert ring_with(other).authorise(key) is None
     assert ring_with().authorise(key) is None
 
@@ -84,30 +92,30 @@ def test_authorise_unknown_id():
     "\ud800", "x" * 100_000, None, 42, b"msk_0123456789abcdef_" + b"a" * 43,
 ])
 def test_authorise_malformed_is_none_never_raises(presented):
-    _, rec = new_key("acme", "", NOW)
+    _, rec = new_key("acme", "", NOW, ADMIN)
     assert ring_with(rec).authorise(presented) is None
 
 
 def test_authorise_malformed_key_with_known_id():
-    key, rec = new_key("acme", "", NOW)
+    key, rec = new_key("acme", "", NOW, ADMIN)
     assert ring_with(rec).authorise(f"msk_{rec.key_id}_short") is None
     assert ring_with(rec).authorise(key.upper()) is None
 
 
 def test_authorise_revoked():
-    key, rec = new_key("acme", "", NOW)
+    key, rec = new_key("acme", "", NOW, ADMIN)
     ring = ring_with(rec)
     assert ring.authorise(key) is not None
-    ring.apply(revoke(rec, NOW + 60))
+    ring.apply(revoke(rec, NOW + 60, ADMIN))
     assert ring.authorise(key) is None
     assert len(ring) == 1  # kept, for audit
 
 
 def test_revoke_is_idempotent():
-    _, rec = new_key("acme", "", NOW)
-    first = revoke(rec, NOW + 1)
+    _, rec = new_key("acme", "", NOW, ADMIN)
+    first = revoke(rec, NOW + 1, ADMIN)
     assert first.revoked_at == datetime.fromtimestamp(NOW + 1, UTC)
-    assert revoke(first, NOW + 99) is first
+    assert revoke(first, NOW + 99, ADMIN) is first
     assert rec.revoked_at is None  # frozen: a new record, the old one unchanged
 
 
@@ -134,20 +142,20 @@ def test_admin_from_settings():
 
 
 def test_last_record_wins_also_unrevoking():
-    key, rec = new_key("acme", "first", NOW)
+    key, rec = new_key("acme", "first", NOW, ADMIN)
     ring = ring_with(rec)
-    revoked = revoke(rec, NOW + 1)
+    revoked = revoke(rec, NOW + 1, ADMIN)
     ring.apply(revoked)
     assert ring.authorise(key) is None
-    relabelled = rec.model_copy(update={"label": "again"})
-    ring.apply(relabelled)  # what compaction would keep: the last record
+    relabelled = sign(rec.model_copy(update={"label": "again"}), ADMIN)
+    ring.apply(relabelled)  # what compaction would keep: the last (signed) record
     assert ring.authorise(key) is not None
     assert [r.label for r in ring.records()] == ["again"]
 
 
 def test_update_applies_tombstones_and_records():
-    key_a, rec_a = new_key("acme", "", NOW)
-    key_b, rec_b = new_key("acme", "", NOW + 1)
+    key_a, rec_a = new_key("acme", "", NOW, ADMIN)
+    key_b, rec_b = new_key("acme", "", NOW + 1, ADMIN)
     ring = ring_with(rec_a)
     ring.update({rec_a.key_id: None, rec_b.key_id: rec_b})
     assert ring.authorise(key_a) is None and ring.authorise(key_b) is not None
@@ -155,7 +163,7 @@ def test_update_applies_tombstones_and_records():
 
 
 def test_records_sorted_by_creation():
-    recs = [new_key("acme", str(i), NOW + 10 - i)[1] for i in range(3)]
+    recs = [new_key("acme", str(i), NOW + 10 - i, ADMIN)[1] for i in range(3)]
     assert [r.label for r in ring_with(*recs).records()] == ["2", "1", "0"]
 
 
@@ -184,9 +192,9 @@ def test_key_record_rejects(field, value):
 
 def test_new_key_validates_tenant_and_label():
     with pytest.raises(ValidationError):
-        new_key("no/slash", "", NOW)
+        new_key("no/slash", "", NOW, ADMIN)
     with pytest.raises(ValidationError):
-        new_key("acme", "x" * 201, NOW)
+        new_key("acme", "x" * 201, NOW, ADMIN)
 
 
 def test_naive_datetimes_become_utc():
@@ -195,7 +203,7 @@ def test_naive_datetimes_become_utc():
 
 
 def test_decode_round_trip_and_tombstone():
-    _, rec = new_key("acme", "x", NOW)
+    _, rec = new_key("acme", "x", NOW, ADMIN)
     assert decode(rec.key_id.encode(), rec.dumps()) == (rec.key_id, rec)
     assert decode(rec.key_id.encode(), None) == (rec.key_id, None)
 
@@ -212,7 +220,7 @@ def test_decode_rejects(key, value, kind):
 
 
 def test_decode_rejects_key_mismatch_and_never_echoes_the_hash():
-    _, rec = new_key("acme", "", NOW)
+    _, rec = new_key("acme", "", NOW, ADMIN)
     with pytest.raises(InvalidRecord) as info:
         decode(b"fedcba9876543210", rec.dumps())
     assert info.value.kind == "key"
@@ -231,3 +239,174 @@ def test_keys_topic_spec():
     assert (spec.partitions, spec.retention_ms, spec.cleanup_policy, spec.co_partitioned) == (
         1, -1, "compact", False)
     assert spec.config()["cleanup.policy"] == "compact"
+
+
+# --- signatures ----------------------------------------------------------------------
+
+
+def test_signature_follows_the_documented_layout():
+    # Recomputed by hand from the module docstring, as another implementation would.
+    tz = timezone(timedelta(hours=2))
+    rec = KeyRecord(**valid_fields(label="bot é", revoked_at=datetime(2026, 3, 1, 12, tzinfo=tz)))
+    mac_key = hashlib.sha256(b"memstream api-keys v1\x1f" + ADMIN.encode()).digest()
+    message = "\x1f".join(["0123456789abcdef", "acme", "a" * 64, "2026-01-01T00:00:00.000000Z",
+                           "2026-03-01T10:00:00.000000Z", "bot é"]).encode()
+    expected = hmac.new(mac_key, message, hashlib.sha256).hexdigest()
+    assert sign(rec, ADMIN).signature == expected
+    unrevoked = KeyRecord(**valid_fields())
+    message = "\x1f".join(["0123456789abcdef", "acme", "a" * 64, "2026-01-01T00:00:00.000000Z",
+                           "", ""]).encode()
+    assert sign(unrevoked, ADMIN).signature == hmac.new(mac_key, message,
+                                                        hashlib.sha256).hexdigest()
+
+
+def test_new_key_and_revoke_are_signed_and_survive_the_topic():
+    _, rec = new_key("acme", "bot", NOW + 0.123456, ADMIN)
+    revoked = revoke(rec, NOW + 60.5, ADMIN)
+    for r in (rec, revoked):
+        assert re.fullmatch(r"[0-9a-f]{64}", r.signature)
+        assert verify(r, ADMIN) and not verify(r, OTHER_ADMIN) and not verify(r, None)
+        _, decoded = decode(r.key_id.encode(), r.dumps())
+        assert decoded is not None and verify(decoded, ADMIN)
+    assert revoked.signature != rec.signature
+    assert rec.signature not in repr(rec) and ADMIN not in rec.dumps().decode()
+
+
+def test_minting_and_revoking_need_the_admin_key():
+    _, rec = new_key("acme", "", NOW, ADMIN)
+    with pytest.raises(ConfigError, match="MEMSTREAM_ADMIN_KEY"):
+        new_key("acme", "", NOW, "")
+    with pytest.raises(ConfigError, match="MEMSTREAM_ADMIN_KEY"):
+        revoke(rec, NOW, "")
+
+
+def own_key_for(tenant_id: str, signature: str) -> tuple[str, KeyRecord]:
+    """What an attacker with produce rights writes: their own key, the victim tenant."""
+    plaintext = "msk_00000000000000aa_" + "s" * 43
+    return plaintext, KeyRecord(key_id="00000000000000aa", tenant_id=tenant_id,
+                                sha256=hashlib.sha256(plaintext.encode()).hexdigest(),
+                                created_at=datetime.fromtimestamp(NOW, UTC),
+                                signature=signature)
+
+
+@pytest.mark.parametrize("how", ["missing", "garbage", "other_admin", "copied"])
+def test_forged_record_is_rejected_and_never_authorises(how):
+    _, genuine = new_key("acme", "", NOW, ADMIN)
+    plaintext, forged = own_key_for("globex", "")
+    forged = {
+        "missing": forged,
+        "garbage": forged.model_copy(update={"signature": "0" * 64}),
+        "other_admin": sign(forged, OTHER_ADMIN),
+        "copied": forged.model_copy(update={"signature": genuine.signature}),
+    }[how]
+    _, forged = decode(forged.key_id.encode(), forged.dumps())  # as it comes off the topic
+    assert forged is not None and not verify(forged, ADMIN)
+    ring = ring_with(genuine)
+    ring.apply(forged)
+    assert ring.authorise(plaintext) is None
+    assert ring.get(forged.key_id) is None and len(ring) == 1 and ring.rejected == 1
+
+
+def test_tampered_fields_are_rejected():
+    key, rec = new_key("acme", "", NOW, ADMIN)
+    ring = ring_with()
+    ring.apply(rec.model_copy(update={"tenant_id": "globex"}))
+    ring.apply(rec.model_copy(update={"label": "renamed"}))
+    assert ring.authorise(key) is None and len(ring) == 0 and ring.rejected == 2
+    # Un-revoking by dropping revoked_at from a signed revocation does not verify either.
+    ring.apply(rec)
+    revoked = revoke(rec, NOW + 1, ADMIN)
+    ring.apply(revoked)
+    ring.apply(revoked.model_copy(update={"revoked_at": None}))
+    assert ring.authorise(key) is None and ring.get(rec.key_id) == revoked
+
+
+def test_forged_record_does_not_displace_the_real_one():
+    key, rec = new_key("acme", "", NOW, ADMIN)
+    ring = ring_with(rec)
+    mine = "msk_" + rec.key_id + "_" + "m" * 43
+    forged = rec.model_copy(update={"sha256": hashlib.sha256(mine.encode()).hexdigest()})
+    ring.update({rec.key_id: forged})
+    assert ring.authorise(mine) is None
+    principal = ring.authorise(key)
+    assert principal is not None and principal.tenant_id == "acme"
+
+
+@pytest.mark.parametrize("admin", [None, ""])
+def test_ring_without_admin_key_authorises_no_tenant_key(admin, caplog):
+    made = [new_key("acme", "", NOW, ADMIN) for _ in range(3)]
+    with caplog.at_level(logging.WARNING, logger="memstream.keys"):
+        ring = ring_with(*(rec for _, rec in made), admin=admin)
+    assert all(ring.authorise(key) is None for key, _ in made)
+    assert len(ring) == 0 and ring.rejected == 3
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "MEMSTREAM_ADMIN_KEY" in warnings[0], warnings
+
+
+def test_rejections_are_logged_once_per_key_id_without_values(caplog):
+    _, rec = new_key("acme", "label-x", NOW, ADMIN)
+    forged = sign(rec.model_copy(update={"tenant_id": "globex"}), OTHER_ADMIN)
+    ring = ring_with()
+    with caplog.at_level(logging.WARNING, logger="memstream.keys"):
+        for _ in range(3):
+            ring.apply(forged)
+        ring.apply(rec.model_copy(update={"key_id": "fedcba9876543210", "signature": ""}))
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and ring.rejected == 4
+    assert rec.key_id in messages[0] and "fedcba9876543210" in messages[1]
+    for value in (rec.sha256, forged.signature, "globex", "label-x", ADMIN):
+        assert not any(value in m for m in messages)
+
+
+def test_a_forged_tombstone_only_denies():
+    key, rec = new_key("acme", "", NOW, ADMIN)
+    ring = ring_with(rec)
+    ring.update({rec.key_id: None})  # unsigned by nature: removing can only deny
+    assert ring.authorise(key) is None and len(ring) == 0 and ring.rejected == 0
+
+
+def test_revoke_re_signs_a_forged_revocation():
+    # A record someone else wrote as "already revoked" must not make the operator's revoke
+    # a no-op: it is revoked afresh, signed, at the operator's time.
+    _, rec = new_key("acme", "", NOW, ADMIN)
+    fake = rec.model_copy(update={"revoked_at": datetime.fromtimestamp(NOW, UTC),
+                                  "signature": ""})
+    done = revoke(fake, NOW + 5, ADMIN)
+    assert done is not fake and verify(done, ADMIN)
+    assert done.revoked_at == datetime.fromtimestamp(NOW + 5, UTC)
+
+
+def test_follower_keeps_a_revocation_that_a_forgery_follows_in_one_batch():
+    # Without the check before batching, a forged record right after the revocation would
+    # replace it in the batch, be skipped by the ring, and leave the key live.
+    key, rec = new_key("acme", "", NOW, ADMIN)
+    ring = ring_with(rec)
+    follower = KeyFollower(ring, "127.0.0.1:1", "p.api-keys")
+    revoked = revoke(rec, NOW + 1, ADMIN)
+    forged = rec.model_copy(update={"label": "forged"})  # unrevoked, old signature
+    changes: dict[str, KeyRecord | None] = {}
+    for offset, r in enumerate((revoked, forged)):
+        follower._take(SimpleNamespace(topic="p.api-keys", partition=0, offset=offset,
+                                       key=r.key_id.encode(), value=r.dumps()), changes)
+    ring.update(changes)
+    assert ring.authorise(key) is None and ring.get(rec.key_id) == revoked
+    assert ring.rejected == 1
+
+
+@pytest.mark.parametrize("admin", [None, ""])
+def test_admin_helpers_need_the_admin_key_before_the_broker(admin):
+    s = Settings(bootstrap_servers="127.0.0.1:1", admin_key=admin)
+    with pytest.raises(ConfigError, match="MEMSTREAM_ADMIN_KEY"):
+        asyncio.run(create_key(s, "acme", ""))
+    with pytest.raises(ConfigError, match="MEMSTREAM_ADMIN_KEY"):
+        asyncio.run(revoke_key(s, "0123456789abcdef"))
+
+
+@pytest.mark.parametrize("args", [["keys", "create", "--tenant", "acme"],
+                                  ["keys", "revoke", "0123456789abcdef"]])
+def test_cli_without_admin_key_is_a_clean_error(args, monkeypatch):
+    monkeypatch.delenv("MEMSTREAM_ADMIN_KEY", raising=False)
+    monkeypatch.setenv("MEMSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1 and "MEMSTREAM_ADMIN_KEY" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)

@@ -88,7 +88,8 @@ def test_procedural_rules_come_apart_own_first_then_global(store):
     assert [m.memory_id for m in ask(store, "tea", include_global=False).procedural] == [
         "rule-high", "rule-low"]
     assert ask(store, "tea", k=10).procedural == found.procedural
-    assert recall(store, EMB, Query("t1", "u1", "tea"), NOW, W, blocks=False).procedural == []
+    assert recall(store, EMB, Query("t1", "u1", "tea"), NOW, W, procedural=False,
+                  core=False).procedural == []
 
 
 def test_core_memory_is_a_dict_of_blocks_not_a_search_hit(store):

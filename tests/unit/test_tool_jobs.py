@@ -263,3 +263,17 @@ def test_memory_insert_never_rewrites_a_core_block(store):
     agent.call(content="Name of the user's dog: Rex", rid="c2")
     blocks = [m.content for m in store.list(Scope("t1", "u1")) if m.slot == "core:profile"]
     assert blocks == ["Name: Ann\nCity: Oslo"]
+
+
+def test_jobs_take_turns_by_time_not_by_kind():
+    """A tool write and a due extraction go in order of their own time: a tool write never
+    overtakes older unscanned messages (their facts first), nor waits behind newer ones."""
+    at = {"late": datetime(2026, 1, 1, 0, 5, tzinfo=UTC),  # after the messages (00:00)
+          "early": datetime(2025, 12, 31, tzinfo=UTC)}  # before them
+    for rid, expected in (("late", TriggerReason.THRESHOLD), ("early", TriggerReason.TOOL)):
+        state, [extract] = feed(fresh(), FACTS)
+        state, _ = feed(state, ["f5 x", "f6 x", "f7 x", "f8 x"])  # due again meanwhile
+        req = tool_request(rid=rid).model_copy(update={"ts": at[rid]})
+        state = on_tool(state, req, 1.0, P).state
+        [first] = on_result(state, result(extract), 2.0, P).jobs
+        assert first.reason == expected, rid
