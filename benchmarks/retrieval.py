@@ -177,8 +177,8 @@ def _memory(i: int, user: str, kind: str, now: float, rng: random.Random) -> Mem
     if kind == "procedural":
         return Memory(f"m{i}", TENANT, user, MemoryType.PROCEDURAL,
                       rng.choice(PROCEDURES).format(**fill), 7, created, updated, created, source)
-    if kind == "core":
-        return Memory(f"m{i}", TENANT, user, MemoryType.SEMANTIC,
+    if kind == "core":  # as memory.toolwrite writes a core block: episodic, slotted
+        return Memory(f"m{i}", TENANT, user, MemoryType.EPISODIC,
                       "The user is {name}, a {job} living in {city}.".format(**fill), 8,
                       created, updated, created, source, slot=core_slot("profile"))
     roll = rng.random()

@@ -120,6 +120,16 @@ def _report(settings: Settings, events: list[Event], decisions: list[JobDecision
             expiry = "  (expires)" if m.expires_at else ""
             click.echo(f"    - [{m.type:10} imp {m.importance}] v{m.version} "
                        f"{m.content}{expiry}")
+    tenant, user = users[0]
+    with MemoryClient(url, settings.admin_key.get_secret_value(), tenant_id=tenant) as c:
+        names = [t["function"]["name"] for t in c.tools()]
+        click.echo(f"\nAgent tools (OpenAI tool definitions: {', '.join(names)}); "
+                   f"{tenant}/{user}'s agent writes through the pipeline (jobs of kind tool):")
+        for name, args in (("core_memory_replace", {"label": "profile", "old_content": "",
+                                                    "new_content": "Prefers to be called Ali."}),
+                           ("memory_insert", {"content": "Likes window seats on trains"})):
+            done = c.execute_tool(name, args, user_id=user, wait_s=20)
+            click.echo(f"  {name}: {done.status}: {done.content}")
     click.echo("\nContext for the next turn (one `context` call per user: scored memories, "
                "the session's last turns, a ready prompt block):")
     for tenant, user in users:

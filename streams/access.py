@@ -79,7 +79,11 @@ class AccessRecorder:
         if self._producer is None:
             producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers,
                                         enable_idempotence=True, linger_ms=5)
-            await producer.start()
+            try:
+                await producer.start()
+            except BaseException:
+                await producer.stop()  # a failed start leaves connections to close
+                raise
             self._producer = producer
         batch, self.pending = self.pending, deque()  # record() goes on filling a new queue
         try:
