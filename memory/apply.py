@@ -18,6 +18,7 @@ from memstream.memory import fencing
 from memstream.memory.decisions import PlannedOp
 from memstream.memory.extraction import JobOutcome, MemoryModel
 from memstream.memory.fencing import Cursor, Touch, Verdict, moved_on, verdict
+from memstream.memory.jobwork import LINEAGE
 from memstream.memory.model import Memory
 from memstream.memory.store import MemoryStore, Scope
 from memstream.topics.schemas import (
@@ -36,6 +37,19 @@ def _message_ids(job: ExtractionJob) -> list[str]:
     return [m.message_id for m in job.messages]
 
 
+def _lineage_kind(job: ExtractionJob) -> str:
+    if job.tool is None:
+        return "extraction"
+    return LINEAGE.get(job.tool.name, "tool")  # a windowed job's, or an agent's tool call
+
+
+def _prompt_version(job: ExtractionJob, model: MemoryModel) -> str:
+    """The prompt that decided: a reflection job's is the model's reflection prompt."""
+    if job.tool is not None and job.tool.name == "reflect":
+        return str(getattr(model, "reflect_prompt_version", model.prompt_version))
+    return model.prompt_version
+
+
 def change_for(op: PlannedOp, vector: list[float] | None, job: ExtractionJob,
                outcome: JobOutcome, model: MemoryModel, now: float) -> MemoryChange:
     return MemoryChange(
@@ -45,9 +59,9 @@ def change_for(op: PlannedOp, vector: list[float] | None, job: ExtractionJob,
         records=[r.to_payload() for r in op.writes], vector=vector, reason=op.reason,
         lineage=Lineage(session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
                         job_id=job.job_id, message_ids=_message_ids(job),
-                        seq=job.seq, kind="extraction" if job.tool is None else "tool",
+                        seq=job.seq, kind=_lineage_kind(job),
                         actor=job.tool.principal if job.tool else ""),
-        model=model.name, prompt_version=model.prompt_version,
+        model=model.name, prompt_version=_prompt_version(job, model),
         prompt_tokens=outcome.usage.prompt_tokens,
         completion_tokens=outcome.usage.completion_tokens,
         decided_at=datetime.fromtimestamp(now, UTC),

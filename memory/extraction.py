@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
-from memstream.memory import rules, toolwrite
+from memstream.memory import jobwork, rules, toolwrite
 from memstream.memory.decisions import Candidate, Context, Decision, IdMap, PlannedOp, resolve
 from memstream.memory.embedding import Embedder, cosine
+from memstream.memory.jobwork import JobSettings
 from memstream.memory.model import Memory, MemoryType, OpKind
 from memstream.memory.store import MemoryStore, Scope
 from memstream.memory.triggers import is_trivial
@@ -37,6 +38,18 @@ class Usage:
                      self.completion_tokens + other.completion_tokens)
 
 
+@dataclass(frozen=True)
+class Insight:
+    """A higher-level statement a reflection inferred about the user (Generative Agents).
+
+    ``evidence`` holds the 1-based numbers of the memories shown to the model, never ids:
+    the caller maps them back to the memories it numbered (the reflection's lineage)."""
+
+    text: str
+    evidence: tuple[int, ...]
+    importance: int = 8
+
+
 class MemoryModel(Protocol):
     name: str
     prompt_version: str
@@ -46,6 +59,10 @@ class MemoryModel(Protocol):
 
     def decide(self, candidate: Candidate, shown: list[tuple[int, Memory, float]],
                threshold: float) -> tuple[Decision, Usage]: ...
+
+    def reflect(self, memories: list[tuple[int, Memory]]) -> tuple[list[Insight], Usage]:
+        """Insights over the user's recent memories, numbered 1..n by the caller."""
+        ...
 
 
 @runtime_checkable
@@ -77,6 +94,11 @@ class RulesModel:
     def decide(self, candidate: Candidate, shown: list[tuple[int, Memory, float]],
                threshold: float) -> tuple[Decision, Usage]:
         return rules.decide(candidate, shown, threshold), Usage()
+
+    def reflect(self, memories: list[tuple[int, Memory]]) -> tuple[list[Insight], Usage]:
+        """No inference without a model: the offline reflection is a deterministic profile
+        summary built by the reflection job, not an insight made up here."""
+        return [], Usage()
 
 
 @dataclass
@@ -142,6 +164,7 @@ class Extractor:
     embedder: Embedder
     store: MemoryStore
     top_k: int = 5
+    jobs: JobSettings = field(default_factory=JobSettings)
 
     def decide(self, job: ExtractionJob, now: float, deadline: float | None = None) -> JobOutcome:
         """The job's ops. ``deadline`` (an absolute time on the model's clock, None: none)
@@ -181,7 +204,10 @@ class Extractor:
 
     def _decide_tool(self, job: ExtractionJob, write: ToolWrite, now: float,
                      out: JobOutcome) -> JobOutcome:
-        """An agent's tool write (see :mod:`memory.toolwrite`): no extraction step."""
+        """An agent's tool write (see :mod:`memory.toolwrite`), or a windowed job's command
+        (see :mod:`memory.jobwork`): no extraction step."""
+        if write.name in jobwork.LINEAGE:
+            return jobwork.decide_job(self, job, write, now, out)
         if write.name == "core_memory_replace":
             ops, out.read, out.error = toolwrite.core_ops(self.store, job, write, now)
             vectors = self.embedder.embed([op.after.content for op in ops])

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible memory model: extraction and decision as two validated calls.
+"""The OpenAI-compatible memory model: extraction and decision as two validated calls
+(and reflection, :mod:`memory.llm_reflect`).
 
 Works against OpenAI, vLLM, Ollama or anything that speaks ``/v1/chat/completions``:
 - structured output through a JSON-schema response format, falling back to JSON mode
@@ -27,8 +28,9 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field, ValidationError
 
 from memstream.errors import MemstreamError
+from memstream.memory import llm_reflect
 from memstream.memory.decisions import Candidate, Decision
-from memstream.memory.extraction import Usage
+from memstream.memory.extraction import Insight, Usage
 from memstream.memory.model import Memory, MemoryType, OpKind
 from memstream.retry import RetriesExhausted, RetryPolicy, current_deadline, remaining, retry_sync
 from memstream.settings import Settings
@@ -114,6 +116,7 @@ class OpenAIModel:
         self.combined = settings.llm_mode == "combined"
         self.prompt_version = (COMBINED_PROMPT if self.combined
                                else f"{EXTRACT_PROMPT}+{DECIDE_PROMPT}")
+        self.reflect_prompt_version = llm_reflect.REFLECT_PROMPT
         self.attempts = settings.llm_retries + 1
         self.policy = retry_policy(settings)
         self.timeout_s = settings.llm_timeout_s
@@ -165,6 +168,19 @@ class OpenAIModel:
 
         reply, usage = self._ask(DECIDE_PROMPT, DecideReply, user, names_a_listed_memory)
         return Decision(OpKind(reply.op.lower()), reply.target, reply.reason), usage
+
+    def reflect(self, memories: list[tuple[int, Memory]]) -> tuple[list[Insight], Usage]:
+        """Two calls: the salient questions, then insights citing the numbers shown (a reply
+        citing any other number is invalid and retried). Nothing to reflect on: no call."""
+        if not memories:
+            return [], Usage()
+        ask_questions, ask_insights = llm_reflect.prompt_names(self.reflect_prompt_version)
+        asked, usage = self._ask(ask_questions, llm_reflect.QuestionsReply,
+                                 llm_reflect.questions_input(memories))
+        reply, more = self._ask(ask_insights, llm_reflect.InsightsReply,
+                                llm_reflect.insights_input(asked.questions, memories),
+                                llm_reflect.cites_only([n for n, _ in memories]))
+        return llm_reflect.insights(reply), usage + more
 
     # --- one validated call with retries -------------------------------------------------
     def _ask(self, prompt_name: str, schema: type[T], user: str,

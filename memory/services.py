@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from memstream.errors import ConfigError
 from memstream.memory.embedding import Embedder, HashingEmbedder, OpenAIEmbedder, UseEmbedder
 from memstream.memory.extraction import Extractor, MemoryModel, RulesModel
+from memstream.memory.jobwork import JobSettings
 from memstream.memory.scoring import Weights
 from memstream.memory.store import MemoryStore
 from memstream.settings import Settings
@@ -71,6 +72,17 @@ def weights(settings: Settings) -> Weights:
                    normalise=settings.retrieval_normalise)
 
 
+def job_settings(settings: Settings) -> JobSettings:
+    """What the windowed jobs' work needs from the settings (SPEC §6)."""
+    from memstream.memory.maintenance import DecayPolicy
+
+    return JobSettings(
+        decay=DecayPolicy(downweight_days=settings.decay_downweight_days,
+                          archive_days=settings.decay_archive_days,
+                          slow_factor=settings.decay_slow_factor, weight=settings.decay_weight),
+        reflection_recent=settings.reflection_recent)
+
+
 def build_services(settings: Settings) -> Services:
     embedder = build_embedder(settings)
     if settings.similarity_threshold is not None:
@@ -78,4 +90,5 @@ def build_services(settings: Settings) -> Services:
     store = build_store(settings, embedder.dim)
     model = build_model(settings)
     return Services(model, embedder, store,
-                    Extractor(model, embedder, store, top_k=settings.top_k_similar))
+                    Extractor(model, embedder, store, top_k=settings.top_k_similar,
+                              jobs=job_settings(settings)))

@@ -186,7 +186,33 @@ def keys_revoke(settings: Settings, key_id: str) -> None:
 @click.option("--loglevel", default="info")
 @click.pass_obj
 def worker(settings: Settings, loglevel: str) -> None:
-    """Run the stream-processing worker (ingest stage)."""
+    """Run the stream-processing worker (ingest, extract/apply, jobs, API per settings)."""
+    _run_worker(settings, loglevel)
+
+
+@main.group()
+def jobs() -> None:
+    """The windowed jobs (reflection, consolidation, decay)."""
+
+
+@jobs.command("run")
+@click.argument("which", nargs=-1, type=click.Choice(["reflect", "consolidate", "decay"]))
+@click.option("--loglevel", default="info")
+@click.pass_obj
+def jobs_run(settings: Settings, which: tuple[str, ...], loglevel: str) -> None:
+    """Run the jobs' triggers as their own process (all three by default).
+
+    Triggers read only topics and send commands; the work itself runs in the worker that
+    owns the store. Start the main workers with MEMSTREAM_JOBS_ENABLED=false then.
+    """
+    own = settings.model_copy(update={
+        "app_id": f"{settings.app_id}-jobs", "data_dir": settings.data_dir / "jobs",
+        "ingest_enabled": False, "extract_enabled": False, "web_enabled": False,
+        "jobs_enabled": True, "jobs": which or ("reflect", "consolidate", "decay")})
+    _run_worker(own, loglevel)
+
+
+def _run_worker(settings: Settings, loglevel: str) -> None:
     import time
 
     from memstream.retry import RetryPolicy, retry_async

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -31,6 +32,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     for name, value in settings.model_dump(exclude_none=True).items():
         if hasattr(value, "get_secret_value"):
             value = value.get_secret_value()
+        if isinstance(value, list | tuple | dict):  # complex fields are JSON in the environment
+            value = json.dumps(value)
         env[f"MEMSTREAM_{name.upper()}"] = str(value)
     return env
 

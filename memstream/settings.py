@@ -76,6 +76,10 @@ class Settings(BaseSettings):
         None, description="'About the same thing' cosine; None: the embedder's calibrated default"
     )
     extract_enabled: bool = Field(True, description="Run the extract/apply agents here")
+    ingest_enabled: bool = Field(True, description="Run the ingest agent here")
+    clock_offset_s: float = Field(
+        0.0, description="Added to the worker's clock (tests and drills: time travel for TTL "
+        "and decay without waiting); 0 in production")
     extract_concurrency: int = Field(4, ge=1, description="Jobs decided at once (other users)")
     extract_retries: int = Field(
         4, ge=0, description="Attempts of a job beyond the first, within its deadline "
@@ -123,6 +127,14 @@ class Settings(BaseSettings):
     consolidation_interval_s: float = Field(86_400.0, gt=0, description="Consolidation period")
     decay_downweight_days: int = Field(30, ge=1, description="No hit for this long: down-weight")
     decay_archive_days: int = Field(90, ge=1, description="No hit for this long: archive")
+    decay_slow_factor: float = Field(
+        3.0, ge=1, description="Reflections and procedural memories decay this many times slower")
+    decay_weight: float = Field(0.5, gt=0, le=1,
+                                description="Score factor of a down-weighted memory")
+    decay_interval_s: float = Field(86_400.0, gt=0, description="Decay sweep period per user")
+    jobs_enabled: bool = Field(True, description="Run the windowed jobs' triggers in the worker")
+    jobs: tuple[Literal["reflect", "consolidate", "decay"], ...] = Field(
+        ("reflect", "consolidate", "decay"), description="Which windowed jobs are triggered")
 
     # --- LLM (the next issue wires these) ----------------------------------------------
     llm_base_url: str | None = Field(None, description="OpenAI-compatible base URL")

@@ -15,6 +15,7 @@ import base64
 import hashlib
 import json
 import logging
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -265,12 +266,16 @@ class WorkerBackend:
         request = ToolRequest(request_id=request_id, tenant_id=tenant, user_id=user,
                               session_id=session, write=write, principal=principal.key_id,
                               ts=datetime.fromtimestamp(self.p.clock(), UTC))
+        started = time.monotonic()
         try:
             await self._send(request)
         except BaseException:
             self.p.waiters.resolve(job_id, Outcome("failed", error="not sent"))
             raise
+        sent = time.monotonic()
         outcome = await self.p.waiters.wait(job_id, future, req.wait_s)
+        log.debug("tool write %s: sent in %.2fs, %s after %.2fs", request_id, sent - started,
+                 "applied" if outcome else "still queued", time.monotonic() - sent)
         return self._write_result(req, request_id, job_id, outcome)
 
     @staticmethod

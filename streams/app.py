@@ -86,7 +86,10 @@ class Pipeline:
     decisions: faust.TopicT
     memory_changes: faust.TopicT
     memory_access: faust.TopicT
+    tool_requests: faust.TopicT  # agents' writes and the windowed jobs' commands
+    maintenance_ticks: faust.TopicT
     window: TableT[bytes, Any]  # the short-term window (streams.window)
+    maintenance: TableT[bytes, Any]  # the windowed jobs' per-user triggers (jobs.agents)
     services: Services
     clock: Callable[[], float] = time.time
     counters: Counters = field(default_factory=Counters)
@@ -111,6 +114,11 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
     from memstream.streams.commit_order import commit_after_outputs
 
     commit_after_outputs()
+    if settings.clock_offset_s and clock is time.time:
+        offset = settings.clock_offset_s
+
+        def clock() -> float:
+            return time.time() + offset
 
     app = faust_setup.App(settings.app_id, **settings.faust_kwargs(),
                           **faust_setup.app_options(settings))
@@ -135,15 +143,24 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
         decisions=_raw_topic(app, reg.decisions.name),
         memory_changes=_raw_topic(app, reg.memory_changes.name),
         memory_access=_raw_topic(app, reg.memory_access.name),
+        tool_requests=_raw_topic(app, reg.tool_requests.name),
+        maintenance_ticks=_raw_topic(app, reg.maintenance_ticks.name),
+        maintenance=app.Table("maintenance", default=None, partitions=settings.partitions,
+                              key_type=bytes),
         window=app.Table("session-window", default=None, partitions=settings.partitions,
                          key_type=bytes),
         services=services or build_services(settings),
         clock=clock,
     )
-    ingest.register(pipeline)
+    if settings.ingest_enabled:
+        ingest.register(pipeline)
     if settings.extract_enabled:
         extract.register(pipeline)
         access.register(pipeline)
     if settings.web_enabled:
         serve.register(pipeline)
+    if settings.jobs_enabled:
+        from memstream.jobs.agents import register as register_jobs
+
+        register_jobs(pipeline)
     return pipeline

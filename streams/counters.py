@@ -36,6 +36,9 @@ class Counters:
     feedback_used: int = 0
     feedback_not_useful: int = 0
     tool_calls: int = 0
+    # windowed jobs (jobs.agents): commands sent; consolidation merges (SPEC §8)
+    jobs_commands: int = 0
+    consolidation_merges: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

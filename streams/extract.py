@@ -166,6 +166,8 @@ async def publish(p: Pipeline, key: bytes, decision: JobDecision, applied: Appli
         decision, applied.status, datetime.fromtimestamp(p.clock(), UTC),
         llm_calls=decision.llm_calls, error=applied.error, applied_seq=applied.applied_seq)
     await p.job_results.send(key=key, value=result.dumps())
+    if applied.publish and applied.verdict == fencing.Verdict.APPLY:
+        c.consolidation_merges += decision.decisions.get("merged", 0)  # SPEC §8
     if applied.status != JobStatus.FENCED:  # a fenced job goes again under the same id
         p.waiters.resolve(decision.job_id, Outcome(
             applied.status.value, [_summary(c) for c in applied.publish],

@@ -12,6 +12,7 @@ is only ever changed inside the agent.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -116,38 +117,43 @@ class TickSender:
     Under exactly-once, Faust wraps sends in the partition's open transaction, which is
     only committed together with consumed offsets; a timer that fires while no input
     arrives would leave its ticks invisible. Ticks are idempotent hints, so a plain
-    producer is right for them.
+    producer is right for them. ``due(now)`` names the users to tick.
     """
 
-    def __init__(self, p: Pipeline) -> None:
+    def __init__(self, p: Pipeline, topic: str,
+                 due: Callable[[float], list[tuple[str, str]]]) -> None:
         self.p = p
+        self.topic = topic
+        self.due = due
         self.producer: AIOKafkaProducer | None = None
 
     async def send_due(self) -> int:
-        """Send a tick for each locally owned user whose deadline has passed."""
+        """Send a tick for each user ``due`` names now."""
         p = self.p
         now = p.clock()
-        due = [
-            (key, snap) for key, snap in list(p.state.items())
-            if snap and snap.get("deadline") is not None and snap["deadline"] <= now
-        ]
-        if not due:
+        users = self.due(now)
+        if not users:
             return 0
         if self.producer is None:
             self.producer = AIOKafkaProducer(bootstrap_servers=p.settings.bootstrap_servers)
             await self.producer.start()
         stamp = datetime.fromtimestamp(now, UTC)
-        for _key, snap in due:
-            tick = Tick(tenant_id=snap["tenant_id"], user_id=snap["user_id"], now=stamp)
-            await self.producer.send(p.topics.ticks.name, key=tick.key().encode(),
-                                     value=tick.dumps())
+        for tenant, user in users:
+            tick = Tick(tenant_id=tenant, user_id=user, now=stamp)
+            await self.producer.send(self.topic, key=tick.key().encode(), value=tick.dumps())
         await self.producer.flush()
-        return len(due)
+        return len(users)
 
     async def close(self) -> None:
         if self.producer is not None:
             await self.producer.stop()
             self.producer = None
+
+
+def due_users(p: Pipeline, now: float) -> list[tuple[str, str]]:
+    """Locally owned users whose ingest deadline (idle flush, retry, timeout) has passed."""
+    return [(snap["tenant_id"], snap["user_id"]) for _key, snap in list(p.state.items())
+            if snap and snap.get("deadline") is not None and snap["deadline"] <= now]
 
 
 def register(p: Pipeline) -> None:
@@ -158,7 +164,7 @@ def register(p: Pipeline) -> None:
         async for event in stream.events():
             await guarded(p, event.message, lambda: handle(p, event))  # noqa: B023
 
-    ticks = TickSender(p)
+    ticks = TickSender(p, p.topics.ticks.name, lambda now: due_users(p, now))
 
     @p.app.timer(p.settings.tick_interval_s, name="ingest-ticker")
     async def ticker() -> None:

@@ -66,12 +66,13 @@ class Topics:
     tool_requests: TopicSpec
     memory_access: TopicSpec
     api_keys: TopicSpec
+    maintenance_ticks: TopicSpec
 
     def all(self) -> list[TopicSpec]:
         return [
             self.messages, self.session_events, self.jobs, self.job_results, self.ticks,
             self.dead_letters, self.decisions, self.memory_changes, self.tool_requests,
-            self.memory_access, self.api_keys,
+            self.memory_access, self.api_keys, self.maintenance_ticks,
         ]
 
     def ingest_inputs(self) -> list[TopicSpec]:
@@ -136,10 +137,14 @@ def registry(settings: Settings) -> Topics:
                 "last_accessed_at / access_count (kept: a rebuild folds it again).",
         ),
         api_keys=keys_topic_spec(settings),
+        maintenance_ticks=TopicSpec(
+            settings.topic("maintenance-ticks"), Tick, n, DAY_MS,
+            doc="Internal timer events of the windowed jobs (jobs.agents), one per due user.",
+        ),
     )
 
 
-TABLES = ("ingest-state", "session-window")  # the worker's changelog-backed tables
+TABLES = ("ingest-state", "session-window", "maintenance")  # the worker's changelog-backed tables
 
 
 def all_topic_names(settings: Settings) -> list[str]:

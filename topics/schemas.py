@@ -109,11 +109,13 @@ class ToolWrite(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    name: Literal["memory_insert", "core_memory_replace"]
+    # memory_insert / core_memory_replace: an agent's tool call; reflect / consolidate /
+    # decay: a windowed job's command (jobs.triggers), same path
+    name: Literal["memory_insert", "core_memory_replace", "reflect", "consolidate", "decay"]
     request_id: str = Field("", max_length=128)  # taken once per id (content-derived)
     call_id: str = Field("", max_length=128)  # the model's tool call id (lineage)
     principal: str = Field("", max_length=128)  # which key asked: key id or "admin" (audit)
-    content: str = Field(max_length=4_000)
+    content: str = Field("", max_length=4_000)
     importance: int = Field(5, ge=1, le=10)
     memory_type: Literal["episodic", "procedural"] = "episodic"
     label: str | None = None
@@ -287,7 +289,7 @@ class Lineage(BaseModel):
     job_id: str
     message_ids: list[str] = Field(default_factory=list)
     seq: int = 0  # the job's per-user sequence number
-    kind: Literal["extraction", "tool"] = "extraction"
+    kind: Literal["extraction", "tool", "reflection", "consolidation", "decay"] = "extraction"
     actor: str = ""  # tool writes: the API key that asked (key id, or "admin")
 
 

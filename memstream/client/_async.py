@@ -33,7 +33,7 @@ class AsyncMemoryClient(ClientBase):
         step = ops.advance(op, None, self._secret)
         while isinstance(step, ops.Call):
             with ops.reaching_api():
-                response = await self._http.request(**step.request_kwargs())
+                response = await self._http.request(**step.request_kwargs(self._timeout))
             step = ops.advance(op, response, self._secret)
         return step.value
 

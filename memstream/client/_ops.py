@@ -50,11 +50,15 @@ class Call:
     path: str
     params: dict[str, str | int] | None = None
     json: dict[str, Any] | None = None
+    min_timeout: float | None = None  # the server may hold this call this long (tool writes)
 
-    def request_kwargs(self) -> dict[str, Any]:
+    def request_kwargs(self, timeout: float | None = None) -> dict[str, Any]:
         """Keyword arguments of ``httpx.Client.request`` and ``AsyncClient.request`` alike."""
-        return {"method": self.method, "url": self.path, "params": self.params,
-                "json": self.json}
+        kwargs: dict[str, Any] = {"method": self.method, "url": self.path,
+                                  "params": self.params, "json": self.json}
+        if self.min_timeout is not None and timeout is not None:
+            kwargs["timeout"] = max(timeout, self.min_timeout)
+        return kwargs
 
 
 @dataclass(frozen=True)
@@ -168,7 +172,8 @@ def tools_op() -> Op[list[dict[str, Any]]]:
 
 def execute_tool_op(tenant: str, user: str, request: ToolCallRequest) -> Op[ToolResult]:
     path = _user_path(tenant, user, "tools/execute")
-    return _parse((yield Call("POST", path, json=_body(request))), ToolResult)
+    call = Call("POST", path, json=_body(request), min_timeout=request.wait_s + 5.0)
+    return _parse((yield call), ToolResult)
 
 
 def feedback_op(tenant: str, user: str, request: FeedbackRequest) -> Op[Accepted]:

@@ -39,7 +39,7 @@ class MemoryClient(ClientBase):
         step = ops.advance(op, None, self._secret)
         while isinstance(step, ops.Call):
             with ops.reaching_api():
-                response = self._http.request(**step.request_kwargs())
+                response = self._http.request(**step.request_kwargs(self._timeout))
             step = ops.advance(op, response, self._secret)
         return step.value
 
