@@ -205,11 +205,16 @@ def jobs_run(settings: Settings, which: tuple[str, ...], loglevel: str) -> None:
     Triggers read only topics and send commands; the work itself runs in the worker that
     owns the store. Start the main workers with MEMSTREAM_JOBS_ENABLED=false then.
     """
-    own = settings.model_copy(update={
+    _run_worker(jobs_only(settings, which), loglevel)
+
+
+def jobs_only(settings: Settings, which: tuple[str, ...] = ()) -> Settings:
+    """The settings of a process that runs only the windowed jobs' triggers: its own
+    consumer group and state, no ingest, no extract/apply, no API."""
+    return settings.model_copy(update={
         "app_id": f"{settings.app_id}-jobs", "data_dir": settings.data_dir / "jobs",
         "ingest_enabled": False, "extract_enabled": False, "web_enabled": False,
         "jobs_enabled": True, "jobs": which or ("reflect", "consolidate", "decay")})
-    _run_worker(own, loglevel)
 
 
 def _run_worker(settings: Settings, loglevel: str) -> None:

@@ -101,3 +101,16 @@ def test_the_due_index_names_only_due_users_once():
     index.push(b"t/c", 5.0)
     index.push(b"t/c", None)  # nothing due any more
     assert index.pop_due(100.0) == []
+
+
+def test_jobs_run_builds_a_triggers_only_worker(tmp_path):
+    from memstream.cli import jobs_only
+    from memstream.settings import Settings
+    from memstream.streams.app import build_app
+
+    base = Settings(data_dir=tmp_path, embedder="hashing", web_enabled=True)
+    own = jobs_only(base, ("decay",))
+    assert (own.app_id, own.jobs, own.ingest_enabled, own.extract_enabled, own.web_enabled) == (
+        "memstream-jobs", ("decay",), False, False, False)
+    agents = {a.name.rsplit(".", 1)[-1] for a in build_app(own).app.agents.values()}
+    assert agents == {"jobs"}
