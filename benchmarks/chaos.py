@@ -685,6 +685,19 @@ def http_live(settings: Settings, users: Iterable[str]) -> dict[str, list[str]]:
     return out
 
 
+def explain(changes: Sequence[MemoryChange], missing: Sequence[tuple[str, str]],
+            ) -> list[str]:
+    """For a text the replay lost: every change of that user touching it, in log order."""
+    out = []
+    for user, text in missing:
+        for c in changes:
+            if c.user_id == user and text in (str((c.before or {}).get("content")),
+                                              str(c.after.get("content"))):
+                out.append(f"{user} {c.op} {c.lineage.kind} {c.memory_id[:8]} v{c.version} "
+                           f"{c.after.get('status')} {c.change_id[:8]} {c.reason[:60]}")
+    return out
+
+
 def replay(changes: Sequence[MemoryChange]) -> tuple[dict[str, list[str]], list[str]]:
     """Each user's live memory texts after replaying the change log, in topic order, into
     an empty in-memory Qdrant (one collection per user keeps the local mode fast), and the
@@ -794,7 +807,9 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
         replayed, failed = await asyncio.to_thread(replay, changes)
         figures["replay_failed_changes"] = len(failed)
         figures["replay_failed_examples"] = failed[:5]
-        return Outcome(figures, check(truth, http, "http"), check(truth, replayed, "replay"))
+        outcome = Outcome(figures, check(truth, http, "http"), check(truth, replayed, "replay"))
+        figures["replay_missing_changes"] = explain(changes, outcome.replayed.missing[:3])
+        return outcome
     finally:
         worker.stop()
         if not keep_topics:

@@ -228,7 +228,7 @@ def run_demo(base: Settings, *, keep_broker: bool) -> None:
         "tick_interval_s": 0.5, "web_enabled": True, "web_port": _free_port(),
         "admin_key": base.admin_key or SecretStr(secrets.token_urlsafe(16)),
         # The windowed jobs on a demo's time scale (SPEC §6 defaults: 150, one day).
-        "reflection_threshold": 20, "consolidation_interval_s": 2.0,
+        "reflection_threshold": 20, "consolidation_interval_s": 2.0, "jobs_enabled": True,
     })
     local = settings.bootstrap_servers == f"127.0.0.1:{settings.kafka_port}"
     started_broker = False

@@ -44,7 +44,8 @@ async def changes_of(h, reader: TopicReader, tenant: str, user: str, kind: str,
 
 
 async def test_reflection_then_ttl_expiry_after_a_crash_mid_reflection(harness, tmp_path):
-    h = await harness(extract_enabled=True, embedder="hashing", reflection_threshold=12,
+    h = await harness(extract_enabled=True, embedder="hashing", jobs_enabled=True,
+                      reflection_threshold=12,
                       consolidation_interval_s=3600.0, decay_interval_s=2.0)
     worker = h.worker()
     reader = await TopicReader(h.settings.bootstrap_servers, h.topics.memory_changes.name).start()
@@ -95,7 +96,7 @@ def sloppy_model(request: dict) -> Reply:
 
 async def test_a_duplicate_from_two_sessions_is_consolidated(harness):
     with OpenAITestServer(responder=sloppy_model) as llm:
-        h = await harness(extract_enabled=True, embedder="hashing", llm="openai",
+        h = await harness(extract_enabled=True, embedder="hashing", llm="openai", jobs_enabled=True,
                           llm_base_url=llm.url, llm_api_key="k", similarity_threshold=0.3,
                           reflection_threshold=1000, consolidation_interval_s=1.0,
                           decay_interval_s=3600.0)
