@@ -676,7 +676,8 @@ def http_live(settings: Settings, users: Iterable[str]) -> dict[str, list[str]]:
         for attempt in range(5):
             try:
                 with urllib.request.urlopen(req, timeout=30) as resp:
-                    out[user] = [m["content"] for m in json.loads(resp.read())["memories"]]
+                    out[user] = [m["content"] for m in json.loads(resp.read())["memories"]
+                                 if m.get("slot") != "reflection:profile"]  # not a fact
                 break
             except OSError:
                 if attempt == 4:
@@ -724,7 +725,8 @@ def replay(changes: Sequence[MemoryChange]) -> tuple[dict[str, list[str]], list[
         except Exception as exc:  # a broken log is a finding, not a crash of the benchmark
             failed.append(f"{c.user_id} {c.op} {c.memory_id[:8]} v{c.version}: "
                           f"{type(exc).__name__}")
-    out = {user: [m.content for m in store.list(Scope(tenant, user))]
+    out = {user: [m.content for m in store.list(Scope(tenant, user))
+                  if m.extra.get("kind") != "reflection"]  # the windowed jobs' own
            for (tenant, user), store in stores.items()}
     client.close()
     return out, failed

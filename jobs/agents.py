@@ -1,8 +1,9 @@
 """The windowed jobs' Faust shell: a thin agent around :mod:`jobs.triggers`.
 
-One agent consumes the memory-change topic and the maintenance-ticks topic (both keyed
-``tenant/user``, co-partitioned), keeps one :class:`~jobs.triggers.UserJobs` per user in
-the changelog-backed ``maintenance`` table and sends the commands the machine emits to the
+The apply agent folds each change it publishes (``fold``), the jobs agent each tick of
+the maintenance-ticks topic (keyed ``tenant/user``, co-partitioned); both keep one
+:class:`~jobs.triggers.UserJobs` per user in the changelog-backed ``maintenance`` table and
+send the commands the machine emits to the
 tool-requests topic, in the same transaction as the table write (exactly-once: a crash
 neither loses a due reflection nor sends it twice; the ingest stage also takes a request
 id once).
@@ -71,13 +72,10 @@ def _state(p: Pipeline, key: bytes, tenant: str, user: str) -> triggers.UserJobs
     return triggers.UserJobs.restore(raw) if raw else triggers.UserJobs(tenant, user)
 
 
-async def handle(p: Pipeline, index: DueIndex, policy: triggers.JobsPolicy,
-                 message: Any) -> None:
-    is_tick = message.topic == p.topics.maintenance_ticks.name
-    model: type[Tick] | type[MemoryChange] = Tick if is_tick else MemoryChange
-    event = await decode_or_dead_letter(p, model, message)
-    if event is None:
-        return
+async def fold(p: Pipeline, index: DueIndex, policy: triggers.JobsPolicy,
+               event: Tick | MemoryChange) -> None:
+    """One change or tick of a user into the table; commands out (in the caller's
+    transaction: the apply agent's, or the jobs agent's)."""
     key = event.key().encode()
     state = _state(p, key, event.tenant_id, event.user_id)
     now = p.clock()
@@ -97,6 +95,15 @@ async def handle(p: Pipeline, index: DueIndex, policy: triggers.JobsPolicy,
         await p.tool_requests.send(key=key, value=request.dumps())
 
 
+async def handle(p: Pipeline, index: DueIndex, policy: triggers.JobsPolicy,
+                 message: Any) -> None:
+    is_tick = message.topic == p.topics.maintenance_ticks.name
+    model: type[Tick] | type[MemoryChange] = Tick if is_tick else MemoryChange
+    event = await decode_or_dead_letter(p, model, message)
+    if event is not None:
+        await fold(p, index, policy, event)
+
+
 def due_users(p: Pipeline, index: DueIndex, now: float) -> list[tuple[str, str]]:
     if not index.built:  # once per start: the table was restored, the heap was not
         for key, raw in list(p.maintenance.items()):
@@ -111,11 +118,25 @@ def due_users(p: Pipeline, index: DueIndex, now: float) -> list[tuple[str, str]]
 
 
 def register(p: Pipeline) -> None:
+    """With the apply agent in this process, changes are folded right where they are
+    published (``p.on_changes``) and the jobs agent reads only its ticks: an agent of the
+    worker subscribing to the memory-change topic made Faust publish that topic inside
+    its exactly-once transactions, and the chaos benchmark then found change events
+    missing. A triggers-only process (``memstream jobs run``) reads the topic itself."""
     index = DueIndex()
     policy = policy_from(p.settings)
+    names = [p.topics.maintenance_ticks.name]
+    if p.settings.extract_enabled:
+        async def on_changes(changes: list[MemoryChange]) -> None:
+            for change in changes:
+                await fold(p, index, policy, change)
 
-    @p.app.agent(p.app.topic(p.topics.memory_changes.name, p.topics.maintenance_ticks.name,
-                             key_serializer="raw", value_serializer="raw"), name="jobs")
+        p.on_changes = on_changes
+    else:
+        names.append(p.topics.memory_changes.name)
+
+    @p.app.agent(p.app.topic(*names, key_serializer="raw", value_serializer="raw"),
+                 name="jobs")
     async def jobs(stream: Any) -> None:
         async for event in stream.events():
             message = event.message

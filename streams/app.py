@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -96,6 +96,8 @@ class Pipeline:
     restored: RestoredStates = field(default_factory=RestoredStates)
     waiters: Waiters = field(default_factory=Waiters)  # API callers waiting for tool jobs
     api: Any = None  # the HTTP API's backend when web_enabled (streams.api.WorkerBackend)
+    # the windowed jobs' fold of published changes (jobs.agents), when they run here
+    on_changes: Callable[[list[Any]], Awaitable[None]] | None = None
 
     @cached_property
     def input_models(self) -> dict[str, type[BaseModel]]:

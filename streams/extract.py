@@ -166,6 +166,8 @@ async def publish(p: Pipeline, key: bytes, decision: JobDecision, applied: Appli
         decision, applied.status, datetime.fromtimestamp(p.clock(), UTC),
         llm_calls=decision.llm_calls, error=applied.error, applied_seq=applied.applied_seq)
     await p.job_results.send(key=key, value=result.dumps())
+    if applied.publish and p.on_changes is not None:  # the windowed jobs' triggers
+        await p.on_changes(applied.publish)
     if applied.publish and applied.verdict == fencing.Verdict.APPLY:
         c.consolidation_merges += decision.decisions.get("merged", 0)  # SPEC §8
     if applied.status != JobStatus.FENCED:  # a fenced job goes again under the same id
