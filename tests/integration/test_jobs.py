@@ -30,11 +30,13 @@ def free_port() -> int:
 
 
 async def changes_of(h, reader: TopicReader, tenant: str, user: str, kind: str,
-                     n: int = 1, timeout: float = 90.0) -> list[MemoryChange]:
+                     n: int = 1, timeout: float = 90.0,
+                     where=lambda c: True) -> list[MemoryChange]:
     def pick(records) -> list[MemoryChange]:
         out = [MemoryChange.model_validate_json(r.value) for r in records]
         return [c for c in out
-                if (c.tenant_id, c.user_id, c.lineage.kind) == (tenant, user, kind)]
+                if (c.tenant_id, c.user_id, c.lineage.kind) == (tenant, user, kind)
+                and where(c)]
 
     def found(records) -> bool:
         return len(pick(records)) >= n
@@ -72,9 +74,9 @@ async def test_reflection_then_ttl_expiry_after_a_crash_mid_reflection(harness, 
         worker.stop()
         later = h.settings.model_copy(update={"clock_offset_s": 31 * DAY})
         h.workers.append(WorkerProcess(later, tmp_path / "worker-later.log").start())
-        expired = await changes_of(h, reader, "acme", "ann", "decay")
-        gone = [c for c in expired if c.after["status"] == "deleted"]
-        assert len(gone) == 1, [(c.op, c.after["status"], c.reason) for c in expired]
+        gone = await changes_of(h, reader, "acme", "ann", "decay",
+                                where=lambda c: c.after["status"] == "deleted")
+        assert len(gone) == 1, [(c.op, c.after["status"], c.reason) for c in gone]
         assert "3000" in gone[0].before["content"]
         assert "expired" in gone[0].reason
     finally:
