@@ -202,6 +202,7 @@ def _report(settings: Settings, events: list[Event], decisions: list[JobDecision
     ops: Counter[str] = Counter()
     for d in decisions:
         ops.update(d.decisions)
+    decisions = [d for d in decisions if d.to_seq > d.from_seq]  # extraction, not tools/jobs
     jobs = [d for d in decisions if d.status != JobStatus.TRIVIAL]
     llm = sum(d.llm_calls for d in decisions)
     click.echo(
