@@ -188,6 +188,13 @@ class Extractor:
         candidates, usage = self.model.extract(job.messages, job.context)
         candidates = [not_core(c) for c in candidates]
         out.usage += usage
+        return self._decide_each(candidates, scope, ctx, out)
+
+    def _decide_each(self, candidates: Sequence[Candidate], scope: Scope, ctx: Context,
+                     out: JobOutcome) -> JobOutcome:
+        """Each candidate decided against the user's nearest memories (core blocks are
+        written by core_memory_replace only, never decided against), seeing the ops of the
+        candidates before it."""
         view = _Overlay(self.store)
         vectors = self.embedder.embed([c.text for c in candidates])
         for index, (cand, vector) in enumerate(zip(candidates, vectors, strict=True)):
@@ -216,18 +223,8 @@ class Extractor:
                           "add" if ops else "noop"] += 1
             return out
         cand = Candidate(write.content, MemoryType(write.memory_type), write.importance)
-        vector = self.embedder.embed([cand.text])[0]
-        # Core blocks are written by core_memory_replace only, never decided against.
-        hits = self.store.search(Scope(job.tenant_id, job.user_id), vector, self.top_k,
-                                 exclude_slots=toolwrite.CORE_SLOTS)
-        out.saw(hits)
-        shown, numbered = IdMap.number(hits)
-        decision, usage = self.model.decide(cand, numbered, self.embedder.same_threshold)
-        out.usage += usage
-        out.decisions[decision.op.value] += 1
-        for op in resolve(cand, 0, shown, decision, toolwrite.tool_context(job, now)):
-            out.ops.append((op, None if op.kind == OpKind.DELETE else vector))
-        return out
+        return self._decide_each([cand], Scope(job.tenant_id, job.user_id),
+                                 toolwrite.tool_context(job, now), out)
 
     def _decide_combined(self, model: CombinedModel, job: ExtractionJob, scope: Scope,
                          ctx: Context, out: JobOutcome) -> JobOutcome:

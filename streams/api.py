@@ -15,7 +15,6 @@ import base64
 import hashlib
 import json
 import logging
-import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +23,7 @@ from aiokafka import AIOKafkaProducer
 
 from memstream.memory import retrieval
 from memstream.memory import window as windows
+from memstream.memory.coalescing import tool_job_id
 from memstream.memory.model import Memory, MemoryType
 from memstream.memory.prompt_block import prompt_block
 from memstream.memory.scoring import Scored
@@ -257,25 +257,18 @@ class WorkerBackend:
         request_id = _request_id(req.tool_call_id, write)
         if req.tool_call_id:
             write = write.model_copy(update={"call_id": req.tool_call_id})
-        session = req.session_id if req.session_id and ID_PATTERN.fullmatch(
-            req.session_id) else None
-        from memstream.memory.coalescing import tool_job_id
-
         job_id = tool_job_id(tenant, user, request_id)
         future = self.p.waiters.expect(job_id)
         request = ToolRequest(request_id=request_id, tenant_id=tenant, user_id=user,
-                              session_id=session, write=write, principal=principal.key_id,
+                              session_id=req.session_id, write=write,
+                              principal=principal.key_id,
                               ts=datetime.fromtimestamp(self.p.clock(), UTC))
-        started = time.monotonic()
         try:
             await self._send(request)
         except BaseException:
             self.p.waiters.resolve(job_id, Outcome("failed", error="not sent"))
             raise
-        sent = time.monotonic()
         outcome = await self.p.waiters.wait(job_id, future, req.wait_s)
-        log.debug("tool write %s: sent in %.2fs, %s after %.2fs", request_id, sent - started,
-                 "applied" if outcome else "still queued", time.monotonic() - sent)
         return self._write_result(req, request_id, job_id, outcome)
 
     @staticmethod
