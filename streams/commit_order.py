@@ -16,7 +16,19 @@ Two gaps in faust-streaming 0.15, both closed here by patches applied once at ap
    missing from the restored state (the chaos benchmark found such messages).
 
 So every flush before a commit waits until the buffer is empty *and* its sender idle, then
-flushes the Kafka client (which waits for the broker's acknowledgements). Together with the
+flushes the Kafka client (which waits for the broker's acknowledgements).
+
+3. Faust commits from a timer, concurrently with the agents: a commit could fall *inside*
+   the handling of one record, after its table write and before the records it sends next.
+   The transaction then held the new state (the ingest's "job in flight") while the job
+   itself went into the next transaction, which a kill aborted; re-read after the restart,
+   the message was a duplicate of the restored state, and the job was only re-sent by its
+   timeout; a trivial result lost this way was never re-sent (the chaos test found such a
+   session). :class:`CommitGate`: the agents whose one record writes several outputs
+   handle each record inside ``gate.event()``, and every commit waits until none is in
+   progress and lets none start until it is done, so a record's outputs are in one
+   transaction. (The extract agent is not gated: it sends one decision per record, and its
+   LLM calls would hold every commit.) Together with the
 fencing of :mod:`memstream.memory.fencing`, which makes re-processing harmless, both
 guarantees give the same result.
 """
@@ -24,7 +36,9 @@ guarantees give the same result.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 from faust.transport.consumer import TransactionManager
@@ -33,6 +47,63 @@ from faust.transport.producer import ProducerBuffer
 
 _PATCHED = "_memstream_commit_order"
 _SENDING = "_memstream_sending"
+_GATE = "_memstream_commit_gate"
+log = logging.getLogger(__name__)
+
+
+class CommitGate:
+    """Commits between records, never inside one: ``event()`` around a record's handling,
+    ``closed()`` around a commit (waits for the records in progress, holds new ones)."""
+
+    def __init__(self, warn_after_s: float = 10.0) -> None:
+        self._busy = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._open = asyncio.Event()
+        self._open.set()
+        self._closers = 0
+        self.warn_after_s = warn_after_s
+
+    @property
+    def busy(self) -> int:
+        return self._busy
+
+    @asynccontextmanager
+    async def event(self) -> AsyncIterator[None]:
+        await self._open.wait()
+        self._busy += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            if self._busy == 0:
+                self._idle.set()
+
+    @asynccontextmanager
+    async def closed(self) -> AsyncIterator[None]:
+        self._closers += 1
+        self._open.clear()
+        try:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._idle.wait()), self.warn_after_s)
+            except TimeoutError:
+                log.warning("commit waits for %d record(s) still being handled", self._busy)
+                await self._idle.wait()
+            yield
+        finally:
+            self._closers -= 1
+            if self._closers == 0:
+                self._open.set()
+
+
+def gate_for(app: Any) -> CommitGate:
+    """The app's gate (one per app, made on first use)."""
+    gate = getattr(app, _GATE, None)
+    if gate is None:
+        gate = CommitGate()
+        setattr(app, _GATE, gate)
+    return gate
 
 
 async def drain(buffer: Any, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
@@ -72,8 +143,10 @@ def _patch_commit() -> None:
 
     async def commit(self: Any, offsets: Mapping[Any, int],
                      start_new_transaction: bool = True) -> bool:
-        await self.app.producer.flush()
-        result: bool = await original(self, offsets, start_new_transaction=start_new_transaction)
+        async with gate_for(self.app).closed():
+            await self.app.producer.flush()
+            result: bool = await original(self, offsets,
+                                          start_new_transaction=start_new_transaction)
         return result
 
     TransactionManager.commit = commit  # type: ignore[method-assign]

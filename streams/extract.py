@@ -211,7 +211,8 @@ def register(p: Pipeline) -> None:
     async def extract(stream: Any) -> None:
         async for event in stream.events():
             message = event.message
-            await guarded(p, message, lambda: extract_one(p, locks, message))  # noqa: B023
+            await guarded(p, message, lambda: extract_one(p, locks, message),  # noqa: B023
+                          atomic=False)  # one output per record; LLM calls would hold commits
 
     @p.app.agent(p.decisions, name="apply")
     async def apply(stream: Any) -> None:

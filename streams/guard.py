@@ -25,6 +25,7 @@ from typing import Any
 from memstream.errors import InvalidRecord
 from memstream.retry import RetryPolicy, is_transient, next_delay
 from memstream.streams.app import Pipeline
+from memstream.streams.commit_order import gate_for
 from memstream.streams.dead_letters import send_dead_letter
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,21 @@ RETRY = RetryPolicy(first_delay_s=0.5, max_delay_s=30.0)
 
 async def guarded(p: Pipeline, message: Any, handle: Callable[[], Awaitable[None]], *,
                   sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                  classify: Callable[[BaseException], bool] | None = None) -> None:
-    """Run ``handle()`` for ``message`` until it succeeds, or dead-letter the record."""
+                  classify: Callable[[BaseException], bool] | None = None,
+                  atomic: bool = True) -> None:
+    """Run ``handle()`` for ``message`` until it succeeds, or dead-letter the record.
+    ``atomic``: no commit falls inside the handling (:class:`CommitGate`), so everything
+    the record writes (table, topics) is in one transaction."""
+    if not atomic:
+        await _guarded(p, message, handle, sleep, classify)
+        return
+    async with gate_for(p.app).event():
+        await _guarded(p, message, handle, sleep, classify)
+
+
+async def _guarded(p: Pipeline, message: Any, handle: Callable[[], Awaitable[None]],
+                   sleep: Callable[[float], Awaitable[Any]],
+                   classify: Callable[[BaseException], bool] | None) -> None:
     transient = classify or is_transient
     attempt = 0
     while True:

@@ -59,3 +59,66 @@ async def test_a_flush_drains_the_buffer_and_waits_for_the_record_being_handed_o
 
     await drain(buffer, sleep)
     assert buffer.size == 0 and buffer.flushes == 3 and len(naps) == 1
+
+
+async def test_a_commit_never_falls_inside_the_handling_of_a_record():
+    """The ingest writes its state, then sends the job: a commit in between would put the
+    state in one transaction and the job in the next (a kill then loses the job)."""
+    import asyncio
+
+    from memstream.streams.commit_order import CommitGate
+
+    gate = CommitGate()
+    log: list[str] = []
+    state_written, commit_started = asyncio.Event(), asyncio.Event()
+
+    async def handle(name: str) -> None:
+        async with gate.event():
+            log.append(f"{name}: state")
+            state_written.set()
+            await commit_started.wait()
+            await asyncio.sleep(0.01)
+            log.append(f"{name}: job")
+
+    async def commit() -> None:
+        await state_written.wait()
+        commit_started.set()
+        async with gate.closed():
+            log.append("commit")
+            await asyncio.sleep(0.01)  # a record arriving now waits for the commit
+            log.append("committed")
+
+    async def late_record() -> None:
+        await commit_started.wait()
+        await asyncio.sleep(0.001)
+        await handle("second")
+
+    await asyncio.gather(handle("first"), commit(), late_record())
+    assert log == ["first: state", "first: job", "commit", "committed",
+                   "second: state", "second: job"]
+    assert gate.busy == 0
+
+
+async def test_overlapping_commits_reopen_the_gate_only_when_both_are_done():
+    import asyncio
+
+    from memstream.streams.commit_order import CommitGate
+
+    gate = CommitGate()
+    order: list[str] = []
+    first_done = asyncio.Event()
+
+    async def commit(name: str, hold: float) -> None:
+        async with gate.closed():
+            await asyncio.sleep(hold)
+            order.append(f"{name} done")
+            if name == "a":
+                first_done.set()
+
+    async def record() -> None:
+        await first_done.wait()
+        async with gate.event():
+            order.append("record")
+
+    await asyncio.gather(commit("a", 0.01), commit("b", 0.05), record())
+    assert order == ["a done", "b done", "record"]

@@ -31,7 +31,7 @@ def world(monkeypatch):
         letters.append((exc.kind, str(exc)))
 
     monkeypatch.setattr(guard, "send_dead_letter", send_dead_letter)
-    p = SimpleNamespace(counters=Counters())
+    p = SimpleNamespace(counters=Counters(), app=SimpleNamespace())
     message = SimpleNamespace(topic="t", partition=0, offset=7)
     slept: list[float] = []
 
@@ -56,3 +56,17 @@ async def test_a_bug_sets_the_record_aside_and_moves_on(world):
     assert handle.calls == 1 and slept == []
     assert letters == [("internal", "KeyError: 'surprise'")]
     assert p.counters.handler_failures == 1
+
+
+async def test_a_guarded_record_holds_the_commit_gate_until_it_is_handled(world):
+    from memstream.streams.commit_order import gate_for
+
+    p, message, _letters, _slept, sleep = world
+    seen: list[int] = []
+
+    async def handle() -> None:
+        seen.append(gate_for(p.app).busy)
+
+    await guard.guarded(p, message, handle, sleep=sleep)
+    await guard.guarded(p, message, handle, sleep=sleep, atomic=False)
+    assert seen == [1, 0] and gate_for(p.app).busy == 0
