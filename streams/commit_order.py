@@ -28,7 +28,16 @@ flushes the Kafka client (which waits for the broker's acknowledgements).
    handle each record inside ``gate.event()``, and every commit waits until none is in
    progress and lets none start until it is done, so a record's outputs are in one
    transaction. (The extract agent is not gated: it sends one decision per record, and its
-   LLM calls would hold every commit.) Together with the
+   LLM calls would hold every commit.)
+4. With an agent's ``concurrency`` > 1 (the extract agent), records of one partition are
+   acked out of order. Faust's ``Consumer._new_offset`` commits the first consecutive run
+   of acked offsets; its head-gap check (``min(acked) - committed > 1``) lets one
+   unfinished record through (committed 22 is the next to read; 23 and 24 acked while 22
+   is still being decided: it commits 25), and has no check at all before the first
+   commit. A kill then skipped the job for good: it was only re-sent by the ingest's
+   timeout, a minute later (the chaos runs showed those re-sends, all of them jobs whose
+   record was committed and never decided). :func:`_patch_new_offset`: no commit passes
+   a record of the partition that was delivered and is not yet acked. Together with the
 fencing of :mod:`memstream.memory.fencing`, which makes re-processing harmless, both
 guarantees give the same result.
 """
@@ -41,7 +50,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from faust.transport.consumer import TransactionManager
+from faust.transport.consumer import Consumer, TransactionManager
 from faust.transport.drivers.aiokafka import Producer
 from faust.transport.producer import ProducerBuffer
 
@@ -152,6 +161,28 @@ def _patch_commit() -> None:
     TransactionManager.commit = commit  # type: ignore[method-assign]
 
 
+def _pending_below(consumer: Any, tp: Any) -> int | None:
+    """The lowest offset of ``tp`` delivered to the agents and not yet acked."""
+    committed = consumer._committed_offset[tp]
+    offsets = [m.offset for m in list(consumer._unacked_messages)
+               if m.tp == tp and not m.acked and (committed is None or m.offset >= committed)]
+    return min(offsets) if offsets else None
+
+
+def _patch_new_offset() -> None:
+    original = Consumer._new_offset
+
+    def new_offset(self: Any, tp: Any) -> int | None:
+        pending = _pending_below(self, tp)
+        acked = self._acked[tp]
+        if pending is not None and acked and min(acked) > pending:
+            return None  # a record before the acked ones is still being handled
+        result: int | None = original(self, tp)
+        return result
+
+    Consumer._new_offset = new_offset  # type: ignore[method-assign]
+
+
 def commit_after_outputs() -> None:
     """Apply the patches once (idempotent): drain the buffer in every flush, and flush
     before every transactional commit."""
@@ -160,4 +191,5 @@ def commit_after_outputs() -> None:
     _patch_buffer()
     _patch_flush()
     _patch_commit()
+    _patch_new_offset()
     setattr(TransactionManager, _PATCHED, True)

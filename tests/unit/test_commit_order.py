@@ -122,3 +122,32 @@ async def test_overlapping_commits_reopen_the_gate_only_when_both_are_done():
 
     await asyncio.gather(commit("a", 0.01), commit("b", 0.05), record())
     assert order == ["a done", "b done", "record"]
+
+
+def _consumer(committed: int | None, acked: list[int], pending: list[int]):
+    """Faust's bookkeeping of one partition: committed offset, acked offsets, and records
+    delivered to the agents but not yet acked."""
+    from collections import defaultdict
+
+    from faust.transport.consumer import Consumer
+
+    tp = TP("memstream.extraction-jobs", 1)
+    consumer = SimpleNamespace(
+        _committed_offset=defaultdict(lambda: None, {tp: committed}),
+        _acked=defaultdict(list, {tp: list(acked)}),
+        _acked_index=defaultdict(set, {tp: set(acked)}),
+        _gap=defaultdict(lambda: None),
+        _unacked_messages=[SimpleNamespace(tp=tp, offset=o, acked=False) for o in pending])
+    return consumer, tp, Consumer._new_offset
+
+
+@pytest.mark.parametrize(("committed", "acked", "pending", "expected"), [
+    (22, [23, 24], [22], None),   # Faust alone: 25, and job 22 is skipped for good
+    (None, [1, 2], [0], None),    # before the first commit Faust checks nothing
+    (22, [22, 23, 24], [25], 25),  # in order: commits up to the unfinished record
+    (22, [23, 24], [], 25),       # 22 was a transaction marker (never delivered)
+])
+def test_no_commit_passes_a_record_still_being_handled(committed, acked, pending, expected):
+    commit_after_outputs()
+    consumer, tp, new_offset = _consumer(committed, acked, pending)
+    assert new_offset(consumer, tp) == expected
