@@ -36,8 +36,9 @@ flushes the Kafka client (which waits for the broker's acknowledgements).
    is still being decided: it commits 25), and has no check at all before the first
    commit. A kill then skipped the job for good: it was only re-sent by the ingest's
    timeout, a minute later (the chaos runs showed those re-sends, all of them jobs whose
-   record was committed and never decided). :func:`_patch_new_offset`: no commit passes
-   a record of the partition that was delivered and is not yet acked. Together with the
+   record was committed and never decided). Known upstream: faust-streaming #606 (open),
+   fix proposed in PR #707. :func:`_patch_new_offset`, the same idea: no commit passes a
+   record of the partition that was delivered and is not yet acked. Together with the
 fencing of :mod:`memstream.memory.fencing`, which makes re-processing harmless, both
 guarantees give the same result.
 """
