@@ -18,8 +18,8 @@ from memstream.memory import fencing
 from memstream.memory.decisions import PlannedOp
 from memstream.memory.extraction import JobOutcome, MemoryModel
 from memstream.memory.fencing import Cursor, Touch, Verdict, moved_on, verdict
-from memstream.memory.jobwork import LINEAGE
-from memstream.memory.model import Memory
+from memstream.memory.jobwork import CORRECTIONS, LINEAGE
+from memstream.memory.model import Memory, OpKind
 from memstream.memory.store import MemoryStore, Scope
 from memstream.topics.schemas import (
     ExtractionJob,
@@ -40,7 +40,8 @@ def _message_ids(job: ExtractionJob) -> list[str]:
 def _lineage_kind(job: ExtractionJob) -> str:
     if job.tool is None:
         return "extraction"
-    return LINEAGE.get(job.tool.name, "tool")  # a windowed job's, or an agent's tool call
+    # a windowed job's, a correction's, or an agent's tool call
+    return LINEAGE.get(job.tool.name) or CORRECTIONS.get(job.tool.name, "tool")
 
 
 def _prompt_version(job: ExtractionJob, model: MemoryModel) -> str:
@@ -50,17 +51,33 @@ def _prompt_version(job: ExtractionJob, model: MemoryModel) -> str:
     return model.prompt_version
 
 
+def _stamped(record: Memory, op: PlannedOp, kind: str, actor: str) -> dict[str, object]:
+    """A version record with why it exists (the version an op opens) or why it was closed
+    (the version a DELETE-kind op closes): reason, lineage kind, actor. No content."""
+    payload = record.to_payload()
+    if record.source.op_id == op.op_id:
+        marks = {"reason": op.reason, "lineage_kind": kind, "actor": actor}
+    elif record.extra.get("closed_by") == op.op_id and op.kind == OpKind.DELETE:
+        marks = {"closed_reason": op.reason, "closed_kind": kind, "closed_actor": actor}
+    else:
+        return payload
+    payload["extra"] = {**dict(payload.get("extra") or {}), **marks}
+    return payload
+
+
 def change_for(op: PlannedOp, vector: list[float] | None, job: ExtractionJob,
                outcome: JobOutcome, model: MemoryModel, now: float) -> MemoryChange:
+    kind = _lineage_kind(job)
+    actor = job.tool.principal if job.tool else ""
     return MemoryChange(
         change_id=op.op_id, op=op.kind.value, tenant_id=job.tenant_id, user_id=job.user_id,
         memory_id=op.memory_id, version=op.after.version,
         before=op.before.to_payload() if op.before else None, after=op.after.to_payload(),
-        records=[r.to_payload() for r in op.writes], vector=vector, reason=op.reason,
+        records=[_stamped(r, op, kind, actor) for r in op.writes], vector=vector,
+        reason=op.reason,
         lineage=Lineage(session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,
                         job_id=job.job_id, message_ids=_message_ids(job),
-                        seq=job.seq, kind=_lineage_kind(job),
-                        actor=job.tool.principal if job.tool else ""),
+                        seq=job.seq, kind=kind, actor=actor),
         model=model.name, prompt_version=_prompt_version(job, model),
         prompt_tokens=outcome.usage.prompt_tokens,
         completion_tokens=outcome.usage.completion_tokens,

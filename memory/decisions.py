@@ -146,7 +146,7 @@ def resolve(c: Candidate, index: int, shown: IdMap, d: Decision, ctx: Context) -
     closed = target.evolve(
         valid_to=ctx.now, updated_at=ctx.now,
         status=Status.SUPERSEDED if kind == OpKind.UPDATE else Status.DELETED,
-        extra={**target.extra, "closed_by": oid},
+        extra={**target.extra, "closed_by": oid, "closed_job": ctx.job_id},
     )
     if kind == OpKind.DELETE:
         return [PlannedOp(oid, kind, target.memory_id, target, closed, (closed,), d.reason)]

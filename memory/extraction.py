@@ -215,6 +215,8 @@ class Extractor:
         (see :mod:`memory.jobwork`): no extraction step."""
         if write.name in jobwork.LINEAGE:
             return jobwork.decide_job(self, job, write, now, out)
+        if write.name in jobwork.CORRECTIONS:
+            return jobwork.decide_correction(self, job, write, now, out)
         if write.name == "core_memory_replace":
             ops, out.read, out.error = toolwrite.core_ops(self.store, job, write, now)
             vectors = self.embedder.embed([op.after.content for op in ops])

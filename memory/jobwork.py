@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from memstream.memory.extraction import Extractor, Insight, JobOutcome
 
 LINEAGE = {"reflect": "reflection", "consolidate": "consolidation", "decay": "decay"}
+CORRECTIONS = {"delete": "deletion", "rollback": "rollback", "undo_job": "rollback"}
+MAX_VERSIONS = 50_000
 MAX_LIVE = 10_000
 
 
@@ -99,4 +101,32 @@ def decide_job(ex: Extractor, job: ExtractionJob, write: ToolWrite, now: float,
     out.ops = [(op, None if op.kind == OpKind.DELETE else next(fresh)) for op in plan.ops]
     out.read = dict(plan.read)
     out.decisions.update(plan.counts)
+    return out
+
+
+def decide_correction(ex: Extractor, job: ExtractionJob, write: ToolWrite, now: float,
+                      out: JobOutcome) -> JobOutcome:
+    """A delete / rollback / undo of the user or an operator (:mod:`memory.governance`)."""
+    from memstream.memory import governance
+
+    ctx = toolwrite.tool_context(job, now)
+    versions = ex.store.list(Scope(job.tenant_id, job.user_id), statuses=None,
+                             limit=MAX_VERSIONS)
+    by = "an operator" if write.principal in ("admin", "") else "the user"
+    if write.name == "delete":
+        ids = None if write.all_memories else [write.target_id]
+        found = governance.plan_delete(versions, ids, ctx,
+                                       write.reason or f"deleted by {by}")
+    elif write.name == "rollback":
+        found = governance.plan_rollback(versions, write.target_id, write.version, ctx)
+    else:
+        found = governance.plan_undo_job(versions, write.target_id, ctx)
+    plan = found.plan
+    opened = [op for op in plan.ops if op.kind != OpKind.DELETE]
+    fresh = iter(ex.embedder.embed([op.after.content for op in opened]) if opened else [])
+    out.ops = [(op, None if op.kind == OpKind.DELETE else next(fresh)) for op in plan.ops]
+    out.read = dict(plan.read)
+    out.decisions.update(plan.counts)
+    if found.refused and not plan.ops:
+        out.error = "; ".join(found.refused)[:500]
     return out

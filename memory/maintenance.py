@@ -33,6 +33,8 @@ from memstream.memory.scoring import decay_weight, last_touched
 from memstream.memory.toolwrite import CORE_PREFIX
 
 DAY = 86_400.0
+# on a closed version: which op and job closed it, why, of what kind, who asked
+CLOSE_MARKS = ("closed_by", "closed_job", "closed_reason", "closed_kind", "closed_actor")
 REFLECTION = "reflection"  # extra["kind"] of a reflection memory
 REFLECTION_SLOT = "reflection:profile"
 REFLECTION_METHOD = "rules-profile-1"
@@ -112,7 +114,8 @@ def _close(plan: Plan, ctx: Context, m: Memory, status: Status, valid_to: float,
     oid = plan.next_id(ctx, OpKind.DELETE)
     before = _bare(m)
     closed = before.evolve(status=status, valid_to=valid_to, updated_at=now,
-                           extra={**before.extra, **marks, "closed_by": oid})
+                           extra={**before.extra, **marks, "closed_by": oid,
+                                  "closed_job": ctx.job_id})
     plan.add(PlannedOp(oid, OpKind.DELETE, m.memory_id, before, closed, (closed,), reason), count)
 
 
@@ -123,8 +126,9 @@ def _revise(plan: Plan, ctx: Context, m: Memory, now: float, reason: str, count:
     oid = plan.next_id(ctx, OpKind.UPDATE)
     before = _bare(m)
     closed = before.evolve(status=Status.SUPERSEDED, valid_to=now, updated_at=now,
-                           extra={**before.extra, "closed_by": oid})
-    extra = {k: v for k, v in changes.pop("extra", before.extra).items() if k != "closed_by"}
+                           extra={**before.extra, "closed_by": oid, "closed_job": ctx.job_id})
+    extra = {k: v for k, v in changes.pop("extra", before.extra).items()
+             if k not in CLOSE_MARKS}
     opened = before.evolve(version=m.version + 1, valid_from=now, valid_to=None,
                            status=Status.ACTIVE, source=ctx.source(oid), extra=extra, **changes)
     plan.add(PlannedOp(oid, OpKind.UPDATE, m.memory_id, before, opened, (closed, opened), reason),

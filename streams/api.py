@@ -30,7 +30,7 @@ from memstream.memory.scoring import Scored
 from memstream.memory.services import weights
 from memstream.memory.store import Scope
 from memstream.memory.tools import TOOLS, ToolError, parse_arguments, replace_core
-from memstream.streams import window
+from memstream.streams import governance, window
 from memstream.streams.access import AccessRecorder, access_event
 from memstream.streams.app import Pipeline
 from memstream.streams.http import ApiError
@@ -48,6 +48,13 @@ from memstream.topics.api import (
     ToolCallRequest,
     ToolResult,
     WindowMessage,
+)
+from memstream.topics.governance import (
+    ChangePage,
+    CorrectionRequest,
+    CorrectionResult,
+    HistoryResponse,
+    SourceResponse,
 )
 from memstream.topics.schemas import ID_PATTERN, ToolRequest, ToolWrite
 
@@ -297,6 +304,25 @@ class WorkerBackend:
                 self._producer = producer
         await self._producer.send_and_wait(self.p.topics.tool_requests.name,
                                            key=request.key().encode(), value=request.dumps())
+
+    # --- history and corrections (streams.governance) ------------------------------------
+
+    async def history(self, tenant: str, user: str, memory_id: str) -> HistoryResponse:
+        return await governance.history(self.p, tenant, user, memory_id)
+
+    async def source(self, tenant: str, user: str, memory_id: str,
+                     version: int | None) -> SourceResponse:
+        return await governance.source(self.p, tenant, user, memory_id, version)
+
+    async def changes(self, tenant: str, user: str, *, limit: int,
+                      cursor: str | None) -> ChangePage:
+        return await governance.changes(self.p, tenant, user, _page_offset(cursor), limit,
+                                        _page_token)
+
+    async def correct(self, tenant: str, user: str, write: ToolWrite, req: CorrectionRequest,
+                      principal: Principal) -> CorrectionResult:
+        return await governance.correct(self.p, self._send, tenant, user, write, req,
+                                        principal)
 
     async def close(self) -> None:
         if self._producer is not None:

@@ -39,6 +39,7 @@ class Counters:
     # windowed jobs (jobs.agents): commands sent; consolidation merges (SPEC §8)
     jobs_commands: int = 0
     consolidation_merges: int = 0
+    user_deletions: int = 0  # memories deleted by a user or operator (SPEC §8)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -47,7 +47,15 @@ from memstream.topics.api import (
     ToolList,
     ToolResult,
 )
-from memstream.topics.schemas import ID_PATTERN
+from memstream.topics.governance import (
+    ChangePage,
+    CorrectionRequest,
+    CorrectionResult,
+    HistoryResponse,
+    RollbackRequest,
+    SourceResponse,
+)
+from memstream.topics.schemas import ID_PATTERN, ToolWrite
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +93,13 @@ class Backend(Protocol):
     async def feedback(self, tenant: str, user: str, req: FeedbackRequest) -> Accepted: ...
     async def execute_tool(self, tenant: str, user: str, req: ToolCallRequest,
                            principal: Principal) -> ToolResult: ...
+    async def history(self, tenant: str, user: str, memory_id: str) -> HistoryResponse: ...
+    async def source(self, tenant: str, user: str, memory_id: str,
+                     version: int | None) -> SourceResponse: ...
+    async def changes(self, tenant: str, user: str, *, limit: int,
+                      cursor: str | None) -> ChangePage: ...
+    async def correct(self, tenant: str, user: str, write: ToolWrite, req: CorrectionRequest,
+                      principal: Principal) -> CorrectionResult: ...
 
 
 # --- plumbing --------------------------------------------------------------------------
@@ -278,6 +293,58 @@ def _post(model: type[B],
     return handle
 
 
+def _path_id(request: web.Request, name: str) -> str:
+    value = request.match_info[name]
+    if not ID_PATTERN.fullmatch(value):
+        raise _bad(f"invalid {name}: 1-128 of letters, digits and . _ : @ + = -")
+    return value
+
+
+async def _history(request: web.Request) -> web.StreamResponse:
+    tenant, user, _ = _scope(request)
+    memory_id = _path_id(request, "memory_id")
+    return _ok(await request.app[_DEPS].backend.history(tenant, user, memory_id))
+
+
+async def _source(request: web.Request) -> web.StreamResponse:
+    tenant, user, _ = _scope(request)
+    memory_id = _path_id(request, "memory_id")
+    raw = request.query.get("version")
+    if raw is not None and not _LIMIT_RE.fullmatch(raw):
+        raise _bad("version must be a positive integer")
+    version = int(raw) if raw is not None else None
+    return _ok(await request.app[_DEPS].backend.source(tenant, user, memory_id, version))
+
+
+async def _changes(request: web.Request) -> web.StreamResponse:
+    tenant, user, _ = _scope(request)
+    params = _list_params(request.query)
+    return _ok(await request.app[_DEPS].backend.changes(
+        tenant, user, limit=params["limit"], cursor=params["cursor"]))
+
+
+def _correction(model: type[CorrectionRequest], name: str, id_name: str | None,
+                **fixed: Any) -> Handler:
+    """A correction: scope, the path id, an optional body, a write of its own kind."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        tenant, user, principal = _scope(request)
+        target = _path_id(request, id_name) if id_name else ""
+        deps = request.app[_DEPS]
+        has_body = request.content_length or request.headers.get("Transfer-Encoding")
+        obj = await _read_object(request, deps.max_body_bytes) if has_body else {}
+        try:
+            body = model.model_validate(obj)
+        except ValidationError as exc:
+            raise _bad(_validation_message(exc)) from None
+        write = ToolWrite.model_validate({
+            "name": name, "target_id": target,
+            "version": getattr(body, "version", 0), **fixed})
+        return _ok(await deps.backend.correct(tenant, user, write, body, principal))
+
+    return handle
+
+
 @dataclass(frozen=True)
 class Route:
     method: str
@@ -288,6 +355,7 @@ class Route:
     out: type[BaseModel] | None  # None: a free-form object
     body: type[BaseModel] | None = None
     keyed: bool = True
+    body_required: bool = True
 
 
 _USER = "/v1/tenants/{tenant}/users/{user}"
@@ -311,6 +379,27 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", f"{_USER}/tools/execute", "execute_tool", "Run one agent tool call",
           _post(ToolCallRequest, lambda b, t, u, r, p: b.execute_tool(t, u, r, p)),
           ToolResult, ToolCallRequest),
+    Route("GET", f"{_USER}/memories/{{memory_id}}/history", "memory_history",
+          "Every version of a memory with its lineage", _history, HistoryResponse),
+    Route("GET", f"{_USER}/memories/{{memory_id}}/source", "memory_source",
+          "The messages a version came from, while the session window keeps them",
+          _source, SourceResponse),
+    Route("GET", f"{_USER}/changes", "change_log", "The user's change log, newest first",
+          _changes, ChangePage),
+    Route("DELETE", f"{_USER}/memories/{{memory_id}}", "delete_memory",
+          "Delete one memory (soft: no longer retrievable; audited)",
+          _correction(CorrectionRequest, "delete", "memory_id"), CorrectionResult,
+          CorrectionRequest, body_required=False),
+    Route("DELETE", f"{_USER}/memories", "delete_memories", "Delete every memory of the user",
+          _correction(CorrectionRequest, "delete", None, all_memories=True), CorrectionResult,
+          CorrectionRequest, body_required=False),
+    Route("POST", f"{_USER}/memories/{{memory_id}}/rollback", "rollback_memory",
+          "A new version equal to an earlier one (restores a deleted memory)",
+          _correction(RollbackRequest, "rollback", "memory_id"), CorrectionResult,
+          RollbackRequest),
+    Route("POST", f"{_USER}/jobs/{{job_id}}/undo", "undo_job",
+          "Undo every change of one job", _correction(CorrectionRequest, "undo_job", "job_id"),
+          CorrectionResult, CorrectionRequest, body_required=False),
 )
 
 

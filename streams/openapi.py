@@ -50,6 +50,8 @@ def error_statuses(route: Route) -> list[int]:
         found |= {401, 503}
     if "{tenant}" in route.path:
         found |= {400, 403}
+    if "{memory_id}" in route.path:
+        found.add(404)
     if route.body is not None:
         found |= {400, 413}
     return sorted(found)
@@ -64,9 +66,13 @@ def _operation(r: Route, refs: Mapping[Any, dict[str, Any]]) -> dict[str, Any]:
     op: dict[str, Any] = {"operationId": r.name, "summary": r.summary,
                           "responses": {"200": _json(out, "OK")}}
     if "{tenant}" in r.path:
-        op["parameters"] = _PATH_PARAMS + (_LIST_QUERY if r.name == "list_memories" else [])
+        extra = [{**_PATH_PARAMS[0], "name": n} for n in ("memory_id", "job_id")
+                 if f"{{{n}}}" in r.path]
+        query = _LIST_QUERY if r.name == "list_memories" else (
+            _LIST_QUERY[:2] if r.name == "change_log" else [])
+        op["parameters"] = _PATH_PARAMS + extra + query
     if r.body is not None:
-        op["requestBody"] = {"required": True, "content": {
+        op["requestBody"] = {"required": r.body_required, "content": {
             "application/json": {"schema": refs[(r.body, "validation")]}}}
     if not r.keyed:
         op["security"] = []

@@ -104,14 +104,17 @@ class ToolWrite(BaseModel):
     """A memory write asked for by an agent's tool call: becomes a job of its own kind.
 
     ``memory_insert``: ``content`` (+ ``importance``, ``memory_type``);
-    ``core_memory_replace``: ``label``, ``old_content``, ``content`` (the new text).
+    ``core_memory_replace``: ``label``, ``old_content``, ``content`` (the new text);
+    ``delete``: ``target_id`` or ``all_memories``; ``rollback``: ``target_id``, ``version``;
+    ``undo_job``: ``target_id`` (the job).
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     # memory_insert / core_memory_replace: an agent's tool call; reflect / consolidate /
     # decay: a windowed job's command (jobs.triggers), same path
-    name: Literal["memory_insert", "core_memory_replace", "reflect", "consolidate", "decay"]
+    name: Literal["memory_insert", "core_memory_replace", "reflect", "consolidate", "decay",
+                  "delete", "rollback", "undo_job"]
     request_id: str = Field("", max_length=128)  # taken once per id (content-derived)
     call_id: str = Field("", max_length=128)  # the model's tool call id (lineage)
     principal: str = Field("", max_length=128)  # which key asked: key id or "admin" (audit)
@@ -120,6 +123,11 @@ class ToolWrite(BaseModel):
     memory_type: Literal["episodic", "procedural"] = "episodic"
     label: str | None = None
     old_content: str = Field("", max_length=4_000)
+    # delete / rollback / undo_job: a user's or operator's correction (memory.governance)
+    target_id: str = Field("", max_length=128)  # the memory (delete, rollback) or job (undo)
+    version: int = Field(0, ge=0)  # rollback: the version to return to
+    all_memories: bool = False  # delete: every memory of the user
+    reason: str = Field("", max_length=500)  # why (audit; never content)
 
 
 class ToolRequest(Event):
@@ -289,7 +297,8 @@ class Lineage(BaseModel):
     job_id: str
     message_ids: list[str] = Field(default_factory=list)
     seq: int = 0  # the job's per-user sequence number
-    kind: Literal["extraction", "tool", "reflection", "consolidation", "decay"] = "extraction"
+    kind: Literal["extraction", "tool", "reflection", "consolidation", "decay", "deletion",
+                  "rollback"] = "extraction"
     actor: str = ""  # tool writes: the API key that asked (key id, or "admin")
 
 

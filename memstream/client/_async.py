@@ -9,10 +9,12 @@ from typing import Any, Self, TypeVar
 
 import httpx
 
+from memstream.client import _gov_ops as gops
 from memstream.client import _ops as ops
 from memstream.client._base import ClientBase
 from memstream.client._produce import Messages, ProducerFactory
 from memstream.topics import api
+from memstream.topics import governance as gov
 
 T = TypeVar("T")
 
@@ -84,6 +86,39 @@ class AsyncMemoryClient(ClientBase):
         """See :meth:`MemoryClient.feedback`."""
         request = api.FeedbackRequest(query_id=query_id, memory_id=memory_id, useful=useful)
         await self._run(ops.feedback_op(self.tenant_id, user_id, request))
+
+    # --- history and corrections -----------------------------------------------------
+
+    async def history(self, memory_id: str, *, user_id: str) -> gov.HistoryResponse:
+        """See :meth:`MemoryClient.history`."""
+        return await self._run(gops.history_op(self.tenant_id, user_id, memory_id))
+
+    async def source(self, memory_id: str, *, user_id: str,
+                     version: int | None = None) -> gov.SourceResponse:
+        """See :meth:`MemoryClient.source`."""
+        return await self._run(gops.source_op(self.tenant_id, user_id, memory_id, version))
+
+    async def changes(self, *, user_id: str, limit: int | None = None) -> list[gov.VersionOut]:
+        """See :meth:`MemoryClient.changes`."""
+        return await self._run(gops.changes_op(self.tenant_id, user_id, limit))
+
+    async def delete(self, memory_id: str | None = None, *, user_id: str, reason: str = "",
+                     wait_s: float = 10.0) -> gov.CorrectionResult:
+        """See :meth:`MemoryClient.delete`."""
+        return await self._run(gops.delete_op(self.tenant_id, user_id, memory_id, reason,
+                                              wait_s))
+
+    async def rollback(self, memory_id: str, version: int, *, user_id: str, reason: str = "",
+                       wait_s: float = 10.0) -> gov.CorrectionResult:
+        """See :meth:`MemoryClient.rollback`."""
+        return await self._run(gops.rollback_op(self.tenant_id, user_id, memory_id, version,
+                                                reason, wait_s))
+
+    async def undo_job(self, job_id: str, *, user_id: str, reason: str = "",
+                       wait_s: float = 10.0) -> gov.CorrectionResult:
+        """See :meth:`MemoryClient.undo_job`."""
+        return await self._run(gops.undo_job_op(self.tenant_id, user_id, job_id, reason,
+                                                wait_s))
 
     async def aclose(self) -> None:
         """Stop the producer, close the HTTP connections. Idempotent."""

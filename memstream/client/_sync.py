@@ -10,10 +10,12 @@ from typing import Any, Self, TypeVar
 
 import httpx
 
+from memstream.client import _gov_ops as gops
 from memstream.client import _ops as ops
 from memstream.client._base import ClientBase
 from memstream.client._produce import LoopThread, Messages, ProducerFactory, Record
 from memstream.topics import api
+from memstream.topics import governance as gov
 
 T = TypeVar("T")
 
@@ -97,6 +99,40 @@ class MemoryClient(ClientBase):
         """Whether a memory a search returned (``query_id``) helped."""
         request = api.FeedbackRequest(query_id=query_id, memory_id=memory_id, useful=useful)
         self._run(ops.feedback_op(self.tenant_id, user_id, request))
+
+    # --- history and corrections -----------------------------------------------------
+
+    def history(self, memory_id: str, *, user_id: str) -> gov.HistoryResponse:
+        """Every version of a memory, oldest first, each with its lineage (job, session,
+        messages, reason, kind, who closed it)."""
+        return self._run(gops.history_op(self.tenant_id, user_id, memory_id))
+
+    def source(self, memory_id: str, *, user_id: str,
+               version: int | None = None) -> gov.SourceResponse:
+        """The messages a version (default: the latest) was extracted from, while the
+        session window still keeps them."""
+        return self._run(gops.source_op(self.tenant_id, user_id, memory_id, version))
+
+    def changes(self, *, user_id: str, limit: int | None = None) -> list[gov.VersionOut]:
+        """The user's change log, newest first."""
+        return self._run(gops.changes_op(self.tenant_id, user_id, limit))
+
+    def delete(self, memory_id: str | None = None, *, user_id: str, reason: str = "",
+               wait_s: float = 10.0) -> gov.CorrectionResult:
+        """Delete one memory, or every memory of the user (``memory_id`` None): soft (kept
+        in the history, never retrieved), audited, a job of the user like any write."""
+        return self._run(gops.delete_op(self.tenant_id, user_id, memory_id, reason, wait_s))
+
+    def rollback(self, memory_id: str, version: int, *, user_id: str, reason: str = "",
+                 wait_s: float = 10.0) -> gov.CorrectionResult:
+        """A new version equal to ``version`` (restores a deleted memory)."""
+        return self._run(gops.rollback_op(self.tenant_id, user_id, memory_id, version,
+                                          reason, wait_s))
+
+    def undo_job(self, job_id: str, *, user_id: str, reason: str = "",
+                 wait_s: float = 10.0) -> gov.CorrectionResult:
+        """Undo every change of one job (memories changed since are left alone)."""
+        return self._run(gops.undo_job_op(self.tenant_id, user_id, job_id, reason, wait_s))
 
     def close(self) -> None:
         """Stop the producer and its thread, close the HTTP connections. Idempotent."""

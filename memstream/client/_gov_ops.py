@@ -1,0 +1,73 @@
+"""The client's history and correction operations (sans-I/O, like :mod:`._ops`)."""
+
+from __future__ import annotations
+
+from memstream.client._ops import Call, Op, _parse, _user_path, check_id
+from memstream.errors import MemstreamError
+from memstream.topics.api import MAX_PAGE
+from memstream.topics.governance import (
+    ChangePage,
+    CorrectionRequest,
+    CorrectionResult,
+    HistoryResponse,
+    RollbackRequest,
+    SourceResponse,
+    VersionOut,
+)
+
+
+def history_op(tenant: str, user: str, memory_id: str) -> Op[HistoryResponse]:
+    path = _user_path(tenant, user, f"memories/{check_id('memory_id', memory_id)}/history")
+    return _parse((yield Call("GET", path)), HistoryResponse)
+
+
+def source_op(tenant: str, user: str, memory_id: str,
+              version: int | None) -> Op[SourceResponse]:
+    path = _user_path(tenant, user, f"memories/{check_id('memory_id', memory_id)}/source")
+    params: dict[str, str | int] | None = None if version is None else {"version": version}
+    return _parse((yield Call("GET", path, params=params)), SourceResponse)
+
+
+def changes_op(tenant: str, user: str, limit: int | None) -> Op[list[VersionOut]]:
+    """The user's change log, newest first (every page, or the first ``limit`` rows)."""
+    path = _user_path(tenant, user, "changes")
+    params: dict[str, str | int] = {"limit": min(limit or MAX_PAGE, MAX_PAGE)}
+    out: list[VersionOut] = []
+    seen: set[str] = set()
+    while True:
+        page = _parse((yield Call("GET", path, params=dict(params))), ChangePage)
+        out.extend(page.changes)
+        if page.next_cursor is None or (limit is not None and len(out) >= limit):
+            return out[:limit] if limit is not None else out
+        if page.next_cursor in seen:
+            raise MemstreamError(f"the API repeated the cursor {page.next_cursor!r}")
+        seen.add(page.next_cursor)
+        params["cursor"] = page.next_cursor
+
+
+def _correction(method: str, path: str, body: CorrectionRequest) -> Op[CorrectionResult]:
+    call = Call(method, path, json=body.model_dump(mode="json", exclude_defaults=False),
+                min_timeout=body.wait_s + 5.0)
+    return _parse((yield call), CorrectionResult)
+
+
+def delete_op(tenant: str, user: str, memory_id: str | None, reason: str,
+              wait_s: float) -> Op[CorrectionResult]:
+    """One memory, or (``memory_id`` None) every memory of the user."""
+    tail = "memories" if memory_id is None else f"memories/{check_id('memory_id', memory_id)}"
+    body = CorrectionRequest(reason=reason, wait_s=wait_s)
+    return _correction("DELETE", _user_path(tenant, user, tail), body)
+
+
+def rollback_op(tenant: str, user: str, memory_id: str, version: int, reason: str,
+                wait_s: float) -> Op[CorrectionResult]:
+    tail = f"memories/{check_id('memory_id', memory_id)}/rollback"
+    body = RollbackRequest(version=version, reason=reason, wait_s=wait_s)
+    return _correction("POST", _user_path(tenant, user, tail), body)
+
+
+def undo_job_op(tenant: str, user: str, job_id: str, reason: str,
+                wait_s: float) -> Op[CorrectionResult]:
+    tail = f"jobs/{check_id('job_id', job_id)}/undo"
+    body = CorrectionRequest(reason=reason, wait_s=wait_s)
+    return _correction("POST", _user_path(tenant, user, tail), body)
