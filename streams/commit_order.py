@@ -38,7 +38,14 @@ flushes the Kafka client (which waits for the broker's acknowledgements).
    timeout, a minute later (the chaos runs showed those re-sends, all of them jobs whose
    record was committed and never decided). Known upstream: faust-streaming #606 (open),
    fix proposed in PR #707. :func:`_patch_new_offset`, the same idea: no commit passes a
-   record of the partition that was delivered and is not yet acked. Together with the
+   record of the partition that was delivered and is not yet acked.
+5. A stream *skips* a record it takes while flow control is suspended or whose consumer
+   generation is not the app's current one (around a restart's assignment and recovery)
+   and then *acks* it, unprocessed ("otherwise the lag would increase"), so the next
+   commit passes it. After a kill that was the first job result a new worker read: the
+   ingest never saw it and the job was re-sent a minute later by its timeout.
+   :func:`_patch_ack`: such a record is not acked; the seek to the committed offsets that
+   follows every assignment delivers it again. Together with the
 fencing of :mod:`memstream.memory.fencing`, which makes re-processing harmless, both
 guarantees give the same result.
 """
@@ -184,6 +191,30 @@ def _patch_new_offset() -> None:
     Consumer._new_offset = new_offset  # type: ignore[method-assign]
 
 
+def _stale(consumer: Any, message: Any) -> bool:
+    """A record Faust's stream skips without processing (see 5. above)."""
+    app = consumer.app
+    return (not app.flow_control.is_active()
+            or getattr(message, "generation_id", app.consumer_generation_id)
+            != app.consumer_generation_id)
+
+
+def _patch_ack() -> None:
+    original = Consumer.ack
+
+    def ack(self: Any, message: Any) -> bool:
+        if not message.acked and _stale(self, message):
+            self._unacked_messages.discard(message)
+            log.info("not acking %s[%s]@%s: skipped by the stream (flow control or an old "
+                     "generation); it is read again", message.topic, message.partition,
+                     message.offset)
+            return False
+        result: bool = original(self, message)
+        return result
+
+    Consumer.ack = ack  # type: ignore[method-assign]
+
+
 def commit_after_outputs() -> None:
     """Apply the patches once (idempotent): drain the buffer in every flush, and flush
     before every transactional commit."""
@@ -193,4 +224,5 @@ def commit_after_outputs() -> None:
     _patch_flush()
     _patch_commit()
     _patch_new_offset()
+    _patch_ack()
     setattr(TransactionManager, _PATCHED, True)

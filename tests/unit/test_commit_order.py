@@ -151,3 +151,34 @@ def test_no_commit_passes_a_record_still_being_handled(committed, acked, pending
     commit_after_outputs()
     consumer, tp, new_offset = _consumer(committed, acked, pending)
     assert new_offset(consumer, tp) == expected
+
+
+class _Bag(list):
+    def discard(self, item) -> None:
+        if item in self:
+            self.remove(item)
+
+
+@pytest.mark.parametrize(("active", "generation", "acked"), [
+    (True, 3, True),    # processed in the current generation: acked
+    (False, 3, False),  # flow control suspended: the stream skipped it unprocessed
+    (True, 2, False),   # fetched before the assignment: skipped unprocessed
+])
+def test_a_record_the_stream_skipped_is_not_acked(active, generation, acked):
+    from collections import defaultdict
+
+    from faust.transport.consumer import Consumer
+
+    commit_after_outputs()
+    tp = TP("memstream.job-results", 3)
+    app = SimpleNamespace(consumer_generation_id=3,
+                          flow_control=SimpleNamespace(is_active=lambda: active),
+                          topics=SimpleNamespace(acks_enabled_for=lambda topic: True))
+    message = SimpleNamespace(acked=False, tp=tp, offset=5, topic=tp.topic, partition=3,
+                              generation_id=generation)
+    consumer = SimpleNamespace(
+        app=app, _committed_offset=defaultdict(lambda: None, {tp: 5}),
+        _acked=defaultdict(list), _acked_index=defaultdict(set), _n_acked=0,
+        _unacked_messages=_Bag(), _waiting_for_ack=None)
+    assert Consumer.ack(consumer, message) is acked
+    assert consumer._acked[tp] == ([5] if acked else [])
