@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from memstream.memory import fencing
-from memstream.memory.decisions import PlannedOp
+from memstream.memory.decisions import PlannedOp, op_id
 from memstream.memory.extraction import JobOutcome, MemoryModel
 from memstream.memory.fencing import Cursor, Touch, Verdict, moved_on, verdict
 from memstream.memory.jobwork import CORRECTIONS, LINEAGE
@@ -85,11 +85,29 @@ def change_for(op: PlannedOp, vector: list[float] | None, job: ExtractionJob,
     )
 
 
+def erase_change(job: ExtractionJob, versions: int, model: MemoryModel,
+                 now: float) -> MemoryChange:
+    """The audit record of a forget-me: who asked, when, why, how many version records;
+    never content. Replayed, it erases the user from the rebuilt store."""
+    assert job.tool is not None
+    return MemoryChange(
+        change_id=op_id(job.job_id, 0, OpKind.DELETE, job.seq), op="erase",
+        tenant_id=job.tenant_id, user_id=job.user_id, memory_id="*", version=0, before=None,
+        after={"version_records": versions}, records=[], vector=None,
+        reason=f"forget-me: {job.tool.reason}" if job.tool.reason else "forget-me",
+        lineage=Lineage(session_id=job.session_id, from_seq=0, to_seq=0, job_id=job.job_id,
+                        message_ids=_message_ids(job), seq=job.seq, kind="forget",
+                        actor=job.tool.principal),
+        model=model.name, prompt_version="-", decided_at=datetime.fromtimestamp(now, UTC))
+
+
 def build_decision(job: ExtractionJob, out: JobOutcome, model: MemoryModel,
                    now: float) -> JobDecision:
     """The decision record of one decided job: its changes, the versions it read, its id."""
     status = JobStatus.TRIVIAL if out.trivial else JobStatus.DONE
     changes = [change_for(op, vec, job, out, model, now) for op, vec in out.ops]
+    if out.erase is not None:
+        changes.append(erase_change(job, out.erase, model, now))
     return JobDecision(
         **JobRange.fields_of(job), status=status,
         decision_id=fencing.decision_id(
@@ -118,9 +136,15 @@ def _write(store: MemoryStore, change: MemoryChange) -> None:
 def apply_change(store: MemoryStore, change: MemoryChange) -> bool:
     """Replay one change unless it was applied before; True if written now."""
     scope = Scope(change.tenant_id, change.user_id)
-    if store.op_applied(scope, change.change_id):
+    if change.op == "erase":
+        cursor = store.cursor(scope)
+        if cursor is not None and cursor.seq >= change.lineage.seq:
+            return False  # replayed over a store already past it
+        store.erase(scope)
+    elif store.op_applied(scope, change.change_id):
         return False
-    _write(store, change)
+    else:
+        _write(store, change)
     seq = change.lineage.seq
     if seq:
         cursor = store.cursor(scope)
@@ -172,7 +196,10 @@ def apply_decision(store: MemoryStore, decision: JobDecision) -> Applied:
         return Applied(Verdict.FENCED, JobStatus.FENCED, applied_seq=held,
                        error=f"memory {stale} moved on since the decision read it")
     for change in changes:
-        _write(store, change)
+        if change.op == "erase":
+            store.erase(scope)
+        else:
+            _write(store, change)
     if decision.seq:
         store.set_cursor(scope, Cursor(decision.seq, decision.job_id, decision.decision_id))
     return Applied(found, decision.status, list(changes))

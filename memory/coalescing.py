@@ -177,9 +177,16 @@ def on_tool(state: UserState, req: ToolRequest, now: float, policy: Policy) -> S
                                                   "principal": req.principal}
     queued = QueuedTool(req.request_id, req.session_id or TOOL_SESSION, write,
                         req.ts.timestamp())
-    state = replace(state, tools=(*state.tools, queued),
-                    recent_tools=(*state.recent_tools, (req.request_id, now)
-                                  )[-policy.tool_dedup_ids:])
+    recent = (*state.recent_tools, (req.request_id, now))[-policy.tool_dedup_ids:]
+    if req.write.name == "forget":
+        # Forget-me: buffered messages and queued writes are the user's content, dropped
+        # now (the shell drops the session windows with them), and the erasure goes next.
+        # A job still in flight is let go: applied before the erasure, it is erased with
+        # the rest; decided after it, the cursor the erasure leaves fences it (lower seq).
+        state = replace(state, sessions={}, tools=(queued,), in_flight=None,
+                        recent_tools=recent)
+        return pump(state, now, policy)
+    state = replace(state, tools=(*state.tools, queued), recent_tools=recent)
     return pump(state, now, policy)
 
 

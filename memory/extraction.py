@@ -111,6 +111,7 @@ class JobOutcome:
     trivial: bool = False
     read: dict[str, int] = field(default_factory=dict)  # stored memory id -> version seen
     error: str | None = None  # a tool write that could not be done (nothing changes)
+    erase: int | None = None  # forget-me: erase the user (how many version records it saw)
 
     def saw(self, hits: Sequence[tuple[Memory, float]]) -> None:
         """Remember the stored versions the decision read (checked again at apply time)."""

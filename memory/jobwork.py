@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from memstream.memory.extraction import Extractor, Insight, JobOutcome
 
 LINEAGE = {"reflect": "reflection", "consolidate": "consolidation", "decay": "decay"}
-CORRECTIONS = {"delete": "deletion", "rollback": "rollback", "undo_job": "rollback"}
+CORRECTIONS = {"delete": "deletion", "rollback": "rollback", "undo_job": "rollback",
+               "forget": "forget"}
 MAX_VERSIONS = 50_000
 MAX_LIVE = 10_000
 
@@ -113,6 +114,10 @@ def decide_correction(ex: Extractor, job: ExtractionJob, write: ToolWrite, now: 
     versions = ex.store.list(Scope(job.tenant_id, job.user_id), statuses=None,
                              limit=MAX_VERSIONS)
     by = "an operator" if write.principal in ("admin", "") else "the user"
+    if write.name == "forget":  # erase everything of the user (apply: store.erase)
+        out.erase = sum(1 for m in versions if m.user_id == job.user_id)
+        out.decisions["erased"] = out.erase
+        return out
     if write.name == "delete":
         ids = None if write.all_memories else [write.target_id]
         found = governance.plan_delete(versions, ids, ctx,

@@ -9,7 +9,7 @@ once by id), and hit statistics live apart from the version records
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from memstream.memory import access
@@ -23,6 +23,7 @@ class Rebuilt:
     changes: int  # applied now
     skipped: int  # seen before
     access_records: int  # statistics records written
+    unreadable: int = 0  # sealed with a data key that is gone (a forgotten user)
 
 
 def fold_access(store: MemoryStore, events: Iterable[AccessEvent]) -> int:
@@ -42,11 +43,18 @@ def fold_access(store: MemoryStore, events: Iterable[AccessEvent]) -> int:
 
 
 def rebuild(store: MemoryStore, changes: Iterable[MemoryChange],
-            accesses: Iterable[AccessEvent] = ()) -> Rebuilt:
-    applied = skipped = 0
+            accesses: Iterable[AccessEvent] = (),
+            opener: Callable[[MemoryChange], MemoryChange | None] | None = None) -> Rebuilt:
+    """``opener`` opens sealed change events (:mod:`memory.crypto`); one it cannot open
+    (its user was forgotten: the key is shredded) is skipped, so a rebuild never
+    resurrects a forgotten user."""
+    applied = skipped = unreadable = 0
     for change in changes:
-        if apply_change(store, change):
+        opened = opener(change) if opener is not None else change
+        if opened is None or opened.sealed:
+            unreadable += 1
+        elif apply_change(store, opened):
             applied += 1
         else:
             skipped += 1
-    return Rebuilt(applied, skipped, fold_access(store, accesses))
+    return Rebuilt(applied, skipped, fold_access(store, accesses), unreadable)

@@ -140,4 +140,10 @@ class MemoryStore(Protocol):
         """Store folded hit statistics (see :mod:`memory.access`)."""
         ...
 
+    def erase(self, scope: Scope) -> int:
+        """Forget-me: physically delete every record of exactly ``scope``'s user (versions,
+        vectors, hit statistics), keeping only its cursor (fencing: no older job may write
+        again). Returns how many memory version records were deleted."""
+        ...
+
     def close(self) -> None: ...

@@ -11,6 +11,7 @@ from memstream.memory.access import AccessStats
 from memstream.memory.fencing import Cursor
 from memstream.memory.model import Memory
 from memstream.memory.store import (
+    CURSOR_STATUS,
     HIDDEN_STATUSES,
     INDEXED_KEYWORDS,
     Scope,
@@ -145,6 +146,20 @@ class EdgeStore:
                          unit_vector(self._dim), cursor_payload(scope, cursor))
         with self._lock:
             self._shard.update(qe.UpdateOperation.upsert_points([point]))
+
+    def erase(self, scope: Scope) -> int:
+        qe = self._qe
+        own = Scope(scope.tenant_id, scope.user_id)  # never the global user's
+        versions = self._filter(own, None)
+        everything = qe.Filter(
+            must=[qe.FieldCondition(key="tenant_id", match=qe.MatchValue(own.tenant_id)),
+                  qe.FieldCondition(key="user_id", match=qe.MatchValue(own.user_id))],
+            must_not=[qe.FieldCondition(key="status", match=qe.MatchValue(CURSOR_STATUS))])
+        with self._lock:
+            n = int(self._shard.count(qe.CountRequest(filter=versions)))
+            self._shard.update(qe.UpdateOperation.delete_points_by_filter(everything))
+            self._shard.flush()
+        return n
 
     def access_stats(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, AccessStats]:
         if not memory_ids:

@@ -9,6 +9,7 @@ from memstream.memory.access import AccessStats
 from memstream.memory.fencing import Cursor
 from memstream.memory.model import Memory
 from memstream.memory.store import (
+    CURSOR_STATUS,
     HIDDEN_STATUSES,
     INDEXED_KEYWORDS,
     Scope,
@@ -136,6 +137,19 @@ class ServerStore:
                               vector=unit_vector(self._dim),
                               payload=cursor_payload(scope, cursor))
         self._client.upsert(self.collection, points=[point], wait=True)
+
+    def erase(self, scope: Scope) -> int:
+        m = self._m
+        own = Scope(scope.tenant_id, scope.user_id)  # never the global user's
+        n = self._client.count(self.collection, count_filter=self._filter(own, None),
+                               exact=True).count
+        everything = m.Filter(
+            must=[m.FieldCondition(key="tenant_id", match=m.MatchValue(value=own.tenant_id)),
+                  m.FieldCondition(key="user_id", match=m.MatchValue(value=own.user_id))],
+            must_not=[m.FieldCondition(key="status", match=m.MatchValue(value=CURSOR_STATUS))])
+        self._client.delete(self.collection, points_selector=m.FilterSelector(filter=everything),
+                            wait=True)
+        return int(n)
 
     def access_stats(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, AccessStats]:
         if not memory_ids:

@@ -50,6 +50,16 @@ class Settings(BaseSettings):
         "`memstream keys create`)")
     http_max_body_bytes: int = Field(65_536, ge=1024, description="Larger request bodies: 413")
     retention_days: int = Field(7, ge=1, description="Retention of the message/job topics")
+    content_retention_s: float | None = Field(
+        None, gt=0, description="Overrides retention_days (and dead letters') for every "
+        "retention-bound topic that carries content (drills and tests of forget-me)")
+    master_key: SecretStr | None = Field(
+        None, description="Wraps the per-user data keys that seal change events (forget-me "
+        "shreds a user's keys). Unset: change events are plain; a forget-me still erases "
+        "the store and state, but the memory-change topic keeps the user's history")
+    erasure_bound_s: float = Field(
+        86_400.0, gt=0, description="Compaction of the user-keys topic and the tables' "
+        "changelogs happens within this (max.compaction.lag.ms): the erasure bound")
     dead_letter_retention_days: int = Field(30, ge=1, description="Retention of dead letters")
 
     # --- Triggers and coalescing (SPEC §3) -------------------------------------------

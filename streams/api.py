@@ -30,7 +30,7 @@ from memstream.memory.scoring import Scored
 from memstream.memory.services import weights
 from memstream.memory.store import Scope
 from memstream.memory.tools import TOOLS, ToolError, parse_arguments, replace_core
-from memstream.streams import governance, window
+from memstream.streams import governance, privacy, window
 from memstream.streams.access import AccessRecorder, access_event
 from memstream.streams.app import Pipeline
 from memstream.streams.http import ApiError
@@ -91,6 +91,21 @@ def _window_out(rows: list[windows.Row]) -> list[WindowMessage]:
             for r in rows]
 
 
+def _fence(p: Pipeline, tenant: str, user: str, found: retrieval.Recall) -> retrieval.Recall:
+    """A forget-me hides the user's memories created before it, at once (privacy.visible)."""
+    at = privacy.fenced(p, tenant, user)
+    if at is None:
+        return found
+
+    def shown(m: Memory) -> bool:
+        return m.user_id != user or m.created_at > at  # global knowledge is not theirs
+
+    scored = [x for x in found.scored if shown(x.memory)]
+    hidden = len(scored) < len(found.scored)
+    return retrieval.Recall(scored, [m for m in found.procedural if shown(m)],
+                            {} if hidden else found.core)
+
+
 class WorkerBackend:
     """Answers the API from this worker's store and tables."""
 
@@ -128,7 +143,7 @@ class WorkerBackend:
             retrieval.recall, s.store, s.embedder, q, self.p.clock(), weights(self.p.settings),
             self.p.settings.retrieval_candidates, procedural=procedural, core=core)
         self.p.counters.searches += 1
-        return uuid.uuid4().hex, found
+        return uuid.uuid4().hex, _fence(self.p, q.tenant_id, q.user_id, found)
 
     def _hits(self, q: retrieval.Query, query_id: str, returned: list[Scored]) -> None:
         """Record what the caller was given (queued: the read never waits on Kafka)."""
@@ -149,7 +164,9 @@ class WorkerBackend:
         def read() -> tuple[list[Memory], bool]:
             # The store scrolls in point-id order: read the user's records (bounded), sort by
             # creation, then cut the page, so pages are stable.
-            found = store.list(Scope(tenant, user), statuses, LIST_MAX, types=types)
+            found = privacy.visible(self.p, tenant, user,
+                                    store.list(Scope(tenant, user), statuses, LIST_MAX,
+                                               types=types))
             found.sort(key=lambda m: (m.created_at, m.memory_id, m.version))
             page = retrieval.join_stats(store, tenant, user, found[offset:offset + limit])
             return page, len(found) > offset + limit
@@ -323,6 +340,10 @@ class WorkerBackend:
                       principal: Principal) -> CorrectionResult:
         return await governance.correct(self.p, self._send, tenant, user, write, req,
                                         principal)
+
+    async def forget(self, tenant: str, user: str, req: CorrectionRequest,
+                     principal: Principal) -> CorrectionResult:
+        return await governance.forget(self.p, self._send, tenant, user, req, principal)
 
     async def close(self) -> None:
         if self._producer is not None:

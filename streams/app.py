@@ -22,7 +22,7 @@ from memstream.memory.services import Services, build_services
 from memstream.settings import Settings
 from memstream.streams.counters import Counters
 from memstream.streams.waiters import Waiters
-from memstream.topics.registry import Topics, registry
+from memstream.topics.registry import Topics, compaction_within, registry
 
 SNAPSHOT_MAX_BYTES = 16 * 1024 * 1024
 
@@ -98,6 +98,8 @@ class Pipeline:
     api: Any = None  # the HTTP API's backend when web_enabled (streams.api.WorkerBackend)
     # the windowed jobs' fold of published changes (jobs.agents), when they run here
     on_changes: Callable[[list[Any]], Awaitable[None]] | None = None
+    # per-user data keys when MEMSTREAM_MASTER_KEY is set (memstream.user_keys)
+    user_keys: Any = None
 
     @cached_property
     def input_models(self) -> dict[str, type[BaseModel]]:
@@ -112,7 +114,7 @@ def _raw_topic(app: faust.App, *names: str) -> faust.TopicT:
 def build_app(settings: Settings, clock: Callable[[], float] = time.time,
               services: Services | None = None) -> Pipeline:
     """Create the Faust app: the ingest agent and its timer, the extract and apply agents."""
-    from memstream.streams import access, extract, faust_setup, ingest, serve
+    from memstream.streams import access, extract, faust_setup, ingest, privacy, serve
     from memstream.streams.commit_order import commit_after_outputs
 
     commit_after_outputs()
@@ -125,6 +127,8 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
     app = faust_setup.App(settings.app_id, **settings.faust_kwargs(),
                           **faust_setup.app_options(settings))
     reg = registry(settings)
+    # compacted within the erasure bound: a forget-me overwrites the content they hold
+    erasable = compaction_within(settings.erasure_bound_s)
     pipeline = Pipeline(
         settings=settings,
         app=app,
@@ -139,7 +143,7 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
             key_type=bytes,  # raw keys "tenant/user"; values are JSON snapshots
             # A snapshot carries the user's unscanned messages: while an LLM outage keeps
             # jobs failing it grows, so allow large records (see README, known limits).
-            extra_topic_configs={"max.message.bytes": str(SNAPSHOT_MAX_BYTES)},
+            extra_topic_configs={"max.message.bytes": str(SNAPSHOT_MAX_BYTES), **erasable},
         ),
         policy=policy_from(settings),
         decisions=_raw_topic(app, reg.decisions.name),
@@ -148,15 +152,16 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
         tool_requests=_raw_topic(app, reg.tool_requests.name),
         maintenance_ticks=_raw_topic(app, reg.maintenance_ticks.name),
         maintenance=app.Table("maintenance", default=None, partitions=settings.partitions,
-                              key_type=bytes),
+                              key_type=bytes, extra_topic_configs=erasable),
         window=app.Table("session-window", default=None, partitions=settings.partitions,
-                         key_type=bytes),
+                         key_type=bytes, extra_topic_configs=erasable),
         services=services or build_services(settings),
         clock=clock,
     )
     if settings.ingest_enabled:
         ingest.register(pipeline)
     if settings.extract_enabled:
+        privacy.register(pipeline)
         extract.register(pipeline)
         access.register(pipeline)
     if settings.web_enabled:

@@ -40,6 +40,7 @@ class Counters:
     jobs_commands: int = 0
     consolidation_merges: int = 0
     user_deletions: int = 0  # memories deleted by a user or operator (SPEC §8)
+    forget_requests: int = 0  # forget-me (right to erasure) requests
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

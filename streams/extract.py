@@ -26,6 +26,7 @@ from memstream.memory.apply import Applied, apply_decision, build_decision
 from memstream.memory.store import Scope
 from memstream.retry import RetryPolicy, retry_async
 from memstream.settings import Settings
+from memstream.streams import privacy
 from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import decode_or_dead_letter, send_dead_letter
 from memstream.streams.guard import guarded
@@ -158,14 +159,15 @@ async def publish(p: Pipeline, key: bytes, decision: JobDecision, applied: Appli
         c.decisions_duplicate += 1
     elif applied.status == JobStatus.FENCED:
         c.decisions_fenced += 1
-    sent = [await p.memory_changes.send(key=key, value=change.dumps())
-            for change in applied.publish]
+    wire = await privacy.seal_all(p, applied.publish)
+    sent = [await p.memory_changes.send(key=key, value=change.dumps()) for change in wire]
     for delivery in sent:
         await delivery
     result = JobResult.for_job(
         decision, applied.status, datetime.fromtimestamp(p.clock(), UTC),
         llm_calls=decision.llm_calls, error=applied.error, applied_seq=applied.applied_seq)
     await p.job_results.send(key=key, value=result.dumps())
+    await privacy.after_erase(p, applied.publish)
     if applied.publish and p.on_changes is not None:  # the windowed jobs' triggers
         await p.on_changes(applied.publish)
     if applied.publish and applied.verdict == fencing.Verdict.APPLY:

@@ -19,7 +19,7 @@ from memstream.memory import retrieval
 from memstream.memory.coalescing import tool_job_id
 from memstream.memory.model import Memory
 from memstream.memory.store import Scope
-from memstream.streams import window
+from memstream.streams import privacy, window
 from memstream.streams.app import Pipeline
 from memstream.streams.http import ApiError
 from memstream.streams.waiters import Outcome
@@ -55,7 +55,8 @@ def version_out(m: Memory) -> VersionOut:
 
 def _versions(p: Pipeline, tenant: str, user: str) -> list[Memory]:
     found = p.services.store.list(Scope(tenant, user), statuses=None, limit=MAX_VERSIONS)
-    return [m for m in found if (m.tenant_id, m.user_id) == (tenant, user)]  # not global
+    mine = [m for m in found if (m.tenant_id, m.user_id) == (tenant, user)]  # not global
+    return privacy.visible(p, tenant, user, mine)
 
 
 async def history(p: Pipeline, tenant: str, user: str, memory_id: str) -> HistoryResponse:
@@ -131,3 +132,14 @@ async def correct(p: Pipeline, send: Send, tenant: str, user: str, write: ToolWr
 
 def write_for(name: str, **fields: Any) -> ToolWrite:
     return ToolWrite.model_validate({"name": name, **fields})
+
+
+async def forget(p: Pipeline, send: Send, tenant: str, user: str, req: CorrectionRequest,
+                 principal: Principal) -> CorrectionResult:
+    """Forget-me: shred the user's data keys and fence their memories (at once), then
+    erase them everywhere as a job of the user (see :mod:`memstream.streams.privacy`)."""
+    now = p.clock()
+    if p.user_keys is not None:
+        await p.user_keys.forget(tenant, user, now, "api", principal.key_id)
+    p.counters.forget_requests += 1
+    return await correct(p, send, tenant, user, write_for("forget"), req, principal)

@@ -100,6 +100,8 @@ class Backend(Protocol):
                       cursor: str | None) -> ChangePage: ...
     async def correct(self, tenant: str, user: str, write: ToolWrite, req: CorrectionRequest,
                       principal: Principal) -> CorrectionResult: ...
+    async def forget(self, tenant: str, user: str, req: CorrectionRequest,
+                     principal: Principal) -> CorrectionResult: ...
 
 
 # --- plumbing --------------------------------------------------------------------------
@@ -397,6 +399,11 @@ ROUTES: tuple[Route, ...] = (
           "A new version equal to an earlier one (restores a deleted memory)",
           _correction(RollbackRequest, "rollback", "memory_id"), CorrectionResult,
           RollbackRequest),
+    Route("POST", f"{_USER}/forget", "forget_user",
+          "Forget-me: hide every memory of the user at once, then erase the user's content "
+          "everywhere memstream keeps it (see README: the erasure bound)",
+          _post(CorrectionRequest, lambda b, t, u, r, p: b.forget(t, u, r, p)),
+          CorrectionResult, CorrectionRequest),
     Route("POST", f"{_USER}/jobs/{{job_id}}/undo", "undo_job",
           "Undo every change of one job", _correction(CorrectionRequest, "undo_job", "job_id"),
           CorrectionResult, CorrectionRequest, body_required=False),

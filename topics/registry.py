@@ -24,6 +24,7 @@ from memstream.topics.schemas import (
     SessionEvent,
     Tick,
     ToolRequest,
+    UserKeyRecord,
 )
 
 DAY_MS = 86_400_000
@@ -67,12 +68,13 @@ class Topics:
     memory_access: TopicSpec
     api_keys: TopicSpec
     maintenance_ticks: TopicSpec
+    user_keys: TopicSpec
 
     def all(self) -> list[TopicSpec]:
         return [
             self.messages, self.session_events, self.jobs, self.job_results, self.ticks,
             self.dead_letters, self.decisions, self.memory_changes, self.tool_requests,
-            self.memory_access, self.api_keys, self.maintenance_ticks,
+            self.memory_access, self.api_keys, self.maintenance_ticks, self.user_keys,
         ]
 
     def ingest_inputs(self) -> list[TopicSpec]:
@@ -86,6 +88,9 @@ def registry(settings: Settings) -> Topics:
 
     n = settings.partitions
     keep = settings.retention_days * DAY_MS
+    dead_keep = settings.dead_letter_retention_days * DAY_MS
+    if settings.content_retention_s is not None:
+        keep = dead_keep = int(settings.content_retention_s * 1000)
     return Topics(
         messages=TopicSpec(
             settings.topic("messages"), ChatMessage, n, keep,
@@ -111,7 +116,7 @@ def registry(settings: Settings) -> Topics:
         ),
         dead_letters=TopicSpec(
             settings.topic("dead-letters"), DeadLetter, 1,
-            settings.dead_letter_retention_days * DAY_MS, co_partitioned=False,
+            dead_keep, co_partitioned=False,
             doc="Records that broke the contract: the reason, where the original is, its "
                 "length, sha256 and (a bounded prefix of) its bytes.",
             # Stated, not assumed: codec.dead_letter bounds every record far below it.
@@ -141,7 +146,22 @@ def registry(settings: Settings) -> Topics:
             settings.topic("maintenance-ticks"), Tick, n, DAY_MS,
             doc="Internal timer events of the windowed jobs (jobs.agents), one per due user.",
         ),
+        user_keys=TopicSpec(
+            settings.topic("user-keys"), UserKeyRecord, 1, -1, cleanup_policy="compact",
+            co_partitioned=False, extra_config=compaction_within(settings.erasure_bound_s),
+            doc="Per-user data keys wrapped by the master key, keyed tenant/user/key-id, and "
+                "forget-me markers (tenant/user/!forgotten): forgetting tombstones the keys.",
+        ),
     )
+
+
+def compaction_within(bound_s: float) -> dict[str, str]:
+    """Topic configs under which a compacted topic drops an overwritten or tombstoned
+    record within ``bound_s``: the active segment rolls, the cleaner must run, and the
+    tombstone itself goes after the same delay."""
+    ms = str(max(1000, int(bound_s * 1000 / 2)))
+    return {"max.compaction.lag.ms": ms, "segment.ms": ms, "delete.retention.ms": ms,
+            "min.cleanable.dirty.ratio": "0.01"}
 
 
 TABLES = ("ingest-state", "session-window", "maintenance")  # the worker's changelog-backed tables

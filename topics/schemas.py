@@ -114,7 +114,7 @@ class ToolWrite(BaseModel):
     # memory_insert / core_memory_replace: an agent's tool call; reflect / consolidate /
     # decay: a windowed job's command (jobs.triggers), same path
     name: Literal["memory_insert", "core_memory_replace", "reflect", "consolidate", "decay",
-                  "delete", "rollback", "undo_job"]
+                  "delete", "rollback", "undo_job", "forget"]
     request_id: str = Field("", max_length=128)  # taken once per id (content-derived)
     call_id: str = Field("", max_length=128)  # the model's tool call id (lineage)
     principal: str = Field("", max_length=128)  # which key asked: key id or "admin" (audit)
@@ -298,7 +298,7 @@ class Lineage(BaseModel):
     message_ids: list[str] = Field(default_factory=list)
     seq: int = 0  # the job's per-user sequence number
     kind: Literal["extraction", "tool", "reflection", "consolidation", "decay", "deletion",
-                  "rollback"] = "extraction"
+                  "rollback", "forget"] = "extraction"
     actor: str = ""  # tool writes: the API key that asked (key id, or "admin")
 
 
@@ -311,7 +311,7 @@ class MemoryChange(Event):
     """
 
     change_id: str  # the deterministic op id: downstream consumers deduplicate on it
-    op: Literal["add", "update", "delete"]
+    op: Literal["add", "update", "delete", "erase"]  # erase: a forget-me (memory_id "*")
     tenant_id: str
     user_id: str
     memory_id: str
@@ -327,6 +327,8 @@ class MemoryChange(Event):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     decided_at: datetime
+    # the content fields above sealed with the user's data key (memory.crypto); None: plain
+    sealed: str | None = None
 
 
 class JobDecision(JobRange):
@@ -350,3 +352,16 @@ class JobDecision(JobRange):
     model: str = ""
     prompt_version: str = ""
     error: str | None = None
+
+
+class UserKeyRecord(BaseModel):
+    """A user's data key wrapped by the master key (memstream.user_keys), or the forget-me
+    marker (``at``, ``request_id``, ``actor``) under the key ``tenant/user/!forgotten``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    wrapped: str | None = None
+    created_at: float | None = None
+    at: float | None = None
+    request_id: str | None = None
+    actor: str | None = None

@@ -1,0 +1,107 @@
+"""Per-user envelope encryption for what memstream keeps long (SPEC §7 crypto-shredding).
+
+Every user has data keys (AES-256-GCM), kept on a compacted topic wrapped by a key
+derived from the master key (``MEMSTREAM_MASTER_KEY``; a KMS can hold it instead). The
+content of a change event (before / after / records / vector / reason: texts and
+embeddings alike) travels sealed with the user's data key; its ids, versions, op and
+lineage stay readable, so the log can still be ordered, counted and audited. Forget-me
+deletes the user's data keys: every sealed record of the user, in every copy of the
+topic, becomes unreadable at once, and a replay skips it.
+
+The associated data binds a sealed blob to its tenant, user and change id: a blob copied
+into another user's record does not open. Pure: no I/O, no clock (nonces are random).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from memstream.errors import ConfigError, InvalidRecord
+from memstream.topics.schemas import MemoryChange
+
+VERSION = "v1"
+NONCE_BYTES = 12
+SEALED_FIELDS = ("before", "after", "records", "vector", "reason")
+
+
+def new_data_key() -> bytes:
+    return AESGCM.generate_key(bit_length=256)
+
+
+def new_key_id() -> str:
+    return base64.urlsafe_b64encode(os.urandom(9)).decode()
+
+
+def kek_from(master_key: str) -> bytes:
+    """The key-encryption key, derived from the master key (never used on data)."""
+    if len(master_key) < 16:
+        raise ConfigError("the master key must be at least 16 characters")
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"memstream-kek-v1",
+                info=b"wrap user data keys").derive(master_key.encode())
+
+
+def _enc(key: bytes, plain: bytes, aad: str) -> str:
+    nonce = os.urandom(NONCE_BYTES)
+    return base64.b64encode(nonce + AESGCM(key).encrypt(nonce, plain, aad.encode())).decode()
+
+
+def _dec(key: bytes, token: str, aad: str) -> bytes:
+    try:
+        raw = base64.b64decode(token, validate=True)
+        return AESGCM(key).decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], aad.encode())
+    except (InvalidTag, ValueError) as exc:
+        raise InvalidRecord("undecryptable", "sealed data does not open with this key") from exc
+
+
+def wrap(kek: bytes, data_key: bytes, tenant: str, user: str, key_id: str) -> str:
+    return _enc(kek, data_key, f"key\x1f{tenant}\x1f{user}\x1f{key_id}")
+
+
+def unwrap(kek: bytes, wrapped: str, tenant: str, user: str, key_id: str) -> bytes:
+    return _dec(kek, wrapped, f"key\x1f{tenant}\x1f{user}\x1f{key_id}")
+
+
+def _aad(change: MemoryChange) -> str:
+    return f"change\x1f{change.tenant_id}\x1f{change.user_id}\x1f{change.change_id}"
+
+
+def seal_change(change: MemoryChange, key_id: str, data_key: bytes) -> MemoryChange:
+    """The change with its content sealed (``sealed`` = "v1:<key id>:<nonce+ciphertext>")."""
+    content = change.model_dump(mode="json", include=set(SEALED_FIELDS))
+    token = _enc(data_key, json.dumps(content, separators=(",", ":")).encode(), _aad(change))
+    return change.model_copy(update={"before": None, "after": {}, "records": [],
+                                     "vector": None, "reason": "",
+                                     "sealed": f"{VERSION}:{key_id}:{token}"})
+
+
+def sealed_key_id(change: MemoryChange) -> str | None:
+    if not change.sealed:
+        return None
+    version, key_id, _ = change.sealed.split(":", 2)
+    if version != VERSION:
+        raise InvalidRecord("undecryptable", f"unknown sealing version {version!r}")
+    return key_id
+
+
+def open_change(change: MemoryChange, keys: Mapping[str, bytes]) -> MemoryChange | None:
+    """The change with its content back; unsealed ones as they are; None when its data key
+    is gone (the user was forgotten)."""
+    key_id = sealed_key_id(change)
+    if key_id is None:
+        return change
+    key = keys.get(key_id)
+    if key is None:
+        return None
+    assert change.sealed is not None
+    content: dict[str, Any] = json.loads(_dec(key, change.sealed.split(":", 2)[2],
+                                              _aad(change)))
+    return change.model_copy(update={**content, "sealed": None})

@@ -1,0 +1,84 @@
+"""Forget-me in the worker (SPEC §7): sealing change events, the read fence, the erasure.
+
+With ``MEMSTREAM_MASTER_KEY`` set, the worker follows the user-keys topic
+(:class:`memstream.user_keys.UserKeys`); the apply agent seals every change event with the
+user's data key before publishing it (:func:`seal_all`). A forget-me request
+(:func:`forget`) first shreds the user's keys and sets the marker (from then on no read
+returns a memory of the user created before it, on any worker following the topic), then
+sends the erasure as a job of the user: the ingest stage drops the buffered messages, the
+apply agent deletes every record of the user from the store (:meth:`MemoryStore.erase`),
+publishes the audit record (op ``erase``: who, when, why, how many; never content) and
+shreds any key created meanwhile (:func:`after_erase`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from memstream.memory import crypto
+from memstream.memory.model import Memory
+from memstream.streams.app import Pipeline
+from memstream.topics.schemas import MemoryChange
+
+log = logging.getLogger(__name__)
+READY_S = 60.0
+
+
+def register(p: Pipeline) -> None:
+    """Follow the user-keys topic when a master key is configured."""
+    if p.settings.master_key is None:
+        return
+    from memstream.user_keys import UserKeys
+
+    keys = UserKeys(p.settings, p.topics.user_keys.name)
+    p.user_keys = keys
+
+    @p.app.task
+    async def follow() -> None:
+        await keys.start()
+        if not await keys.wait_ready(READY_S):
+            log.warning("user keys not read within %.0fs", READY_S)
+
+    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def stop(app: Any, **_: Any) -> None:
+        await keys.stop()
+
+
+async def seal_all(p: Pipeline, changes: Sequence[MemoryChange]) -> list[MemoryChange]:
+    """The change events as published: sealed with each user's data key (the forget-me
+    audit record stays plain: it holds no content)."""
+    if p.user_keys is None:
+        return list(changes)
+    out = []
+    for c in changes:
+        if c.op == "erase":
+            out.append(c)
+            continue
+        key_id, key = await p.user_keys.key_for_write(c.tenant_id, c.user_id)
+        out.append(crypto.seal_change(c, key_id, key))
+    return out
+
+
+async def after_erase(p: Pipeline, changes: Sequence[MemoryChange]) -> None:
+    """Shred the keys of users erased by ``changes`` (keys made since the request)."""
+    if p.user_keys is None:
+        return
+    for c in changes:
+        if c.op == "erase":
+            await p.user_keys.forget(c.tenant_id, c.user_id, c.decided_at.timestamp(),
+                                     c.lineage.job_id, c.lineage.actor)
+
+
+def fenced(p: Pipeline, tenant: str, user: str) -> float | None:
+    """When the user asked to be forgotten (their older memories are hidden), or None."""
+    return None if p.user_keys is None else p.user_keys.forgotten_at(tenant, user)
+
+
+def visible(p: Pipeline, tenant: str, user: str, memories: Sequence[Memory]) -> list[Memory]:
+    """``memories`` without those a forget-me hides until the erasure has run."""
+    at = fenced(p, tenant, user)
+    if at is None:
+        return list(memories)
+    return [m for m in memories if m.created_at > at]

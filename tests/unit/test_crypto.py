@@ -1,0 +1,63 @@
+"""Per-user envelope encryption of change events (memory.crypto)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from memstream.errors import ConfigError, InvalidRecord
+from memstream.memory import crypto
+from memstream.topics.schemas import Lineage, MemoryChange
+
+pytestmark = pytest.mark.unit
+CANARY = "canary-7f3a Lives in Reykjavik"
+
+
+def change(user: str = "u1", cid: str = "c1") -> MemoryChange:
+    after = {"memory_id": "m1", "content": CANARY, "version": 1}
+    return MemoryChange(
+        change_id=cid, op="add", tenant_id="t1", user_id=user, memory_id="m1", version=1,
+        before=None, after=after, records=[after], vector=[0.25, -0.5], reason=CANARY,
+        lineage=Lineage(session_id="s1", from_seq=0, to_seq=1, job_id="j1"), model="rules",
+        prompt_version="v1", decided_at=datetime(2026, 1, 1, tzinfo=UTC))
+
+
+def test_a_sealed_change_keeps_no_content_and_opens_back():
+    key = crypto.new_data_key()
+    sealed = crypto.seal_change(change(), "k1", key)
+    wire = sealed.dumps()
+    assert CANARY.encode() not in wire and b"0.25" not in wire  # embeddings are content
+    assert (sealed.memory_id, sealed.version, sealed.lineage.job_id) == ("m1", 1, "j1")
+    opened = crypto.open_change(MemoryChange.model_validate_json(wire), {"k1": key})
+    assert opened is not None and opened.model_dump() == change().model_dump()
+
+
+def test_a_shredded_key_makes_every_sealed_record_unreadable():
+    key = crypto.new_data_key()
+    sealed = [crypto.seal_change(change(cid=f"c{i}"), "k1", key) for i in range(3)]
+    assert [crypto.open_change(c, {}) for c in sealed] == [None, None, None]
+    assert crypto.open_change(change(), {}) == change()  # plain ones stay as they are
+
+
+def test_a_sealed_blob_does_not_open_in_another_users_record():
+    key = crypto.new_data_key()
+    sealed = crypto.seal_change(change("u1"), "k1", key)
+    moved = sealed.model_copy(update={"user_id": "u2"})
+    with pytest.raises(InvalidRecord):
+        crypto.open_change(moved, {"k1": key})
+
+
+def test_data_keys_are_wrapped_by_the_master_key_and_bound_to_their_user():
+    kek = crypto.kek_from("a master key of some length")
+    key = crypto.new_data_key()
+    wrapped = crypto.wrap(kek, key, "t1", "u1", "k1")
+    assert crypto.unwrap(kek, wrapped, "t1", "u1", "k1") == key
+    with pytest.raises(InvalidRecord):
+        crypto.unwrap(kek, wrapped, "t1", "u2", "k1")
+    with pytest.raises(InvalidRecord):
+        crypto.unwrap(crypto.kek_from("another master key, longer"), wrapped, "t1", "u1", "k1")
+    with pytest.raises(ConfigError):
+        crypto.kek_from("short")
+    assert key.hex() not in json.dumps(wrapped)
