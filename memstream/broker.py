@@ -79,7 +79,8 @@ share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 delete.topic.enable=true
-log.retention.check.interval.ms=60000
+log.retention.check.interval.ms=5000
+log.cleaner.backoff.ms=2000
 """
 
 

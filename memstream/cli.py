@@ -258,6 +258,30 @@ def search(settings: Settings, tenant: str, user: str, k: int | None, query: str
     click.echo(json.dumps(result, ensure_ascii=False, indent=2))
 
 
+@main.group()
+def forget() -> None:
+    """Forget-me (right to erasure): verify that a forgotten user left nothing behind."""
+
+
+@forget.command("verify")
+@click.option("--tenant", required=True)
+@click.option("--user", required=True)
+@click.option("--needle", "needles", multiple=True,
+              help="Plaintext to look for (a canary the user said); repeatable")
+@click.pass_obj
+def forget_verify(settings: Settings, tenant: str, user: str, needles: tuple[str, ...]) -> None:
+    """Scan the store and every topic memstream owns for the user's content; exit 1 if any
+    residue is left (see README: the erasure bound)."""
+    from memstream.forget_verify import verify
+
+    found = verify(settings, tenant, user, list(needles))
+    for what, n in found.rows():
+        click.echo(f"{what:<58} {n}")
+    click.echo(f"residues: {found.total}")
+    if found.total or found.store_records is None:
+        raise SystemExit(1)
+
+
 @main.command()
 @click.option("--keep-broker/--stop-broker", default=False,
               help="Leave a broker that the demo started running afterwards.")

@@ -30,6 +30,7 @@ from memstream.settings import Settings
 
 log = logging.getLogger(__name__)
 FORGOTTEN = "!forgotten"
+ROLL = "~roll"  # a tombstone appended every half bound, so the open segment rolls
 
 
 @dataclass
@@ -52,6 +53,8 @@ class UserKeys:
         self._task: asyncio.Task[None] | None = None
         self._caught_up = asyncio.Event()
         self._lock = asyncio.Lock()
+        self._roll_every = settings.erasure_bound_s / 2
+        self._rolled = 0.0
 
     # --- the follower ------------------------------------------------------------------
 
@@ -87,6 +90,10 @@ class UserKeys:
             await consumer.seek_to_beginning(*tps)
             ends = await consumer.end_offsets(tps)
             while True:
+                if self._producer is not None and time.monotonic() - self._rolled > \
+                        self._roll_every:  # an append closes the segment: compaction runs
+                    self._rolled = time.monotonic()
+                    await self._send(ROLL, None)
                 batch = await consumer.getmany(timeout_ms=500)
                 for records in batch.values():
                     for r in records:
@@ -99,6 +106,8 @@ class UserKeys:
 
     def take(self, key: bytes | None, value: bytes | None) -> None:
         """One record of the topic into the view (later ones win)."""
+        if key == ROLL.encode():
+            return
         try:
             tenant, user, name = (key or b"").decode().split("/", 2)
         except ValueError:

@@ -54,6 +54,7 @@ from memstream.topics.governance import (
     CorrectionRequest,
     CorrectionResult,
     HistoryResponse,
+    Residue,
     SourceResponse,
 )
 from memstream.topics.schemas import ID_PATTERN, ToolRequest, ToolWrite
@@ -344,6 +345,14 @@ class WorkerBackend:
     async def forget(self, tenant: str, user: str, req: CorrectionRequest,
                      principal: Principal) -> CorrectionResult:
         return await governance.forget(self.p, self._send, tenant, user, req, principal)
+
+    async def residue(self, tenant: str, user: str) -> Residue:
+        scope = Scope(tenant, user)
+
+        def count() -> int:  # not fenced: this is what is physically there
+            return len(self.p.services.store.list(scope, statuses=None, limit=LIST_MAX))
+
+        return Residue(store_records=await asyncio.to_thread(count))
 
     async def close(self) -> None:
         if self._producer is not None:

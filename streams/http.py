@@ -52,6 +52,7 @@ from memstream.topics.governance import (
     CorrectionRequest,
     CorrectionResult,
     HistoryResponse,
+    Residue,
     RollbackRequest,
     SourceResponse,
 )
@@ -102,6 +103,7 @@ class Backend(Protocol):
                       principal: Principal) -> CorrectionResult: ...
     async def forget(self, tenant: str, user: str, req: CorrectionRequest,
                      principal: Principal) -> CorrectionResult: ...
+    async def residue(self, tenant: str, user: str) -> Residue: ...
 
 
 # --- plumbing --------------------------------------------------------------------------
@@ -318,6 +320,13 @@ async def _source(request: web.Request) -> web.StreamResponse:
     return _ok(await request.app[_DEPS].backend.source(tenant, user, memory_id, version))
 
 
+async def _residue(request: web.Request) -> web.StreamResponse:
+    tenant, user, principal = _scope(request)
+    if not principal.admin:
+        raise ApiError(403, ErrorCode.FORBIDDEN, "operators only (the admin key)")
+    return _ok(await request.app[_DEPS].backend.residue(tenant, user))
+
+
 async def _changes(request: web.Request) -> web.StreamResponse:
     tenant, user, _ = _scope(request)
     params = _list_params(request.query)
@@ -404,6 +413,9 @@ ROUTES: tuple[Route, ...] = (
           "everywhere memstream keeps it (see README: the erasure bound)",
           _post(CorrectionRequest, lambda b, t, u, r, p: b.forget(t, u, r, p)),
           CorrectionResult, CorrectionRequest),
+    Route("GET", f"{_USER}/residue", "user_residue",
+          "Operators: how many records of the user the store holds (forget-me verification)",
+          _residue, Residue),
     Route("POST", f"{_USER}/jobs/{{job_id}}/undo", "undo_job",
           "Undo every change of one job", _correction(CorrectionRequest, "undo_job", "job_id"),
           CorrectionResult, CorrectionRequest, body_required=False),

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from memstream.errors import InvalidRecord
 from memstream.memory import coalescing as machine
 from memstream.memory.ingest_state import restore, snapshot
-from memstream.streams import window
+from memstream.streams import privacy, window
 from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import decode_input, send_dead_letter
 from memstream.streams.guard import guarded
@@ -76,6 +76,9 @@ async def handle(p: Pipeline, event: Any) -> None:
         decoded = decode_input(p, message.topic, message.key, message.value)
     except InvalidRecord as exc:
         await send_dead_letter(p, exc, message)
+        return
+    if isinstance(decoded, Tick) and privacy.is_roll(decoded.tenant_id):
+        privacy.roll_tables(p)  # segments roll: compaction can drop erased records
         return
     kbytes: bytes = decoded.key().encode()  # type: ignore[attr-defined]
     raw = p.state.get(kbytes)
@@ -164,7 +167,9 @@ def register(p: Pipeline) -> None:
         async for event in stream.events():
             await guarded(p, event.message, lambda: handle(p, event))  # noqa: B023
 
-    ticks = TickSender(p, p.topics.ticks.name, lambda now: due_users(p, now))
+    rolls = privacy.RollSchedule(p)
+    ticks = TickSender(p, p.topics.ticks.name,
+                       lambda now: due_users(p, now) + rolls.due(now))
 
     @p.app.timer(p.settings.tick_interval_s, name="ingest-ticker")
     async def ticker() -> None:

@@ -82,3 +82,57 @@ def visible(p: Pipeline, tenant: str, user: str, memories: Sequence[Memory]) -> 
     if at is None:
         return list(memories)
     return [m for m in memories if m.created_at > at]
+
+
+# --- segment rolling: compaction and retention within the bound ------------------------
+# Kafka compacts or deletes only closed segments, and a segment closes (rolls) on the next
+# append after segment.ms: a quiet partition would keep a forgotten user's overwritten
+# records in its open segment indefinitely. Every half bound, the worker appends to every
+# partition of the tables' changelogs (a roll tick, handled by the ingest agent: a value
+# then a tombstone under a key no user has) and to the user-keys topic.
+
+ROLL_TENANT = "memstream-internal"
+ROLL_KEY = b"\x00roll"
+
+
+def roll_users(partitions: int) -> list[str]:
+    """One user id per partition whose ``tenant/user`` key lands on it (murmur2, as every
+    producer of a co-partitioned topic partitions)."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    part = DefaultPartitioner()
+    every = list(range(partitions))
+    found: dict[int, str] = {}
+    n = 0
+    while len(found) < partitions:
+        user = f"roll-{n}"
+        found.setdefault(part(f"{ROLL_TENANT}/{user}".encode(), every, every), user)
+        n += 1
+    return [found[p] for p in every]
+
+
+def is_roll(tenant: str) -> bool:
+    return tenant == ROLL_TENANT
+
+
+def roll_tables(p: Pipeline) -> None:
+    """In the ingest agent, for a roll tick: one append (and its tombstone) per table on
+    this partition; nothing stays in the tables."""
+    for table in (p.state, p.window, p.maintenance):
+        table[ROLL_KEY] = 1
+        del table[ROLL_KEY]
+
+
+class RollSchedule:
+    """Which roll ticks are due: one per partition every half erasure bound."""
+
+    def __init__(self, p: Pipeline) -> None:
+        self.every = p.settings.erasure_bound_s / 2
+        self.users = roll_users(p.settings.partitions)
+        self.next = 0.0
+
+    def due(self, now: float) -> list[tuple[str, str]]:
+        if now < self.next:
+            return []
+        self.next = now + self.every
+        return [(ROLL_TENANT, u) for u in self.users]

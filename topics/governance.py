@@ -79,3 +79,9 @@ class CorrectionResult(_Out):
     job_id: str
     changes: list[AppliedChange] = Field(default_factory=list)
     error: str | None = None  # what could not be done (e.g. "no version 7")
+
+
+class Residue(_Out):
+    """What the store still holds of a user (counts only; forget-me verification)."""
+
+    store_records: int  # version records and hit statistics (the fencing cursor excluded)

@@ -89,26 +89,29 @@ def registry(settings: Settings) -> Topics:
     n = settings.partitions
     keep = settings.retention_days * DAY_MS
     dead_keep = settings.dead_letter_retention_days * DAY_MS
+    rolled: dict[str, str] = {}  # segments roll within the retention: retention can act
     if settings.content_retention_s is not None:
         keep = dead_keep = int(settings.content_retention_s * 1000)
+        rolled = {"segment.ms": str(max(1000, keep // 2))}
     return Topics(
         messages=TopicSpec(
             settings.topic("messages"), ChatMessage, n, keep,
             doc="Chat services produce every conversation message here, keyed tenant/user.",
             extra_config={"max.message.bytes": str(
-                max(settings.max_message_bytes * 2, KAFKA_MAX_MESSAGE_BYTES))},
+                max(settings.max_message_bytes * 2, KAFKA_MAX_MESSAGE_BYTES)), **rolled},
         ),
         session_events=TopicSpec(
             settings.topic("session-events"), SessionEvent, n, keep,
-            doc="Session lifecycle (ended), keyed tenant/user.",
+            doc="Session lifecycle (ended), keyed tenant/user.", extra_config=rolled,
         ),
         jobs=TopicSpec(
             settings.topic("extraction-jobs"), ExtractionJob, n, keep,
-            doc="Coalesced extraction jobs emitted by the ingest stage.",
+            doc="Coalesced extraction jobs emitted by the ingest stage.", extra_config=rolled,
         ),
         job_results=TopicSpec(
             settings.topic("job-results"), JobResult, n, keep,
             doc="Completion of a job (done / trivial / failed): closes the coalescing loop.",
+            extra_config=rolled,
         ),
         ticks=TopicSpec(
             settings.topic("ticks"), Tick, n, DAY_MS,
@@ -120,11 +123,12 @@ def registry(settings: Settings) -> Topics:
             doc="Records that broke the contract: the reason, where the original is, its "
                 "length, sha256 and (a bounded prefix of) its bytes.",
             # Stated, not assumed: codec.dead_letter bounds every record far below it.
-            extra_config={"max.message.bytes": str(KAFKA_MAX_MESSAGE_BYTES)},
+            extra_config={"max.message.bytes": str(KAFKA_MAX_MESSAGE_BYTES), **rolled},
         ),
         decisions=TopicSpec(
             settings.topic("decisions"), JobDecision, n, keep,
             doc="Internal: a job's decided changes, applied in order by the apply agent.",
+            extra_config=rolled,
         ),
         memory_changes=TopicSpec(
             settings.topic("memory-changes"), MemoryChange, n, -1,
@@ -135,6 +139,7 @@ def registry(settings: Settings) -> Topics:
             settings.topic("tool-requests"), ToolRequest, n, keep,
             doc="Agents' memory writes (memory_insert, core_memory_replace), keyed "
                 "tenant/user: the ingest stage turns each into a job of kind tool.",
+            extra_config=rolled,
         ),
         memory_access=TopicSpec(
             settings.topic("memory-access"), AccessEvent, n, -1,

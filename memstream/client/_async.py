@@ -120,6 +120,11 @@ class AsyncMemoryClient(ClientBase):
         return await self._run(gops.undo_job_op(self.tenant_id, user_id, job_id, reason,
                                                 wait_s))
 
+    async def forget(self, *, user_id: str, reason: str = "",
+                     wait_s: float = 10.0) -> gov.CorrectionResult:
+        """See :meth:`MemoryClient.forget`."""
+        return await self._run(gops.forget_op(self.tenant_id, user_id, reason, wait_s))
+
     async def aclose(self) -> None:
         """Stop the producer, close the HTTP connections. Idempotent."""
         try:

@@ -71,3 +71,8 @@ def undo_job_op(tenant: str, user: str, job_id: str, reason: str,
     tail = f"jobs/{check_id('job_id', job_id)}/undo"
     body = CorrectionRequest(reason=reason, wait_s=wait_s)
     return _correction("POST", _user_path(tenant, user, tail), body)
+
+
+def forget_op(tenant: str, user: str, reason: str, wait_s: float) -> Op[CorrectionResult]:
+    body = CorrectionRequest(reason=reason, wait_s=wait_s)
+    return _correction("POST", _user_path(tenant, user, "forget"), body)

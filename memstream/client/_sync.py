@@ -134,6 +134,12 @@ class MemoryClient(ClientBase):
         """Undo every change of one job (memories changed since are left alone)."""
         return self._run(gops.undo_job_op(self.tenant_id, user_id, job_id, reason, wait_s))
 
+    def forget(self, *, user_id: str, reason: str = "",
+               wait_s: float = 10.0) -> gov.CorrectionResult:
+        """Forget-me: every memory of the user stops being retrievable at once, then the
+        user's content is erased everywhere memstream keeps it (README: the bound)."""
+        return self._run(gops.forget_op(self.tenant_id, user_id, reason, wait_s))
+
     def close(self) -> None:
         """Stop the producer and its thread, close the HTTP connections. Idempotent."""
         with self._loop_lock:
