@@ -25,6 +25,7 @@ import click
 from pydantic import SecretStr
 
 from memstream import broker as local_broker
+from memstream.demo_governance import report_governance
 from memstream.kafka_io import TopicReader, send_events, start_producer
 from memstream.process import WorkerProcess
 from memstream.settings import Settings
@@ -230,6 +231,8 @@ def run_demo(base: Settings, *, keep_broker: bool) -> None:
         "admin_key": base.admin_key or SecretStr(secrets.token_urlsafe(16)),
         # The windowed jobs on a demo's time scale (SPEC §6 defaults: 150, one day).
         "reflection_threshold": 20, "consolidation_interval_s": 2.0, "jobs_enabled": True,
+        # change events sealed per user, so the forget-me at the end can shred them
+        "master_key": base.master_key or SecretStr(secrets.token_urlsafe(24)),
     })
     local = settings.bootstrap_servers == f"127.0.0.1:{settings.kafka_port}"
     started_broker = False
@@ -250,6 +253,10 @@ def run_demo(base: Settings, *, keep_broker: bool) -> None:
         windowed = asyncio.run(_windowed(settings, events))
         _report(settings, events, decisions)
         _report_windowed(windowed)
+        tenant, user = sorted({(e.tenant_id, e.user_id) for e in events})[0]  # type: ignore[attr-defined]
+        said = next(e.content for e in events if isinstance(e, ChatMessage)
+                    and (e.tenant_id, e.user_id) == (tenant, user) and e.role == "user")
+        report_governance(settings, tenant, user, said[:40])
     finally:
         worker.stop()
         asyncio.run(delete_topics(settings, all_topic_names(settings)))
