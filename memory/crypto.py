@@ -15,7 +15,6 @@ into another user's record does not open. Pure: no I/O, no clock (nonces are ran
 from __future__ import annotations
 
 import base64
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +23,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from pydantic import BaseModel
 
 from memstream.errors import ConfigError, InvalidRecord
 from memstream.topics.schemas import MemoryChange
@@ -76,8 +76,8 @@ def _aad(change: MemoryChange) -> str:
 
 def seal_change(change: MemoryChange, key_id: str, data_key: bytes) -> MemoryChange:
     """The change with its content sealed (``sealed`` = "v1:<key id>:<nonce+ciphertext>")."""
-    content = change.model_dump(mode="json", include=set(SEALED_FIELDS))
-    token = _enc(data_key, json.dumps(content, separators=(",", ":")).encode(), _aad(change))
+    content = change.model_dump_json(include=set(SEALED_FIELDS)).encode()  # pydantic-core
+    token = _enc(data_key, content, _aad(change))
     return change.model_copy(update={"before": None, "after": {}, "records": [],
                                      "vector": None, "reason": "",
                                      "sealed": f"{VERSION}:{key_id}:{token}"})
@@ -102,6 +102,16 @@ def open_change(change: MemoryChange, keys: Mapping[str, bytes]) -> MemoryChange
     if key is None:
         return None
     assert change.sealed is not None
-    content: dict[str, Any] = json.loads(_dec(key, change.sealed.split(":", 2)[2],
-                                              _aad(change)))
-    return change.model_copy(update={**content, "sealed": None})
+    content = _Content.model_validate_json(_dec(key, change.sealed.split(":", 2)[2],
+                                                _aad(change)))
+    return change.model_copy(update={**dict(content), "sealed": None})
+
+
+class _Content(BaseModel):
+    """The sealed part of a change event (parsed by pydantic-core: vectors are long)."""
+
+    before: dict[str, Any] | None = None
+    after: dict[str, Any]
+    records: list[dict[str, Any]]
+    vector: list[float] | None = None
+    reason: str = ""
