@@ -98,7 +98,8 @@ def main() -> None:
          f"{f['read_plain_us']} / {f['read_sealed_us']} "
          f"(x{f['read_sealed_us'] / f['read_plain_us']:.2f})"),
         ("apply one change to Qdrant Edge (for scale), us", f"{f['apply_to_store_us']}"),
-        ("sealing's share of publish + apply", f"{100 * extra_pub / (f['publish_sealed_us'] + f['apply_to_store_us']):.1f}%"),
+        ("sealing's share of publish + apply",
+         f"{100 * extra_pub / (f['publish_sealed_us'] + f['apply_to_store_us']):.1f}%"),
         ("record size off / on, bytes", f"{f['bytes_plain']} / {f['bytes_sealed']}"),
     ]
     width = max(len(a) for a, _ in rows)

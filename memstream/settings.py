@@ -143,8 +143,8 @@ class Settings(BaseSettings):
                                 description="Score factor of a down-weighted memory")
     decay_interval_s: float = Field(86_400.0, gt=0, description="Decay sweep period per user")
     jobs_enabled: bool = Field(
-        False, description="Run the windowed jobs' triggers in the worker. Off by default: "
-        "with them on, benchmarks/chaos.py still finds a lost change event (see README)")
+        True, description="Run the windowed jobs' triggers in the worker (false: run them "
+        "as their own process, `memstream jobs run`)")
     jobs: tuple[Literal["reflect", "consolidate", "decay"], ...] = Field(
         ("reflect", "consolidate", "decay"), description="Which windowed jobs are triggered")
 

@@ -50,6 +50,7 @@ from memstream.topics.api import (
     WindowMessage,
 )
 from memstream.topics.governance import (
+    AuditPage,
     ChangePage,
     CorrectionRequest,
     CorrectionResult,
@@ -116,6 +117,7 @@ class WorkerBackend:
         self.started = False
         self._producer: AIOKafkaProducer | None = None
         self._producer_lock = asyncio.Lock()
+        self.audit_log: Any = None  # memstream.audit.AuditLog, started by streams.serve
 
     def ready(self) -> bool:
         """Serving, and the tables (window, ingest state) restored after a (re)start: until
@@ -353,6 +355,16 @@ class WorkerBackend:
             return len(self.p.services.store.list(scope, statuses=None, limit=LIST_MAX))
 
         return Residue(store_records=await asyncio.to_thread(count))
+
+    async def audit(self, tenant: str, *, limit: int, cursor: str | None, user: str | None,
+                    kind: str | None) -> AuditPage:
+        if self.audit_log is None:
+            raise ApiError(503, ErrorCode.UNAVAILABLE, "the audit log is not followed here")
+        offset = _page_offset(cursor)
+        rows, more = self.audit_log.page(tenant, offset=offset, limit=limit, user=user,
+                                         kind=kind)
+        return AuditPage.model_validate({
+            "entries": rows, "next_cursor": _page_token(offset + limit) if more else None})
 
     async def close(self) -> None:
         if self._producer is not None:

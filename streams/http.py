@@ -48,6 +48,7 @@ from memstream.topics.api import (
     ToolResult,
 )
 from memstream.topics.governance import (
+    AuditPage,
     ChangePage,
     CorrectionRequest,
     CorrectionResult,
@@ -104,6 +105,8 @@ class Backend(Protocol):
     async def forget(self, tenant: str, user: str, req: CorrectionRequest,
                      principal: Principal) -> CorrectionResult: ...
     async def residue(self, tenant: str, user: str) -> Residue: ...
+    async def audit(self, tenant: str, *, limit: int, cursor: str | None, user: str | None,
+                    kind: str | None) -> AuditPage: ...
 
 
 # --- plumbing --------------------------------------------------------------------------
@@ -320,6 +323,25 @@ async def _source(request: web.Request) -> web.StreamResponse:
     return _ok(await request.app[_DEPS].backend.source(tenant, user, memory_id, version))
 
 
+async def _audit(request: web.Request) -> web.StreamResponse:
+    principal = _authenticate(request)
+    tenant = request.match_info["tenant"]
+    if not ID_PATTERN.fullmatch(tenant):
+        raise _bad("invalid tenant id: 1-128 of letters, digits and . _ : @ + = -")
+    if not principal.may_open(tenant):
+        raise ApiError(403, ErrorCode.FORBIDDEN, "this key does not open this tenant")
+    if not request.app[_DEPS].backend.ready():
+        raise ApiError(503, ErrorCode.UNAVAILABLE, "starting, retry later")
+    params = _list_params(request.query)
+    user, kind = request.query.get("user") or None, request.query.get("kind") or None
+    if user is not None and not ID_PATTERN.fullmatch(user):
+        raise _bad("invalid user id")
+    if kind is not None and not re.fullmatch(r"[a-z_]{1,32}", kind):
+        raise _bad("invalid kind")
+    return _ok(await request.app[_DEPS].backend.audit(
+        tenant, limit=params["limit"], cursor=params["cursor"], user=user, kind=kind))
+
+
 async def _residue(request: web.Request) -> web.StreamResponse:
     tenant, user, principal = _scope(request)
     if not principal.admin:
@@ -413,6 +435,9 @@ ROUTES: tuple[Route, ...] = (
           "everywhere memstream keeps it (see README: the erasure bound)",
           _post(CorrectionRequest, lambda b, t, u, r, p: b.forget(t, u, r, p)),
           CorrectionResult, CorrectionRequest),
+    Route("GET", "/v1/tenants/{tenant}/audit", "tenant_audit",
+          "The tenant's audit log, newest first: who did what, when (no content)",
+          _audit, AuditPage),
     Route("GET", f"{_USER}/residue", "user_residue",
           "Operators: how many records of the user the store holds (forget-me verification)",
           _residue, Residue),

@@ -69,8 +69,9 @@ def _operation(r: Route, refs: Mapping[Any, dict[str, Any]]) -> dict[str, Any]:
         extra = [{**_PATH_PARAMS[0], "name": n} for n in ("memory_id", "job_id")
                  if f"{{{n}}}" in r.path]
         query = _LIST_QUERY if r.name == "list_memories" else (
-            _LIST_QUERY[:2] if r.name == "change_log" else [])
-        op["parameters"] = _PATH_PARAMS + extra + query
+            _LIST_QUERY[:2] if r.name in ("change_log", "tenant_audit") else [])
+        path = [p for p in _PATH_PARAMS if f"{{{p['name']}}}" in r.path]
+        op["parameters"] = path + extra + query
     if r.body is not None:
         op["requestBody"] = {"required": r.body_required, "content": {
             "application/json": {"schema": refs[(r.body, "validation")]}}}

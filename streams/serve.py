@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from memstream.audit import AuditLog
 from memstream.keys import KeyRing
 from memstream.keys_topic import KeyFollower
 from memstream.streams.access import AccessRecorder
@@ -32,6 +33,8 @@ def register(p: Pipeline) -> None:
     server = HttpServer(build_http_app(backend, ring, max_body_bytes=s.http_max_body_bytes),
                         s.web_host, s.web_port)
     p.api = backend
+    audit = AuditLog(s.bootstrap_servers, p.topics.memory_changes.name)
+    backend.audit_log = audit
 
     @p.app.task
     async def serve() -> None:
@@ -40,6 +43,7 @@ def register(p: Pipeline) -> None:
             log.warning("tenant keys not loaded within %.0fs; only the admin key works yet",
                         KEYS_READY_S)
         recorder.start()
+        await audit.start()
         await server.start()
         backend.started = True
         log.info("HTTP API on http://%s:%d/v1 (OpenAPI: /v1/openapi.json)", s.web_host,
@@ -52,3 +56,4 @@ def register(p: Pipeline) -> None:
         await recorder.close()
         await backend.close()
         await follower.stop()
+        await audit.stop()

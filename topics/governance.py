@@ -85,3 +85,24 @@ class Residue(_Out):
     """What the store still holds of a user (counts only; forget-me verification)."""
 
     store_records: int  # version records and hit statistics (the fencing cursor excluded)
+
+
+class AuditEntry(_Out):
+    """Who did what, when (never content)."""
+
+    at: float
+    op: str  # add | update | delete | erase
+    user_id: str
+    memory_id: str  # "*" for an erasure
+    version: int
+    kind: str  # extraction | tool | reflection | consolidation | decay | deletion | ...
+    actor: str | None = None  # the API key that asked, or job:<kind>
+    job_id: str
+    change_id: str
+    reason: str | None = None  # a forget-me's "why" only
+    version_records: int | None = None  # a forget-me: how many version records it erased
+
+
+class AuditPage(_Out):
+    entries: list[AuditEntry]  # newest first
+    next_cursor: str | None = None

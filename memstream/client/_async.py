@@ -125,6 +125,11 @@ class AsyncMemoryClient(ClientBase):
         """See :meth:`MemoryClient.forget`."""
         return await self._run(gops.forget_op(self.tenant_id, user_id, reason, wait_s))
 
+    async def audit(self, *, user_id: str | None = None, kind: str | None = None,
+                    limit: int = 100) -> list[gov.AuditEntry]:
+        """See :meth:`MemoryClient.audit`."""
+        return await self._run(gops.audit_op(self.tenant_id, user_id, kind, limit))
+
     async def aclose(self) -> None:
         """Stop the producer, close the HTTP connections. Idempotent."""
         try:

@@ -6,6 +6,8 @@ from memstream.client._ops import Call, Op, _parse, _user_path, check_id
 from memstream.errors import MemstreamError
 from memstream.topics.api import MAX_PAGE
 from memstream.topics.governance import (
+    AuditEntry,
+    AuditPage,
     ChangePage,
     CorrectionRequest,
     CorrectionResult,
@@ -76,3 +78,18 @@ def undo_job_op(tenant: str, user: str, job_id: str, reason: str,
 def forget_op(tenant: str, user: str, reason: str, wait_s: float) -> Op[CorrectionResult]:
     body = CorrectionRequest(reason=reason, wait_s=wait_s)
     return _correction("POST", _user_path(tenant, user, "forget"), body)
+
+
+def audit_op(tenant: str, user: str | None, kind: str | None,
+             limit: int) -> Op[list[AuditEntry]]:
+    """The tenant's audit log, newest first (the first ``limit`` entries)."""
+    params: dict[str, str | int] = {"limit": min(limit, MAX_PAGE)}
+    params |= {k: v for k, v in (("user", user), ("kind", kind)) if v is not None}
+    path = f"/v1/tenants/{check_id('tenant_id', tenant)}/audit"
+    out: list[AuditEntry] = []
+    while True:
+        page = _parse((yield Call("GET", path, params=dict(params))), AuditPage)
+        out.extend(page.entries)
+        if page.next_cursor is None or len(out) >= limit:
+            return out[:limit]
+        params["cursor"] = page.next_cursor

@@ -140,6 +140,11 @@ class MemoryClient(ClientBase):
         user's content is erased everywhere memstream keeps it (README: the bound)."""
         return self._run(gops.forget_op(self.tenant_id, user_id, reason, wait_s))
 
+    def audit(self, *, user_id: str | None = None, kind: str | None = None,
+              limit: int = 100) -> list[gov.AuditEntry]:
+        """The tenant's audit log, newest first: who did what, when (no content)."""
+        return self._run(gops.audit_op(self.tenant_id, user_id, kind, limit))
+
     def close(self) -> None:
         """Stop the producer and its thread, close the HTTP connections. Idempotent."""
         with self._loop_lock:

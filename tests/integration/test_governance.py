@@ -71,6 +71,14 @@ async def test_delete_history_rollback_round_trip(gov, tenant):
         with pytest.raises(MemstreamAPIError) as unknown:
             await c.history("no-such-memory", user_id="ana")
         assert unknown.value.status == 404
+        async def audited():
+            rows = await c.audit(user_id="ana")
+            return rows if {"deletion", "rollback"} <= {r.kind for r in rows} else None
+
+        rows = await until(audited, "the corrections in the tenant's audit log")
+        assert [(r.op, r.kind, r.actor) for r in rows][:2] == [
+            ("add", "rollback", "admin"), ("delete", "deletion", "admin")]
+        assert "Lisbon" not in repr(rows)  # who did what, when: never content
     store, changes = await rebuild(gov, tenant)  # from the memory-change topic alone
     rebuilt = {m.content: m.memory_id for m in store.list(Scope(tenant, "ana"))}
     assert rebuilt["Lives in Lisbon"] == lisbon
