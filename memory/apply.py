@@ -136,16 +136,20 @@ def _write(store: MemoryStore, change: MemoryChange) -> None:
 def apply_change(store: MemoryStore, change: MemoryChange) -> bool:
     """Replay one change unless it was applied before; True if written now."""
     scope = Scope(change.tenant_id, change.user_id)
-    if change.op == "erase":
+    seq = change.lineage.seq
+    if seq:
         cursor = store.cursor(scope)
-        if cursor is not None and cursor.seq >= change.lineage.seq:
-            return False  # replayed over a store already past it
+        if cursor is not None and seq < cursor.seq:
+            # The store is past this job: its changes are there, or were erased since
+            # (a forget-me), which a replay must never undo. (The cursor's own job may
+            # be half-applied: its changes are checked one by one below.)
+            return False
+    if change.op == "erase":
         store.erase(scope)
     elif store.op_applied(scope, change.change_id):
         return False
     else:
         _write(store, change)
-    seq = change.lineage.seq
     if seq:
         cursor = store.cursor(scope)
         if cursor is None or cursor.seq < seq:

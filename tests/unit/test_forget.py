@@ -109,3 +109,28 @@ def test_a_rebuild_never_resurrects_a_forgotten_user(store, tmp_path):
     assert plain.list(Scope("t1", "u1"), statuses=None) == []
     replica.close()
     plain.close()
+
+
+def test_a_rebuild_of_one_tenant_never_touches_another(store):
+    """Replaying tenant t1's log (adds, an erasure) into a store that holds tenant t2's
+    user of the same name leaves t2 exactly as it was."""
+    ex = Extractor(RulesModel(), HashingEmbedder(), store)
+    theirs = [memory("Lives in Oslo", mid="x", tenant="t2"),
+              memory("Has two kids", mid="y", tenant="t2", version=2)]
+    store.write(theirs, ex.embedder.embed([m.content for m in theirs]))
+    before = sorted((m.memory_id, m.version, m.content)
+                    for m in store.list(Scope("t2", "u1"), statuses=None))
+    state, log = fresh(), []
+    for i, req in enumerate([tool_request("The user likes tea", rid="t-1"),
+                             forget_request()]):
+        step = on_tool(state, req, float(i), P)
+        _, applied = decide_and_apply(ex, step.jobs[0], float(i))
+        log += applied.publish
+        state = on_result(step.state, JobResult.for_job(
+            step.jobs[0], applied.status, datetime.fromtimestamp(i, UTC)), float(i), P).state
+    assert [c.tenant_id for c in log] == ["t1", "t1"]
+    done = rebuild(store, log)
+    assert done.changes >= 1
+    after = sorted((m.memory_id, m.version, m.content)
+                   for m in store.list(Scope("t2", "u1"), statuses=None))
+    assert after == before and store.list(Scope("t1", "u1"), statuses=None) == []
