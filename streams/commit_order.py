@@ -45,17 +45,7 @@ flushes the Kafka client (which waits for the broker's acknowledgements).
    commit passes it. After a kill that was the first job result a new worker read: the
    ingest never saw it and the job was re-sent a minute later by its timeout.
    :func:`_patch_ack`: such a record is not acked; the seek to the committed offsets that
-   follows every assignment delivers it again.
-6. Records fetched around a start-up can also vanish between the fetcher and the agents
-   (Faust clears and re-seeks its queues when recovery ends; faust-streaming #596), and
-   the head-gap tolerance of 4. then commits past them. The chaos runs showed such a
-   job (re-sent by the ingest's timeout) and, once, a chat message never extracted.
-   :func:`_patch_fetched`: every record handed to the agents is noted until it is acked;
-   no commit passes one, and one that no agent holds while a later record of its
-   partition was taken (agents take records in order: it was dropped, not queued),
-   ``DROPPED_AFTER_S`` after it was fetched, is fetched again (a seek back; the agents
-   take a record twice harmlessly: the ingest drops duplicate messages, the fencing the
-   rest). Together with the
+   follows every assignment delivers it again. Together with the
 fencing of :mod:`memstream.memory.fencing`, which makes re-processing harmless, both
 guarantees give the same result.
 """
@@ -64,12 +54,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from faust.transport.conductor import Conductor
 from faust.transport.consumer import Consumer, TransactionManager
 from faust.transport.drivers.aiokafka import Producer
 from faust.transport.producer import ProducerBuffer
@@ -77,9 +65,6 @@ from faust.transport.producer import ProducerBuffer
 _PATCHED = "_memstream_commit_order"
 _SENDING = "_memstream_sending"
 _GATE = "_memstream_commit_gate"
-_FETCHED = "_memstream_fetched"  # app -> tp -> offset -> when fetched, until acked
-DROPPED_AFTER_S = 10.0
-_SEEKS: set[asyncio.Future[Any]] = set()
 log = logging.getLogger(__name__)
 
 
@@ -185,62 +170,11 @@ def _patch_commit() -> None:
 
 
 def _pending_below(consumer: Any, tp: Any) -> int | None:
-    """The lowest offset of ``tp`` handed to the agents (fetched, or taken by an agent)
-    and not yet acked; a fetched one that was dropped on the way is fetched again."""
+    """The lowest offset of ``tp`` delivered to the agents and not yet acked."""
     committed = consumer._committed_offset[tp]
-    held = [m.offset for m in list(consumer._unacked_messages)
-            if m.tp == tp and not m.acked and (committed is None or m.offset >= committed)]
-    fetched = _fetched_for(consumer.app).get(tp, {})
-    now = time.monotonic()
-    # Agents take a partition's records in order: one still waiting while a later one was
-    # taken (held or acked) was dropped on the way, not queued.
-    taken = max([*held, *consumer._acked[tp]], default=-1)
-    waiting = []
-    for offset, at in sorted(fetched.items()):
-        if committed is not None and offset < committed:
-            del fetched[offset]  # committed: done with it
-            continue
-        waiting.append(offset)
-        if offset not in held and offset < taken and now - at > DROPPED_AFTER_S:
-            _refetch(consumer, tp, offset, fetched)
-            break
-    offsets = held + waiting
+    offsets = [m.offset for m in list(consumer._unacked_messages)
+               if m.tp == tp and not m.acked and (committed is None or m.offset >= committed)]
     return min(offsets) if offsets else None
-
-
-def _refetch(consumer: Any, tp: Any, offset: int, fetched: dict[int, float]) -> None:
-    log.warning("%s[%s]@%s was fetched %.0fs ago and never reached an agent: fetching it "
-                "again", tp.topic, tp.partition, offset, DROPPED_AFTER_S)
-    for o in [o for o in fetched if o >= offset]:
-        fetched[o] = time.monotonic()  # one seek covers them: wait again before the next
-    task = asyncio.ensure_future(consumer.seek(tp, offset))
-    _SEEKS.add(task)
-    task.add_done_callback(_SEEKS.discard)
-
-
-def _fetched_for(app: Any) -> dict[Any, dict[int, float]]:
-    fetched = getattr(app, _FETCHED, None)
-    if fetched is None:
-        fetched = {}
-        setattr(app, _FETCHED, fetched)
-    return fetched
-
-
-def _patch_fetched() -> None:
-    """Note every record the consumer hands to the conductor (the agents' queues)."""
-    original = Conductor._compile_message_handler
-
-    def compile_handler(self: Any) -> Any:
-        handler = original(self)
-        fetched = _fetched_for(self.app)
-
-        async def on_message(message: Any) -> Any:
-            fetched.setdefault(message.tp, {})[message.offset] = time.monotonic()
-            return await handler(message)
-
-        return on_message
-
-    Conductor._compile_message_handler = compile_handler  # type: ignore[method-assign]
 
 
 def _patch_new_offset() -> None:
@@ -276,7 +210,6 @@ def _patch_ack() -> None:
                      message.offset)
             return False
         result: bool = original(self, message)
-        _fetched_for(self.app).get(message.tp, {}).pop(message.offset, None)
         return result
 
     Consumer.ack = ack  # type: ignore[method-assign]
@@ -292,5 +225,4 @@ def commit_after_outputs() -> None:
     _patch_commit()
     _patch_new_offset()
     _patch_ack()
-    _patch_fetched()
     setattr(TransactionManager, _PATCHED, True)

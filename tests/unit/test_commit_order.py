@@ -3,7 +3,6 @@ records produced (memstream.streams.commit_order)."""
 
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -134,7 +133,6 @@ def _consumer(committed: int | None, acked: list[int], pending: list[int]):
 
     tp = TP("memstream.extraction-jobs", 1)
     consumer = SimpleNamespace(
-        app=SimpleNamespace(),
         _committed_offset=defaultdict(lambda: None, {tp: committed}),
         _acked=defaultdict(list, {tp: list(acked)}),
         _acked_index=defaultdict(set, {tp: set(acked)}),
@@ -184,32 +182,3 @@ def test_a_record_the_stream_skipped_is_not_acked(active, generation, acked):
         _unacked_messages=_Bag(), _waiting_for_ack=None)
     assert Consumer.ack(consumer, message) is acked
     assert consumer._acked[tp] == ([5] if acked else [])
-
-
-
-async def test_a_fetched_record_that_never_reached_an_agent_blocks_and_is_fetched_again():
-    import time
-
-    from memstream.streams import commit_order
-
-    commit_after_outputs()
-    consumer, tp, new_offset = _consumer(1, [2, 3], [])
-    seeks: list[tuple[object, int]] = []
-
-    async def seek(partition, offset) -> None:
-        seeks.append((partition, offset))
-
-    consumer.seek = seek
-    fetched = commit_order._fetched_for(consumer.app)
-    fetched[tp] = {1: time.monotonic(), 2: time.monotonic(), 3: time.monotonic()}
-    for o in (2, 3):  # taken and acked: no longer waiting
-        fetched[tp].pop(o)
-    assert new_offset(consumer, tp) is None  # Faust alone: 4, and record 1 is lost
-    assert seeks == []  # still queued for an agent, maybe: wait
-    fetched[tp][1] = time.monotonic() - commit_order.DROPPED_AFTER_S - 1
-    assert new_offset(consumer, tp) is None
-    await asyncio.sleep(0)
-    assert seeks == [(tp, 1)]  # dropped on the way: read again from it
-    fetched[tp].pop(1)  # delivered again and acked
-    consumer._acked[tp] = [1, 2, 3]
-    assert new_offset(consumer, tp) == 4
