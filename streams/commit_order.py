@@ -39,25 +39,28 @@ flushes the Kafka client (which waits for the broker's acknowledgements).
    record was committed and never decided). Known upstream: faust-streaming #606 (open),
    fix proposed in PR #707. :func:`_patch_new_offset`, the same idea: no commit passes a
    record of the partition that was delivered and is not yet acked.
-5. A stream *skips* a record it takes while flow control is suspended or whose consumer
-   generation is not the app's current one (around a restart's assignment and recovery)
-   and then *acks* it, unprocessed ("otherwise the lag would increase"), so the next
-   commit passes it. After a kill that was the first job result a new worker read: the
-   ingest never saw it and the job was re-sent a minute later by its timeout.
-   :func:`_patch_ack`: such a record is not acked; the seek to the committed offsets that
-   follows every assignment delivers it again. Together with the
-fencing of :mod:`memstream.memory.fencing`, which makes re-processing harmless, both
-guarantees give the same result.
+5. Records fetched around a start-up can also vanish between the fetcher and the agents
+   (Faust clears its queues when recovery ends; faust-streaming #596), and the head-gap
+   tolerance of 4. then commits past one. The chaos runs showed such jobs (re-sent by
+   the ingest's timeout) and chat messages never extracted (a session never covered, a
+   memory missing). :func:`_patch_fetched`: every record handed to the agents is kept
+   until it is acked; no commit passes one; one that no agent holds while a later record
+   of its partition was taken (agents take records in order: it was dropped, not queued),
+   ``DROPPED_AFTER_S`` after it was handed over, is handed to the agents again, as it is
+   (a seek back raced Faust's fetcher, which drops records below its read offset). A
+   record taken twice is harmless: the ingest drops duplicate messages, fencing the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+from faust.transport.conductor import Conductor
 from faust.transport.consumer import Consumer, TransactionManager
 from faust.transport.drivers.aiokafka import Producer
 from faust.transport.producer import ProducerBuffer
@@ -65,6 +68,9 @@ from faust.transport.producer import ProducerBuffer
 _PATCHED = "_memstream_commit_order"
 _SENDING = "_memstream_sending"
 _GATE = "_memstream_commit_gate"
+_FETCHED = "_memstream_fetched"  # app -> tp -> offset -> (when, record, re-handed), till acked
+DROPPED_AFTER_S = 10.0
+_BACKGROUND: set[asyncio.Future[Any]] = set()
 log = logging.getLogger(__name__)
 
 
@@ -170,11 +176,74 @@ def _patch_commit() -> None:
 
 
 def _pending_below(consumer: Any, tp: Any) -> int | None:
-    """The lowest offset of ``tp`` delivered to the agents and not yet acked."""
+    """The lowest offset of ``tp`` handed to the agents (fetched, or taken by an agent)
+    and not yet acked; a fetched one that was dropped on the way is fetched again."""
     committed = consumer._committed_offset[tp]
-    offsets = [m.offset for m in list(consumer._unacked_messages)
-               if m.tp == tp and not m.acked and (committed is None or m.offset >= committed)]
+    held = [m.offset for m in list(consumer._unacked_messages)
+            if m.tp == tp and not m.acked and (committed is None or m.offset >= committed)]
+    fetched = _fetched_for(consumer.app).get(tp, {})
+    now = time.monotonic()
+    # Agents take a partition's records in order: one still waiting while a later one was
+    # taken (held or acked) was dropped on the way, not queued.
+    taken = max([*held, *consumer._acked[tp]], default=-1)
+    waiting = []
+    generation = consumer.app.consumer_generation_id
+    for offset, (at, message, times) in sorted(fetched.items()):
+        if (committed is not None and offset < committed) or getattr(
+                message, "generation_id", generation) != generation:
+            # committed: done with it; or fetched before the last assignment, after which
+            # Faust reads again from the committed offset
+            del fetched[offset]
+            continue
+        waiting.append(offset)
+        # a record handed over again waits behind the queue: give it longer each time
+        if offset not in held and offset < taken and now - at > DROPPED_AFTER_S * 6 ** times:
+            _redeliver(consumer, tp, offset, fetched)
+    offsets = held + waiting
     return min(offsets) if offsets else None
+
+
+def _redeliver(consumer: Any, tp: Any, offset: int,
+               fetched: dict[int, tuple[float, Any, int]]) -> None:
+    app = consumer.app
+    _at, message, times = fetched[offset]
+    if tp not in consumer.assignment():
+        del fetched[offset]  # not ours any more: the next owner reads it from the commit
+        return
+    log.warning("%s[%s]@%s never reached an agent in %.0fs: handing it over again",
+                tp.topic, tp.partition, offset, DROPPED_AFTER_S)
+    message.generation_id = app.consumer_generation_id
+    fetched[offset] = (time.monotonic(), message, times + 1)
+    task = asyncio.ensure_future(app.topics.on_message(message))
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
+def _fetched_for(app: Any) -> dict[Any, dict[int, tuple[float, Any, int]]]:
+    fetched = getattr(app, _FETCHED, None)
+    if fetched is None:
+        fetched = {}
+        setattr(app, _FETCHED, fetched)
+    return fetched
+
+
+def _patch_fetched() -> None:
+    """Note every record the consumer hands to the conductor (the agents' queues)."""
+    original = Conductor._compile_message_handler
+
+    def compile_handler(self: Any) -> Any:
+        handler = original(self)
+        fetched = _fetched_for(self.app)
+
+        async def on_message(message: Any) -> Any:
+            entry = fetched.setdefault(message.tp, {}).get(message.offset)
+            times = entry[2] if entry else 0  # handed over again: keep the count
+            fetched[message.tp][message.offset] = (time.monotonic(), message, times)
+            return await handler(message)
+
+        return on_message
+
+    Conductor._compile_message_handler = compile_handler  # type: ignore[method-assign]
 
 
 def _patch_new_offset() -> None:
@@ -191,25 +260,12 @@ def _patch_new_offset() -> None:
     Consumer._new_offset = new_offset  # type: ignore[method-assign]
 
 
-def _stale(consumer: Any, message: Any) -> bool:
-    """A record Faust's stream skips without processing (see 5. above)."""
-    app = consumer.app
-    return (not app.flow_control.is_active()
-            or getattr(message, "generation_id", app.consumer_generation_id)
-            != app.consumer_generation_id)
-
-
 def _patch_ack() -> None:
     original = Consumer.ack
 
     def ack(self: Any, message: Any) -> bool:
-        if not message.acked and _stale(self, message):
-            self._unacked_messages.discard(message)
-            log.info("not acking %s[%s]@%s: skipped by the stream (flow control or an old "
-                     "generation); it is read again", message.topic, message.partition,
-                     message.offset)
-            return False
         result: bool = original(self, message)
+        _fetched_for(self.app).get(message.tp, {}).pop(message.offset, None)
         return result
 
     Consumer.ack = ack  # type: ignore[method-assign]
@@ -225,4 +281,5 @@ def commit_after_outputs() -> None:
     _patch_commit()
     _patch_new_offset()
     _patch_ack()
+    _patch_fetched()
     setattr(TransactionManager, _PATCHED, True)

@@ -3,6 +3,7 @@ records produced (memstream.streams.commit_order)."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -133,6 +134,7 @@ def _consumer(committed: int | None, acked: list[int], pending: list[int]):
 
     tp = TP("memstream.extraction-jobs", 1)
     consumer = SimpleNamespace(
+        app=SimpleNamespace(consumer_generation_id=0),
         _committed_offset=defaultdict(lambda: None, {tp: committed}),
         _acked=defaultdict(list, {tp: list(acked)}),
         _acked_index=defaultdict(set, {tp: set(acked)}),
@@ -153,32 +155,39 @@ def test_no_commit_passes_a_record_still_being_handled(committed, acked, pending
     assert new_offset(consumer, tp) == expected
 
 
-class _Bag(list):
-    def discard(self, item) -> None:
-        if item in self:
-            self.remove(item)
+async def test_a_record_that_never_reached_an_agent_blocks_and_is_handed_over_again():
+    import time
 
-
-@pytest.mark.parametrize(("active", "generation", "acked"), [
-    (True, 3, True),    # processed in the current generation: acked
-    (False, 3, False),  # flow control suspended: the stream skipped it unprocessed
-    (True, 2, False),   # fetched before the assignment: skipped unprocessed
-])
-def test_a_record_the_stream_skipped_is_not_acked(active, generation, acked):
-    from collections import defaultdict
-
-    from faust.transport.consumer import Consumer
+    from memstream.streams import commit_order
 
     commit_after_outputs()
-    tp = TP("memstream.job-results", 3)
-    app = SimpleNamespace(consumer_generation_id=3,
-                          flow_control=SimpleNamespace(is_active=lambda: active),
-                          topics=SimpleNamespace(acks_enabled_for=lambda topic: True))
-    message = SimpleNamespace(acked=False, tp=tp, offset=5, topic=tp.topic, partition=3,
-                              generation_id=generation)
-    consumer = SimpleNamespace(
-        app=app, _committed_offset=defaultdict(lambda: None, {tp: 5}),
-        _acked=defaultdict(list), _acked_index=defaultdict(set), _n_acked=0,
-        _unacked_messages=_Bag(), _waiting_for_ack=None)
-    assert Consumer.ack(consumer, message) is acked
-    assert consumer._acked[tp] == ([5] if acked else [])
+    consumer, tp, new_offset = _consumer(1, [2, 3], [])
+    delivered: list[int] = []
+
+    async def on_message(message) -> None:
+        delivered.append(message.offset)
+
+    consumer.app = SimpleNamespace(consumer_generation_id=5,
+                                   topics=SimpleNamespace(on_message=on_message))
+    consumer.assignment = lambda: {tp}
+    record = SimpleNamespace(tp=tp, offset=1, generation_id=5)
+    fetched = commit_order._fetched_for(consumer.app)
+    fetched[tp] = {1: (time.monotonic(), record, 0)}  # 2 and 3 were taken and acked
+    assert new_offset(consumer, tp) is None  # Faust alone: 4, and record 1 is lost
+    await asyncio.sleep(0)
+    assert delivered == []  # still queued for an agent, maybe: wait
+    fetched[tp][1] = (time.monotonic() - commit_order.DROPPED_AFTER_S - 1, record, 0)
+    assert new_offset(consumer, tp) is None
+    await asyncio.sleep(0)
+    assert delivered == [1]  # handed over again
+    assert new_offset(consumer, tp) is None  # waits behind the queue now: not again yet
+    await asyncio.sleep(0)
+    assert delivered == [1]
+    fetched[tp].pop(1)  # taken and acked this time
+    consumer._acked[tp] = [1, 2, 3]
+    assert new_offset(consumer, tp) == 4
+    # a record fetched before the last assignment is Faust's to read again: let go
+    fetched[tp][7] = (time.monotonic() - 99, SimpleNamespace(tp=tp, offset=7,
+                                                             generation_id=4), 0)
+    consumer._committed_offset[tp], consumer._acked[tp] = 4, [5, 6, 8]
+    assert new_offset(consumer, tp) is not None and 7 not in fetched[tp]
