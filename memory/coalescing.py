@@ -171,7 +171,8 @@ def _tool_job(state: UserState, tool: QueuedTool, now: float, seq: int,
 def on_tool(state: UserState, req: ToolRequest, now: float, policy: Policy) -> Step:
     """Queue an agent's tool write (once per request id) and start it if nothing runs."""
     taken = {rid for rid, _ in state.recent_tools}
-    if req.request_id in taken or len(state.tools) >= policy.max_queued_tools:
+    full = len(state.tools) >= policy.max_queued_tools and req.write.name != "forget"
+    if req.request_id in taken or full:  # a forget-me is never refused for a full queue
         return Step(state, duplicate=True)
     write = req.write.model_dump(mode="json") | {"request_id": req.request_id,
                                                   "principal": req.principal}
@@ -184,7 +185,7 @@ def on_tool(state: UserState, req: ToolRequest, now: float, policy: Policy) -> S
         # A job still in flight is let go: applied before the erasure, it is erased with
         # the rest; decided after it, the cursor the erasure leaves fences it (lower seq).
         state = replace(state, sessions={}, tools=(queued,), in_flight=None,
-                        recent_tools=recent)
+                        recent_tools=recent, forgotten_before=req.ts.timestamp())
         return pump(state, now, policy)
     state = replace(state, tools=(*state.tools, queued), recent_tools=recent)
     return pump(state, now, policy)
@@ -243,6 +244,8 @@ def on_message(state: UserState, msg: ChatMessage, now: float, policy: Policy) -
     s = state.sessions.get(msg.session_id, SessionState())
     if msg.message_id in s.recent_ids:
         return Step(state, duplicate=True)
+    if state.forgotten_before is not None and msg.ts.timestamp() <= state.forgotten_before:
+        return Step(state, duplicate=True)  # written before the user asked to be forgotten
     is_user = msg.role == Role.USER
     buffered = Msg(
         seq=s.count, message_id=msg.message_id, role=msg.role.value, content=msg.content,
@@ -349,6 +352,9 @@ def on_tick(state: UserState, now: float, policy: Policy) -> Step:
     kept = tuple(t for t in state.recent_tools if now - t[1] < policy.forget_after_s)
     if kept != state.recent_tools:
         state = replace(state, recent_tools=kept)
+    if state.forgotten_before is not None and \
+            now - state.forgotten_before >= policy.forget_after_s:
+        state = replace(state, forgotten_before=None)
     return pump(state, now, policy)
 
 
@@ -366,4 +372,6 @@ def next_deadline(state: UserState, policy: Policy) -> float | None:
             times.append(s.last_activity + policy.idle_timeout_s)
     if state.recent_tools:
         times.append(state.recent_tools[0][1] + policy.forget_after_s)
+    if state.forgotten_before is not None:
+        times.append(state.forgotten_before + policy.forget_after_s)
     return min(times) if times else None

@@ -13,9 +13,10 @@ a rebuild from the memory-change topic replays it. No store, no I/O, no clock.
 - **rollback** to version *v*: a new version equal to *v* (content, type, importance,
   slot, expiry); the versions between stay in the history. A memory that is no longer
   live (deleted, archived) is restored: a new live version, an ADD-kind op on the same id.
-- **undo_job**: every change of one job, newest first, each undone against the memory's
-  current state: an ADD is deleted, an UPDATE rolled back to the version before it, a
-  DELETE restored. A memory changed again since the job is left alone and reported.
+- **undo_job**: every change of one job, each undone against the memory's current state:
+  an ADD is deleted, an UPDATE rolled back to the version before it, a version the job
+  closed (deleted, merged away, archived) restored. A memory changed again since the job
+  is left alone and reported.
 """
 
 from __future__ import annotations
@@ -138,8 +139,9 @@ def plan_undo_job(memories: Sequence[Memory], job_id: str, ctx: Context) -> Outc
     short = job_id[:12]
     for memory_id, mine in sorted(_by_id(memories, ctx).items()):
         made = [m for m in mine if m.source.job_id == job_id]  # versions the job opened
-        deleted = [m for m in mine if m.status == Status.DELETED
-                   and m.extra.get("closed_job") == job_id]  # versions the job closed
+        # versions the job closed without opening one of the same memory: deleted,
+        # merged away (superseded) by a consolidation, archived by a decay
+        deleted = [m for m in mine if not m.live and m.extra.get("closed_job") == job_id]
         if not made and not deleted:
             continue
         latest = _latest(mine)

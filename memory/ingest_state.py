@@ -91,13 +91,16 @@ class UserState:
     # (request id, when taken) of tool writes taken lately: a retried request is taken once
     # as long as it is remembered (``forget_after``), even once its job is done
     recent_tools: tuple[tuple[str, float], ...] = ()
+    # a forget-me's time: messages written before it and read after it (another topic, a
+    # backlog) are dropped, not extracted after the erasure (kept ``forget_after``)
+    forgotten_before: float | None = None
 
     @property
     def idle(self) -> bool:
         """Nothing to remember: no session, no job in flight, no tool write waiting or
         remembered."""
         return (not self.sessions and self.in_flight is None and not self.tools
-                and not self.recent_tools)
+                and not self.recent_tools and self.forgotten_before is None)
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ def snapshot(state: UserState) -> dict[str, object]:
         "next_seq": state.next_seq,
         "tools": [list(t.__dict__.values()) for t in state.tools],
         "recent_tools": [list(t) for t in state.recent_tools],
+        "forgotten_before": state.forgotten_before,
         "in_flight": None if state.in_flight is None else {
             **state.in_flight.__dict__, "reason": state.in_flight.reason.value,
         },
@@ -153,5 +157,7 @@ def restore(data: dict[str, object]) -> UserState:
     assert isinstance(next_seq, int)
     tools = tuple(QueuedTool(*t) for t in data.get("tools") or ())  # type: ignore[attr-defined]
     recent = tuple((str(r), float(t)) for r, t in data.get("recent_tools") or ())  # type: ignore[attr-defined]
+    forgotten = data.get("forgotten_before")
     return UserState(str(data["tenant_id"]), str(data["user_id"]), sessions, in_flight,
-                     next_seq, tools, recent)
+                     next_seq, tools, recent,
+                     float(forgotten) if isinstance(forgotten, int | float) else None)

@@ -84,11 +84,14 @@ def rules(store: MemoryStore, q: Query, now: float) -> list[Memory]:
     return found[:MAX_PROCEDURAL]
 
 
-def core_blocks(store: MemoryStore, q: Query) -> dict[str, str]:
+def core_blocks(store: MemoryStore, q: Query, created_after: float | None = None,
+                ) -> dict[str, str]:
+    """The user's core memory blocks by label; ``created_after``: only blocks created
+    after it (a forget-me hides older ones until the erasure has run)."""
     found = store.list(Scope(q.tenant_id, q.user_id), slots=list(CORE_SLOTS),
                        limit=len(CORE_SLOTS) * 4)
     return {m.slot.split(":", 1)[1]: m.content for m in sorted(found, key=lambda m: m.version)
-            if m.slot}
+            if m.slot and (created_after is None or m.created_at > created_after)}
 
 
 def recall(store: MemoryStore, embedder: Embedder, q: Query, now: float, weights: Weights,

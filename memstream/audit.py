@@ -23,6 +23,7 @@ from memstream.keys_topic import topic_partitions
 from memstream.topics.schemas import MemoryChange
 
 PER_TENANT = 10_000  # newest entries kept per tenant in a worker
+SEEN_IDS = 200_000
 
 
 def entry(change: MemoryChange) -> dict[str, Any]:
@@ -44,7 +45,9 @@ class AuditLog:
     def __init__(self, bootstrap: str, topic: str, per_tenant: int = PER_TENANT) -> None:
         self.bootstrap, self.topic, self.per_tenant = bootstrap, topic, per_tenant
         self._logs: dict[str, deque[dict[str, Any]]] = {}
-        self._seen: set[str] = set()  # change ids (a republished change counts once)
+        # change ids lately seen (a republished change counts once; it follows its first
+        # publication closely, so a bounded memory is enough)
+        self._seen: dict[str, None] = {}
         self._task: asyncio.Task[None] | None = None
 
     def take(self, value: bytes | None) -> None:
@@ -56,7 +59,9 @@ class AuditLog:
             return
         if change.change_id in self._seen:
             return
-        self._seen.add(change.change_id)
+        self._seen[change.change_id] = None
+        if len(self._seen) > SEEN_IDS:
+            del self._seen[next(iter(self._seen))]
         log = self._logs.setdefault(change.tenant_id, deque(maxlen=self.per_tenant))
         log.append(entry(change))
 

@@ -59,7 +59,9 @@ async def _scan(settings: Settings, tenant: str, user: str, needles: list[bytes]
 
         keys = UserKeys(settings, registry(settings).user_keys.name)
         await keys.start()
-        await keys.wait_ready(30.0)
+        if not await keys.wait_ready(30.0):
+            await keys.stop()
+            raise TimeoutError("the user-keys topic could not be read: cannot tell what opens")
         opener = keys.opener()
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=None,
                                 enable_auto_commit=False, isolation_level="read_uncommitted")

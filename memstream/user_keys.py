@@ -64,6 +64,11 @@ class UserKeys:
         await self._producer.start()
         self._task = asyncio.create_task(self._follow())
 
+    @property
+    def ready(self) -> bool:
+        """The topic was read to its end once (markers and keys are all known)."""
+        return self._caught_up.is_set()
+
     async def wait_ready(self, timeout: float) -> bool:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._caught_up.wait(), timeout)

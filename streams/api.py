@@ -103,9 +103,9 @@ def _fence(p: Pipeline, tenant: str, user: str, found: retrieval.Recall) -> retr
         return m.user_id != user or m.created_at > at  # global knowledge is not theirs
 
     scored = [x for x in found.scored if shown(x.memory)]
-    hidden = len(scored) < len(found.scored)
-    return retrieval.Recall(scored, [m for m in found.procedural if shown(m)],
-                            {} if hidden else found.core)
+    core = retrieval.core_blocks(p.services.store, retrieval.Query(tenant, user, "-", 1),
+                                 created_after=at) if found.core else {}
+    return retrieval.Recall(scored, [m for m in found.procedural if shown(m)], core)
 
 
 class WorkerBackend:
@@ -123,6 +123,9 @@ class WorkerBackend:
         """Serving, and the tables (window, ingest state) restored after a (re)start: until
         then answers would be silently incomplete, so the API says 503."""
         if not self.started:
+            return False
+        keys = self.p.user_keys
+        if keys is not None and not keys.ready:  # forget-me markers not all known yet
             return False
         try:
             tables: Any = self.p.app.tables
@@ -269,7 +272,8 @@ class WorkerBackend:
                      principal: Principal) -> ToolResult:
         if req.name == "core_memory_replace":
             current = await asyncio.to_thread(retrieval.core_blocks, self.p.services.store,
-                                              self._query(tenant, user, "-", 1))
+                                              self._query(tenant, user, "-", 1),
+                                              privacy.fenced(self.p, tenant, user))
             replace_core(current.get(args.label, ""), args.old_content, args.new_content)
             write = ToolWrite(name="core_memory_replace", label=args.label,
                               old_content=args.old_content, content=args.new_content)

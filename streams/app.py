@@ -160,8 +160,9 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
     )
     if settings.ingest_enabled:
         ingest.register(pipeline)
+    if settings.extract_enabled or settings.web_enabled:
+        privacy.register(pipeline)  # sealing (apply) and the forget-me fence (API reads)
     if settings.extract_enabled:
-        privacy.register(pipeline)
         extract.register(pipeline)
         access.register(pipeline)
     if settings.web_enabled:

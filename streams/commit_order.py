@@ -212,7 +212,11 @@ def _redeliver(consumer: Any, tp: Any, offset: int,
         return
     log.warning("%s[%s]@%s never reached an agent in %.0fs: handing it over again",
                 tp.topic, tp.partition, offset, DROPPED_AFTER_S)
+    # As if fetched now: the conductor counts one reference per hand-over (the dropped
+    # one is still counted: left alone, the agent's ack would never be the final one)
+    # and the stream tracks it again.
     message.generation_id = app.consumer_generation_id
+    message.refcount, message.tracked, message.acked = 0, False, False
     fetched[offset] = (time.monotonic(), message, times + 1)
     task = asyncio.ensure_future(app.topics.on_message(message))
     _BACKGROUND.add(task)
@@ -235,7 +239,11 @@ def _patch_fetched() -> None:
         handler = original(self)
         fetched = _fetched_for(self.app)
 
+        acks_enabled_for = self.acks_enabled_for
+
         async def on_message(message: Any) -> Any:
+            if not acks_enabled_for(message.topic):  # changelogs: Faust's recovery reads
+                return await handler(message)
             entry = fetched.setdefault(message.tp, {}).get(message.offset)
             times = entry[2] if entry else 0  # handed over again: keep the count
             fetched[message.tp][message.offset] = (time.monotonic(), message, times)

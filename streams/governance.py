@@ -35,6 +35,7 @@ from memstream.topics.governance import (
 from memstream.topics.schemas import ToolRequest, ToolWrite
 
 MAX_VERSIONS = 50_000  # version records of one user a history call reads
+KEYS_READY_S = 30.0
 
 Send = Callable[[ToolRequest], Awaitable[None]]
 
@@ -140,6 +141,8 @@ async def forget(p: Pipeline, send: Send, tenant: str, user: str, req: Correctio
     erase them everywhere as a job of the user (see :mod:`memstream.streams.privacy`)."""
     now = p.clock()
     if p.user_keys is not None:
+        if not await p.user_keys.wait_ready(KEYS_READY_S):  # shred every key it has
+            raise ApiError(503, ErrorCode.UNAVAILABLE, "user keys not loaded yet, retry")
         await p.user_keys.forget(tenant, user, now, "api", principal.key_id)
     p.counters.forget_requests += 1
     return await correct(p, send, tenant, user, write_for("forget"), req, principal)

@@ -170,7 +170,8 @@ async def test_a_record_that_never_reached_an_agent_blocks_and_is_handed_over_ag
     consumer.app = SimpleNamespace(consumer_generation_id=5,
                                    topics=SimpleNamespace(on_message=on_message))
     consumer.assignment = lambda: {tp}
-    record = SimpleNamespace(tp=tp, offset=1, generation_id=5)
+    record = SimpleNamespace(tp=tp, offset=1, generation_id=5, refcount=1, tracked=True,
+                             acked=False)  # counted once by the hand-over that dropped it
     fetched = commit_order._fetched_for(consumer.app)
     fetched[tp] = {1: (time.monotonic(), record, 0)}  # 2 and 3 were taken and acked
     assert new_offset(consumer, tp) is None  # Faust alone: 4, and record 1 is lost
@@ -180,6 +181,7 @@ async def test_a_record_that_never_reached_an_agent_blocks_and_is_handed_over_ag
     assert new_offset(consumer, tp) is None
     await asyncio.sleep(0)
     assert delivered == [1]  # handed over again
+    assert (record.refcount, record.tracked) == (0, False)  # so the agent's ack is final
     assert new_offset(consumer, tp) is None  # waits behind the queue now: not again yet
     await asyncio.sleep(0)
     assert delivered == [1]
@@ -191,3 +193,33 @@ async def test_a_record_that_never_reached_an_agent_blocks_and_is_handed_over_ag
                                                              generation_id=4), 0)
     consumer._committed_offset[tp], consumer._acked[tp] = 4, [5, 6, 8]
     assert new_offset(consumer, tp) is not None and 7 not in fetched[tp]
+
+
+async def test_a_real_record_handed_over_again_is_acked_by_its_agent():
+    """Faust counts one reference per hand-over: without the reset the agent's ack of a
+    re-handed record is never the final one, and its partition's commits stop for good."""
+    import time
+
+    from faust.types.tuples import Message
+
+    from memstream.streams import commit_order
+
+    tp = TP("memstream.messages", 2)
+    record = Message(tp.topic, tp.partition, 7, 0.0, 0, None, b"k", b"v", None, tp=tp,
+                     generation_id=3)
+    record.incref()  # the first hand-over, whose event was dropped
+    handed: list[Message] = []
+
+    async def on_message(message) -> None:
+        message.incref()  # what the conductor does per subscribed stream
+        handed.append(message)
+
+    consumer, _, _ = _consumer(7, [8], [])
+    consumer.app = SimpleNamespace(consumer_generation_id=3,
+                                   topics=SimpleNamespace(on_message=on_message))
+    consumer.assignment = lambda: {tp}
+    fetched = {7: (time.monotonic() - 60, record, 0)}
+    commit_order._redeliver(consumer, tp, 7, fetched)
+    await asyncio.sleep(0)
+    assert handed == [record]
+    assert record.ack(consumer) is True  # the final ack: Faust records the offset

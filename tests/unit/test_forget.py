@@ -134,3 +134,26 @@ def test_a_rebuild_of_one_tenant_never_touches_another(store):
     after = sorted((m.memory_id, m.version, m.content)
                    for m in store.list(Scope("t2", "u1"), statuses=None))
     assert after == before and store.list(Scope("t1", "u1"), statuses=None) == []
+
+
+def test_messages_written_before_the_forget_and_read_after_it_are_dropped():
+    from memstream.memory.coalescing import next_deadline, on_message, on_tick
+    from memstream.memory.ingest_state import restore, snapshot
+    from tests.unit.helpers import msg
+
+    step = on_tool(fresh(), forget_request(), 10.0, P)  # asked at 2026-01-01 (the ts)
+    state = restore(snapshot(step.state))  # survives the changelog
+    asked = state.forgotten_before
+    assert asked is not None
+    old = msg("I live in canary-town-41", mid="old-1").model_copy(
+        update={"ts": datetime.fromtimestamp(asked - 5, UTC)})
+    new = msg("I live in Oslo", mid="new-1").model_copy(
+        update={"ts": datetime.fromtimestamp(asked + 5, UTC)})
+    assert on_message(state, old, 11.0, P).duplicate
+    assert not on_message(state, new, 11.0, P).duplicate
+    assert next_deadline(state, P) is not None
+    from dataclasses import replace
+
+    done = replace(state, in_flight=None, tools=())  # the erasure ran
+    later = on_tick(done, asked + P.forget_after_s + 1, P).state
+    assert later.forgotten_before is None and later.idle

@@ -165,3 +165,23 @@ def test_the_change_log_replays_corrections_into_the_same_store(store, tmp_path)
         return sorted((m.memory_id, m.version, m.status.value, m.content) for m in everything(s))
     assert versions(replica) == versions(store)
     replica.close()
+
+
+def test_undo_of_a_merge_or_an_archive_restores_what_the_job_closed(store):
+    from memstream.memory import maintenance
+
+    seed(store, ("a", "Likes tea"), ("b", "Likes green tea"), ("c", "Owns a bike"))
+    live = {m.memory_id: m for m in store.list(Scope("t1", "u1"))}
+    plan, c1 = Plan(), ctx(1, job="consolidate-1")
+    governance._become(plan, c1, [live["a"]], live["a"].evolve(content="Likes tea, green"),
+                       "merged")
+    maintenance._close(plan, c1, live["b"], maintenance.Status.SUPERSEDED, 100.0, 100.0,
+                       "merged into a", "merged")
+    maintenance._close(plan, c1, live["c"], maintenance.Status.ARCHIVED, 100.0, 100.0,
+                       "idle", "archived")
+    apply(store, plan, 1, job="consolidate-1", name="rollback")
+    assert live_texts(store) == {"a": "Likes tea, green"}
+    out = governance.plan_undo_job(everything(store), "consolidate-1", ctx(2))
+    assert out.refused == []
+    apply(store, out.plan, 2, name="undo_job")
+    assert live_texts(store) == {"a": "Likes tea", "b": "Likes green tea", "c": "Owns a bike"}
