@@ -17,9 +17,16 @@ import asyncio
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
-from benchmarks.chaos import bench_settings, read_topics, run_chaos, scenario
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+from benchmarks.chaos import (
+    bench_settings,
+    read_topics,
+    run_chaos,
+    scenario,
+)
 from memstream.topics.registry import all_topic_names, delete_topics, registry
 
 
