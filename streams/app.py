@@ -115,7 +115,7 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
               services: Services | None = None) -> Pipeline:
     """Create the Faust app: the ingest agent and its timer, the extract and apply agents."""
     from memstream.streams import access, extract, faust_setup, ingest, privacy, serve
-    from memstream.streams.commit_order import commit_after_outputs
+    from memstream.streams.commit_order import commit_after_outputs, keep_in_order
 
     commit_after_outputs()
     if settings.clock_offset_s and clock is time.time:
@@ -158,6 +158,9 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
         services=services or build_services(settings),
         clock=clock,
     )
+    # a user's messages and writes keep their order: a record Faust dropped is read again
+    # by the next start rather than handed over late (streams.commit_order)
+    keep_in_order(app, [reg.messages.name, reg.session_events.name, reg.tool_requests.name])
     if settings.ingest_enabled:
         ingest.register(pipeline)
     if settings.extract_enabled or settings.web_enabled:
