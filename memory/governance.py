@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from memstream.memory.decisions import Context, PlannedOp
-from memstream.memory.maintenance import CLOSE_MARKS, Plan
+from memstream.memory.maintenance import CLOSE_MARKS, Plan, _bare
+from memstream.memory.maintenance import _close as maintenance_close
 from memstream.memory.model import Memory, OpKind, Status
 
 
@@ -35,10 +36,6 @@ class Outcome:
 
     plan: Plan = field(default_factory=Plan)
     refused: list[str] = field(default_factory=list)
-
-
-def _bare(m: Memory) -> Memory:
-    return m.evolve(last_accessed_at=None, access_count=0)
 
 
 def _latest(versions: Sequence[Memory]) -> Memory | None:
@@ -59,12 +56,7 @@ def _by_id(memories: Sequence[Memory], ctx: Context) -> dict[str, list[Memory]]:
 
 
 def _close(plan: Plan, ctx: Context, m: Memory, reason: str) -> None:
-    oid = plan.next_id(ctx, OpKind.DELETE)
-    before = _bare(m)
-    closed = before.evolve(status=Status.DELETED, valid_to=ctx.now, updated_at=ctx.now,
-                           extra={**before.extra, "closed_by": oid, "closed_job": ctx.job_id})
-    plan.add(PlannedOp(oid, OpKind.DELETE, m.memory_id, before, closed, (closed,), reason),
-             "deleted")
+    maintenance_close(plan, ctx, m, Status.DELETED, ctx.now, ctx.now, reason, "deleted")
 
 
 def _become(plan: Plan, ctx: Context, versions: Sequence[Memory], target: Memory,

@@ -196,17 +196,23 @@ def _authenticate(request: web.Request) -> Principal:
     return principal
 
 
-def _scope(request: web.Request) -> tuple[str, str, Principal]:
-    """Key, path ids, tenant, readiness: everything checked before a body is read."""
+def _scoped(request: web.Request, *names: str) -> tuple[Principal, list[str]]:
+    """Key, path ids (the first one the tenant), tenant, readiness: everything checked
+    before a body is read."""
     principal = _authenticate(request)
-    tenant, user = request.match_info["tenant"], request.match_info["user"]
-    for label, value in (("tenant", tenant), ("user", user)):
+    values = [request.match_info[name] for name in names]
+    for label, value in zip(names, values, strict=True):
         if not ID_PATTERN.fullmatch(value):
             raise _bad(f"invalid {label} id: 1-128 of letters, digits and . _ : @ + = -")
-    if not principal.may_open(tenant):
+    if not principal.may_open(values[0]):
         raise ApiError(403, ErrorCode.FORBIDDEN, "this key does not open this tenant")
     if not request.app[_DEPS].backend.ready():
         raise ApiError(503, ErrorCode.UNAVAILABLE, "starting, retry later")
+    return principal, values
+
+
+def _scope(request: web.Request) -> tuple[str, str, Principal]:
+    principal, (tenant, user) = _scoped(request, "tenant", "user")
     return tenant, user, principal
 
 

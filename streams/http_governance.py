@@ -17,13 +17,13 @@ from memstream.streams.http import (
     ApiError,
     Handler,
     Route,
-    _authenticate,
     _bad,
     _list_params,
     _ok,
     _post,
     _read_object,
     _scope,
+    _scoped,
     _validation_message,
 )
 from memstream.topics.api import ErrorCode
@@ -64,14 +64,7 @@ async def _source(request: web.Request) -> web.StreamResponse:
 
 
 async def _audit(request: web.Request) -> web.StreamResponse:
-    principal = _authenticate(request)
-    tenant = request.match_info["tenant"]
-    if not ID_PATTERN.fullmatch(tenant):
-        raise _bad("invalid tenant id: 1-128 of letters, digits and . _ : @ + = -")
-    if not principal.may_open(tenant):
-        raise ApiError(403, ErrorCode.FORBIDDEN, "this key does not open this tenant")
-    if not request.app[_DEPS].backend.ready():
-        raise ApiError(503, ErrorCode.UNAVAILABLE, "starting, retry later")
+    _, (tenant,) = _scoped(request, "tenant")
     params = _list_params(request.query)
     user, kind = request.query.get("user") or None, request.query.get("kind") or None
     if user is not None and not ID_PATTERN.fullmatch(user):
