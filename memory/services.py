@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from memstream.errors import ConfigError
 from memstream.memory.embedding import Embedder, HashingEmbedder, OpenAIEmbedder, UseEmbedder
@@ -11,6 +12,9 @@ from memstream.memory.jobwork import JobSettings
 from memstream.memory.scoring import Weights
 from memstream.memory.store import MemoryStore
 from memstream.settings import Settings
+
+if TYPE_CHECKING:
+    from memstream.memory.llm_record import Recorder
 
 
 @dataclass(frozen=True)
@@ -50,18 +54,24 @@ def build_store(settings: Settings, dim: int) -> MemoryStore:
         key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
         return ServerStore.connect(settings.qdrant_url, key, settings.qdrant_collection, dim)
     from memstream.memory.store_edge import EdgeStore
+    from memstream.memory.store_swap import SwappableStore
+    from memstream.store_switch import current_store_path
 
-    return EdgeStore(settings.data_dir / "qdrant", dim)
+    # the worker's store can be switched to a rebuilt one (memstream.store_switch)
+    return SwappableStore(EdgeStore(current_store_path(settings), dim))
 
 
-def build_model(settings: Settings) -> MemoryModel:
+def build_model(settings: Settings, recorder: Recorder | None = None) -> MemoryModel:
+    """``recorder``: recorded answers around every LLM call (``memstream replay``); an
+    offline one needs no endpoint (it never calls)."""
     if settings.llm == "openai":
         from memstream.memory.llm import OpenAIModel
 
-        if not settings.llm_base_url and settings.llm_api_key is None:
+        offline = recorder is not None and recorder.offline
+        if not settings.llm_base_url and settings.llm_api_key is None and not offline:
             raise ConfigError("MEMSTREAM_LLM=openai needs MEMSTREAM_LLM_API_KEY or "
                               "MEMSTREAM_LLM_BASE_URL")
-        return OpenAIModel(settings, client=_openai_client(settings))
+        return OpenAIModel(settings, client=_openai_client(settings), recorder=recorder)
     return RulesModel()
 
 

@@ -11,7 +11,7 @@ semantic knowledge); there is no unscoped query in the protocol.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -81,6 +81,9 @@ def unit_vector(dim: int) -> list[float]:
     return [1.0] + [0.0] * (dim - 1)
 
 
+Record = tuple[str, dict[str, Any], list[float] | None]
+
+
 class StoreError(MemstreamError):
     """The vector store failed or refused an operation."""
 
@@ -100,6 +103,11 @@ class Scope:
 class MemoryStore(Protocol):
     def write(self, memories: Sequence[Memory], vectors: Sequence[list[float] | None]) -> None:
         """Upsert version records; a ``None`` vector keeps the stored one (payload only)."""
+        ...
+
+    def write_records(self, records: Sequence[Record]) -> None:
+        """:meth:`write` for records as payloads (a rebuild: no Memory objects made);
+        a ``None`` vector: the stored record's payload is replaced, its vector kept."""
         ...
 
     def search(self, scope: Scope, vector: list[float], k: int,
@@ -140,10 +148,21 @@ class MemoryStore(Protocol):
         """Store folded hit statistics (see :mod:`memory.access`)."""
         ...
 
+    def scan(self, tenant_id: str | None = None, user_id: str | None = None, *,
+             vectors: bool = False, page: int = 1024) -> Iterator[Record]:
+        """Every record (versions, cursors, hit statistics), optionally of one tenant /
+        user, page by page in point id order: (point id, payload, vector if asked)."""
+        ...
+
     def erase(self, scope: Scope) -> int:
         """Forget-me: physically delete every record of exactly ``scope``'s user (versions,
         vectors, hit statistics), keeping only its cursor (fencing: no older job may write
         again). Returns how many memory version records were deleted."""
+        ...
+
+    def count(self) -> int:
+        """Memory version records of every tenant and user (cursors and hit statistics not
+        counted): the store size gauge of the worker's metrics, nothing scoped reads it."""
         ...
 
     def close(self) -> None: ...

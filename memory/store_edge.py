@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from memstream.memory.store import (
     CURSOR_STATUS,
     HIDDEN_STATUSES,
     INDEXED_KEYWORDS,
+    Record,
     Scope,
     StoreError,
     access_from,
@@ -25,6 +27,9 @@ from memstream.memory.store import (
     live_from,
     unit_vector,
 )
+
+_DOC = "_doc"
+_TOP = tuple(k for k in INDEXED_KEYWORDS if "." not in k)
 
 
 class EdgeStore:
@@ -38,12 +43,13 @@ class EdgeStore:
         self._dim = dim
         path.mkdir(parents=True, exist_ok=True)
         shard_dir = path / "shard"
+        # The write-ahead log stays on, a rebuild's new store included: it cannot be turned
+        # on later, and a store the worker serves must not lose an acknowledged write.
+        config = qe.EdgeConfig(vectors=qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine))
         try:
             if shard_dir.exists() and any(shard_dir.iterdir()):
                 self._shard = qe.EdgeShard.load(str(shard_dir))
             else:
-                config = qe.EdgeConfig(vectors=qe.EdgeVectorParams(
-                    size=dim, distance=qe.Distance.Cosine))
                 self._shard = qe.EdgeShard.create(str(shard_dir), config)
                 for name in INDEXED_KEYWORDS:
                     self._shard.update(qe.UpdateOperation.create_field_index(
@@ -79,16 +85,19 @@ class EdgeStore:
         return conds
 
     def write(self, memories: Sequence[Memory], vectors: Sequence[list[float] | None]) -> None:
+        self.write_records([(m.point_id, m.to_payload(), v)
+                            for m, v in zip(memories, vectors, strict=True)])
+
+    def write_records(self, records: Sequence[Record]) -> None:
         qe = self._qe
-        points = [qe.Point(m.point_id, v, m.to_payload())
-                  for m, v in zip(memories, vectors, strict=True) if v is not None]
+        points = [qe.Point(pid, v, pack(p)) for pid, p, v in records if v is not None]
         with self._lock:
             if points:
                 self._shard.update(qe.UpdateOperation.upsert_points(points))
-            for m, v in zip(memories, vectors, strict=True):
+            for pid, payload, v in records:
                 if v is None:
-                    self._shard.update(qe.UpdateOperation.set_payload([m.point_id],
-                                                                      m.to_payload()))
+                    self._shard.update(qe.UpdateOperation.overwrite_payload([pid],
+                                                                            pack(payload)))
             # No flush per write: updates go through the shard's write-ahead log, and the
             # memory-change topic can rebuild the store anyway. close() flushes.
 
@@ -101,7 +110,7 @@ class EdgeStore:
                                   with_payload=True)
         with self._lock:
             hits = self._shard.query(request)
-        return [(Memory.from_payload(h.payload or {}), float(h.score)) for h in hits]
+        return [(Memory.from_payload(unpack(h.payload)), float(h.score)) for h in hits]
 
     def list(self, scope: Scope, statuses: Sequence[str] | None = ("active",),
              limit: int = 10_000, *, types: Sequence[str] | None = None,
@@ -111,7 +120,7 @@ class EdgeStore:
         with self._lock:
             records, _ = self._shard.scroll(qe.ScrollRequest(
                 limit=limit, filter=where, with_payload=True))
-        return [Memory.from_payload(r.payload or {}) for r in records]
+        return [Memory.from_payload(unpack(r.payload)) for r in records]
 
     def op_applied(self, scope: Scope, op_id: str) -> bool:
         qe = self._qe
@@ -132,20 +141,37 @@ class EdgeStore:
             records, _ = self._shard.scroll(qe.ScrollRequest(
                 limit=10 * len(memory_ids) + 10, with_payload=True,
                 filter=self._filter(scope, ["active"], [cond])))
-        return live_from(r.payload for r in records)
+        return live_from(unpack(r.payload) for r in records)
 
     def cursor(self, scope: Scope) -> Cursor | None:
         with self._lock:
             found = self._shard.retrieve([cursor_point_id(scope.tenant_id, scope.user_id)],
                                          True, False)
-        return cursor_from(scope, (r.payload for r in found))
+        return cursor_from(scope, (unpack(r.payload) for r in found))
 
     def set_cursor(self, scope: Scope, cursor: Cursor) -> None:
         qe = self._qe
         point = qe.Point(cursor_point_id(scope.tenant_id, scope.user_id),
-                         unit_vector(self._dim), cursor_payload(scope, cursor))
+                         unit_vector(self._dim), pack(cursor_payload(scope, cursor)))
         with self._lock:
             self._shard.update(qe.UpdateOperation.upsert_points([point]))
+
+    def scan(self, tenant_id: str | None = None, user_id: str | None = None, *,
+             vectors: bool = False, page: int = 1024) -> Iterator[Record]:
+        qe = self._qe
+        must = [qe.FieldCondition(key=k, match=qe.MatchValue(v))
+                for k, v in (("tenant_id", tenant_id), ("user_id", user_id)) if v is not None]
+        where = qe.Filter(must=must) if must else None
+        offset: Any = None
+        while True:
+            with self._lock:
+                records, offset = self._shard.scroll(qe.ScrollRequest(
+                    offset=offset, limit=page, filter=where, with_payload=True,
+                    with_vector=vectors))
+            for r in records:
+                yield str(r.id), unpack(r.payload), _dense(r.vector) if vectors else None
+            if offset is None:
+                return
 
     def erase(self, scope: Scope) -> int:
         qe = self._qe
@@ -167,17 +193,52 @@ class EdgeStore:
         ids: list[Any] = [access_point_id(scope.tenant_id, scope.user_id, m) for m in memory_ids]
         with self._lock:
             found = self._shard.retrieve(ids, True, False)
-        return access_from(scope, (r.payload for r in found))
+        return access_from(scope, (unpack(r.payload) for r in found))
 
     def put_access(self, scope: Scope, stats: Sequence[AccessStats]) -> None:
         qe = self._qe
         points = [qe.Point(access_point_id(scope.tenant_id, scope.user_id, s.memory_id),
-                           unit_vector(self._dim), access_payload(scope, s)) for s in stats]
+                           unit_vector(self._dim), pack(access_payload(scope, s)))
+                  for s in stats]
         if points:
             with self._lock:
                 self._shard.update(qe.UpdateOperation.upsert_points(points))
+
+    def count(self) -> int:
+        qe = self._qe
+        records = qe.Filter(must_not=[qe.FieldCondition(
+            key="status", match=qe.MatchAny(list(HIDDEN_STATUSES)))])
+        with self._lock:
+            return int(self._shard.count(qe.CountRequest(filter=records)))
 
     def close(self) -> None:
         with self._lock:
             self._shard.flush()
             self._shard.close()
+
+
+def pack(payload: dict[str, Any]) -> dict[str, Any]:
+    """What Edge stores of a record: the fields filters name, plus the whole record as one
+    JSON string. qdrant-edge-py converts a payload key by key (~4 us a key, most of a
+    write's cost): 8 keys instead of ~25 make writes (and reads) 2-3x faster."""
+    packed = {k: payload[k] for k in _TOP if payload.get(k) is not None}
+    for outer, inner in (("source", "op_id"), ("extra", "closed_by")):
+        value = (payload.get(outer) or {}).get(inner)
+        if value is not None:
+            packed[outer] = {inner: value}
+    packed[_DOC] = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return packed
+
+
+def unpack(payload: dict[str, Any] | None) -> dict[str, Any]:
+    """The record a payload holds (records written before packing are returned as read)."""
+    payload = payload or {}
+    doc = payload.get(_DOC)
+    return json.loads(doc) if isinstance(doc, str) else dict(payload)
+
+
+def _dense(vector: Any) -> list[float] | None:
+    """The unnamed dense vector of a scrolled record (Edge returns it by name or plain)."""
+    if isinstance(vector, dict):
+        vector = next(iter(vector.values()), None)
+    return None if vector is None else [float(x) for x in vector]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from memstream.memory.access import AccessStats
@@ -12,6 +12,7 @@ from memstream.memory.store import (
     CURSOR_STATUS,
     HIDDEN_STATUSES,
     INDEXED_KEYWORDS,
+    Record,
     Scope,
     StoreError,
     access_from,
@@ -78,15 +79,19 @@ class ServerStore:
         return conds
 
     def write(self, memories: Sequence[Memory], vectors: Sequence[list[float] | None]) -> None:
+        self.write_records([(mem.point_id, mem.to_payload(), v)
+                            for mem, v in zip(memories, vectors, strict=True)])
+
+    def write_records(self, records: Sequence[Record]) -> None:
         m = self._m
-        points = [m.PointStruct(id=mem.point_id, vector=v, payload=mem.to_payload())
-                  for mem, v in zip(memories, vectors, strict=True) if v is not None]
+        points = [m.PointStruct(id=pid, vector=v, payload=p) for pid, p, v in records
+                  if v is not None]
         if points:
             self._client.upsert(self.collection, points=points, wait=True)
-        for mem, v in zip(memories, vectors, strict=True):
+        for pid, payload, v in records:
             if v is None:
-                self._client.set_payload(self.collection, payload=mem.to_payload(),
-                                         points=[mem.point_id], wait=True)
+                self._client.overwrite_payload(self.collection, payload=payload,
+                                               points=[pid], wait=True)
 
     def search(self, scope: Scope, vector: list[float], k: int,
                statuses: Sequence[str] = ("active",), *, types: Sequence[str] | None = None,
@@ -138,6 +143,24 @@ class ServerStore:
                               payload=cursor_payload(scope, cursor))
         self._client.upsert(self.collection, points=[point], wait=True)
 
+    def scan(self, tenant_id: str | None = None, user_id: str | None = None, *,
+             vectors: bool = False, page: int = 1024) -> Iterator[Record]:
+        m = self._m
+        must: list[Any] = [m.FieldCondition(key=k, match=m.MatchValue(value=v))
+                           for k, v in (("tenant_id", tenant_id), ("user_id", user_id))
+                           if v is not None]
+        where = m.Filter(must=must) if must else None
+        offset: Any = None
+        while True:
+            records, offset = self._client.scroll(
+                self.collection, scroll_filter=where, limit=page, offset=offset,
+                with_payload=True, with_vectors=vectors)
+            for r in records:
+                vec = r.vector if isinstance(r.vector, list) else None
+                yield str(r.id), dict(r.payload or {}), vec
+            if offset is None:
+                return
+
     def erase(self, scope: Scope) -> int:
         m = self._m
         own = Scope(scope.tenant_id, scope.user_id)  # never the global user's
@@ -166,6 +189,12 @@ class ServerStore:
                                 payload=access_payload(scope, s)) for s in stats]
         if points:
             self._client.upsert(self.collection, points=points, wait=True)
+
+    def count(self) -> int:
+        m = self._m
+        records = m.Filter(must_not=[m.FieldCondition(
+            key="status", match=m.MatchAny(any=list(HIDDEN_STATUSES)))])
+        return int(self._client.count(self.collection, count_filter=records, exact=True).count)
 
     def close(self) -> None:
         self._client.close()

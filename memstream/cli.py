@@ -290,13 +290,23 @@ def forget_verify(settings: Settings, tenant: str, user: str, needles: tuple[str
 @main.command()
 @click.option("--keep-broker/--stop-broker", default=False,
               help="Leave a broker that the demo started running afterwards.")
+@click.option("--serve", is_flag=True,
+              help="Keep the worker (API, /metrics, inspector) running until Ctrl-C.")
 @click.pass_obj
-def demo(settings: Settings, keep_broker: bool) -> None:
+def demo(settings: Settings, keep_broker: bool, serve: bool) -> None:
     """Broker + worker + the bundled sample conversations: print the memories built."""
     from memstream.demo import run_demo
 
     logging.basicConfig(level=logging.WARNING)
-    run_demo(settings, keep_broker=keep_broker)
+    run_demo(settings, keep_broker=keep_broker, serve=serve)
+
+
+from memstream.replay_cli import replay  # noqa: E402
+
+main.add_command(replay)
+from memstream.rebuild_cli import rebuild  # noqa: E402
+
+main.add_command(rebuild)
 
 
 if __name__ == "__main__":

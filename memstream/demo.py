@@ -14,6 +14,7 @@ import secrets
 import shutil
 import socket
 import tempfile
+import time
 import uuid
 from collections import Counter
 from datetime import UTC, datetime
@@ -26,6 +27,7 @@ from pydantic import SecretStr
 
 from memstream import broker as local_broker
 from memstream.demo_governance import report_governance
+from memstream.demo_ops import report_operations
 from memstream.kafka_io import TopicReader, send_events, start_producer
 from memstream.process import WorkerProcess
 from memstream.settings import Settings
@@ -222,7 +224,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_demo(base: Settings, *, keep_broker: bool) -> None:
+def _serve_until_interrupted(worker: WorkerProcess) -> None:
+    click.echo("serving; Ctrl-C stops the worker (and the broker the demo started)")
+    try:
+        while worker.alive():
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        click.echo("")
+
+
+def run_demo(base: Settings, *, keep_broker: bool, serve: bool = False) -> None:
     run = f"demo-{uuid.uuid4().hex[:8]}"
     work = Path(tempfile.mkdtemp(prefix="memstream-demo-"))
     settings = base.model_copy(update={
@@ -257,6 +268,9 @@ def run_demo(base: Settings, *, keep_broker: bool) -> None:
         said = next(e.content for e in events if isinstance(e, ChatMessage)
                     and (e.tenant_id, e.user_id) == (tenant, user) and e.role == "user")
         report_governance(settings, tenant, user, said[:40])
+        report_operations(settings, serve=serve)
+        if serve:
+            _serve_until_interrupted(worker)
     finally:
         worker.stop()
         asyncio.run(delete_topics(settings, all_topic_names(settings)))

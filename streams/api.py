@@ -15,6 +15,7 @@ import base64
 import hashlib
 import json
 import logging
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -160,6 +161,17 @@ class WorkerBackend:
                                           query_id, self.p.clock()))
         self.p.counters.hits_recorded += len(ids)
 
+    def _served(self, started: float, returned: list[Scored]) -> None:
+        """A retrieval answered: its latency, and whether it found a relevant memory (the
+        best one returned at or above ``metrics_hit_relevance``: the hit rate, SPEC §8)."""
+        c = self.p.counters
+        c.retrieval_latency.observe(time.perf_counter() - started)
+        floor = self.p.settings.metrics_hit_relevance
+        if floor is None:
+            floor = self.p.services.embedder.related_threshold
+        if any(x.relevance >= floor for x in returned):
+            c.retrievals_with_results += 1
+
     async def list_memories(self, tenant: str, user: str, *, limit: int, cursor: str | None,
                             status: str | None, type: str | None) -> MemoryPage:
         offset = _page_offset(cursor)
@@ -183,16 +195,19 @@ class WorkerBackend:
             "next_cursor": _page_token(offset + limit) if more else None})
 
     async def search(self, tenant: str, user: str, req: SearchRequest) -> SearchResponse:
+        started = time.perf_counter()
         q = self._query(tenant, user, req.query, req.k, include_global=req.include_global,
                         statuses=tuple(req.statuses), include_expired=req.include_expired)
         query_id, found = await self._recall(q, core=False)
         if req.record_hits:
             self._hits(q, query_id, found.scored)
+        self._served(started, found.scored)
         return SearchResponse.model_validate({
             "query_id": query_id, "memories": [retrieval.scored_dict(x) for x in found.scored],
             "procedural": [retrieval.memory_dict(m) for m in found.procedural]})
 
     async def context(self, tenant: str, user: str, req: ContextRequest) -> ContextResponse:
+        started = time.perf_counter()
         q = self._query(tenant, user, req.query, req.k)
         query_id, found = await self._recall(q)
         rows = (window.rows(self.p.window, tenant, user, req.session_id,
@@ -202,6 +217,7 @@ class WorkerBackend:
         kept = found.scored[:block.kept]  # what the budget let in: only these count as hits
         if req.record_hits:
             self._hits(q, query_id, kept)
+        self._served(started, kept)
         return ContextResponse.model_validate({
             "query_id": query_id, "memories": [retrieval.scored_dict(x) for x in kept],
             "procedural": [retrieval.memory_dict(m) for m in found.procedural],
@@ -244,9 +260,11 @@ class WorkerBackend:
 
     async def _memory_search(self, tenant: str, user: str, req: ToolCallRequest,
                              args: Any) -> ToolResult:
+        started = time.perf_counter()
         q = self._query(tenant, user, args.query, args.k)
         query_id, found = await self._recall(q, procedural=False, core=False)
         self._hits(q, query_id, found.scored)
+        self._served(started, found.scored)
         lines = [f"{i}. ({datetime.fromtimestamp(x.memory.valid_from, UTC):%Y-%m-%d}) "
                  f"{x.memory.content}" for i, x in enumerate(found.scored, start=1)]
         return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="ok",

@@ -114,7 +114,7 @@ def _raw_topic(app: faust.App, *names: str) -> faust.TopicT:
 def build_app(settings: Settings, clock: Callable[[], float] = time.time,
               services: Services | None = None) -> Pipeline:
     """Create the Faust app: the ingest agent and its timer, the extract and apply agents."""
-    from memstream.streams import access, extract, faust_setup, ingest, privacy, serve
+    from memstream.streams import access, extract, faust_setup, ingest, privacy, serve, store_swap
     from memstream.streams.commit_order import commit_after_outputs, keep_in_order
 
     commit_after_outputs()
@@ -168,6 +168,7 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
     if settings.extract_enabled:
         extract.register(pipeline)
         access.register(pipeline)
+        store_swap.register(pipeline)  # memstream rebuild --verify / --swap
     if settings.web_enabled:
         serve.register(pipeline)
     if settings.jobs_enabled:

@@ -1,15 +1,25 @@
-"""Worker-local counters of the ingest stage (exported as metrics, logged on shutdown)."""
+"""Worker-local counters (exported as Prometheus metrics by :mod:`streams.metrics`, logged on
+shutdown): the one source of truth of what this process counted since it started.
+
+Plain ints and dicts updated in the event loop; labelled counts are dicts keyed by bounded
+label values only (``memory.metrics.bounded``): never a tenant, a user or content.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import dataclass, field, fields
+from typing import TypeVar
+
+from memstream.memory.metrics import LAG_BUCKETS, LATENCY_BUCKETS, Buckets
+
+K = TypeVar("K")
 
 
 @dataclass
 class Counters:
     messages: int = 0
     duplicates: int = 0
-    dead_letters: int = 0
     session_events: int = 0
     jobs_emitted: int = 0
     jobs_resent: int = 0
@@ -31,6 +41,7 @@ class Counters:
     tool_requests: int = 0
     tool_requests_refused: int = 0
     searches: int = 0
+    retrievals_with_results: int = 0  # best memory at or above metrics_hit_relevance
     hits_recorded: int = 0
     access_events_folded: int = 0
     feedback_used: int = 0
@@ -39,8 +50,33 @@ class Counters:
     # windowed jobs (jobs.agents): commands sent; consolidation merges (SPEC §8)
     jobs_commands: int = 0
     consolidation_merges: int = 0
-    user_deletions: int = 0  # memories deleted by a user or operator (SPEC §8)
+    user_deletions: int = 0  # deletions answered to an API caller (streams.governance)
     forget_requests: int = 0  # forget-me (right to erasure) requests
+    # LLM spend of the decisions made here (streams.extract)
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    # labelled (streams.metrics): (op, lineage kind) of applied changes, jobs by trigger
+    # reason (first attempts), dead letters by reason class
+    changes: dict[tuple[str, str], int] = field(default_factory=dict)
+    jobs_by_trigger: dict[str, int] = field(default_factory=dict)
+    dead_letters_by_class: dict[str, int] = field(default_factory=dict)
+    retrieval_latency: Buckets = field(default_factory=lambda: Buckets(LATENCY_BUCKETS))
+    extraction_lag: Buckets = field(default_factory=lambda: Buckets(LAG_BUCKETS))
+    started_at: float = field(default_factory=time.time)  # wall clock, for per-day rates
+
+    @property
+    def dead_letters(self) -> int:
+        return sum(self.dead_letters_by_class.values())
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        """The plain counts (for the shutdown log line)."""
+        found = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {k: v for k, v in found.items() if isinstance(v, int)}
+        out["dead_letters"] = self.dead_letters
+        out["changes"] = sum(self.changes.values())
+        return out
+
+
+def add(counts: dict[K, int], key: K, n: int = 1) -> None:
+    counts[key] = counts.get(key, 0) + n

@@ -34,8 +34,10 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from memstream.errors import InvalidRecord, MemstreamError
+from memstream.memory.metrics import DEAD_LETTER_CLASSES, bounded
 from memstream.retry import RetryPolicy, retry_async
 from memstream.streams.app import Pipeline
+from memstream.streams.counters import add
 from memstream.topics.codec import DEAD_LETTER_KEY_BYTES, check_message, dead_letter, decode
 from memstream.topics.schemas import ChatMessage
 
@@ -110,7 +112,7 @@ async def send_dead_letter(
             f"dead letter of {where} (kind {exc.kind}) undeliverable: {type(err).__name__}")
         halt(error)
         raise error from err
-    p.counters.dead_letters += 1
+    add(p.counters.dead_letters_by_class, bounded(exc.kind, DEAD_LETTER_CLASSES))
     log.warning("dead letter: %s kind=%s (%d bytes)", where, exc.kind, record.value_length)
 
 

@@ -21,13 +21,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from memstream.errors import InvalidRecord
-from memstream.memory import fencing
+from memstream.memory import fencing, metrics
 from memstream.memory.apply import Applied, apply_decision, build_decision
 from memstream.memory.store import Scope
 from memstream.retry import RetryPolicy, retry_async
 from memstream.settings import Settings
 from memstream.streams import privacy
 from memstream.streams.app import Pipeline
+from memstream.streams.counters import Counters, add
 from memstream.streams.dead_letters import decode_or_dead_letter, send_dead_letter
 from memstream.streams.guard import guarded
 from memstream.streams.waiters import Outcome
@@ -171,11 +172,27 @@ async def publish(p: Pipeline, key: bytes, decision: JobDecision, applied: Appli
     if applied.publish and p.on_changes is not None:  # the windowed jobs' triggers
         await p.on_changes(applied.publish)
     if applied.publish and applied.verdict == fencing.Verdict.APPLY:
-        c.consolidation_merges += decision.decisions.get("merged", 0)  # SPEC §8
+        count_applied(c, decision, applied.publish)
     if applied.status != JobStatus.FENCED:  # a fenced job goes again under the same id
         p.waiters.resolve(decision.job_id, Outcome(
             applied.status.value, [_summary(c) for c in applied.publish],
             applied.error or decision.error))
+
+
+def count_applied(c: Counters, decision: JobDecision, changes: list[MemoryChange]) -> None:
+    """Write volume and the merges of SPEC §8: once per change applied now (a re-published
+    or duplicate decision is not counted again)."""
+    c.consolidation_merges += decision.decisions.get("merged", 0)
+    for change in changes:
+        add(c.changes, (metrics.bounded(change.op, metrics.CHANGE_OPS),
+                        metrics.bounded(change.lineage.kind, metrics.LINEAGE_KINDS)))
+
+
+def count_spend(c: Counters, decision: JobDecision) -> None:
+    """The LLM calls and tokens a decision made here spent (applied or not later)."""
+    c.llm_calls += decision.llm_calls
+    c.prompt_tokens += decision.prompt_tokens
+    c.completion_tokens += decision.completion_tokens
 
 
 def _summary(change: MemoryChange) -> dict[str, object]:
@@ -191,6 +208,7 @@ async def extract_one(p: Pipeline, locks: UserLocks, message: Any) -> None:
     key = job.key()
     async with locks.hold(key):
         decision = await skip_decided(p, job) or await decide_with_retries(p, job)
+    count_spend(p.counters, decision)
     if decision.status == JobStatus.FAILED:
         failure = InvalidRecord("extraction_failed", decision.error or "failed")
         await send_dead_letter(p, failure, message)

@@ -347,6 +347,12 @@ ROUTES: tuple[Route, ...] = (
 from memstream.streams.http_governance import GOVERNANCE_ROUTES  # noqa: E402
 
 ROUTES = ROUTES + GOVERNANCE_ROUTES
+from memstream.streams.http_inspector import INSPECTOR_ROUTES  # noqa: E402
+
+ROUTES = ROUTES + INSPECTOR_ROUTES
+from memstream.streams.http_metrics import METRICS_ROUTES  # noqa: E402
+
+ROUTES = ROUTES + METRICS_ROUTES
 
 
 def build_http_app(backend: Backend, authoriser: Authoriser, *,

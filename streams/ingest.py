@@ -21,9 +21,11 @@ from pydantic import BaseModel
 
 from memstream.errors import InvalidRecord
 from memstream.memory import coalescing as machine
+from memstream.memory import metrics
 from memstream.memory.ingest_state import restore, snapshot
 from memstream.streams import privacy, window
 from memstream.streams.app import Pipeline
+from memstream.streams.counters import add
 from memstream.streams.dead_letters import decode_input, send_dead_letter
 from memstream.streams.guard import guarded
 from memstream.topics.schemas import (
@@ -55,7 +57,10 @@ def step_for(p: Pipeline, state: machine.UserState, event: BaseModel, now: float
         return machine.on_session_end(state, event.session_id, now, policy,
                                       event.ts.timestamp())
     if isinstance(event, JobResult):
+        lag = metrics.extraction_lag(state, event)  # None unless the user's job in flight
         step = machine.on_result(state, event, now, policy)
+        if lag is not None and not step.duplicate:
+            c.extraction_lag.observe(lag)
         if step.duplicate:
             if event.status != JobStatus.TRIVIAL:  # not our own inline resolution echoed
                 c.stale_results += 1
@@ -107,6 +112,8 @@ async def handle(p: Pipeline, event: Any) -> None:
     for job in step.jobs:
         if job.attempt > 1:
             p.counters.jobs_resent += 1
+        else:  # jobs by trigger reason: first attempts (re-sends are counted above)
+            add(p.counters.jobs_by_trigger, metrics.bounded(job.reason.value, metrics.TRIGGERS))
         p.counters.jobs_emitted += 1
         await p.jobs.send(key=kbytes, value=job.dumps())
     for res in step.resolved:

@@ -23,6 +23,7 @@ from memstream.streams.http import (
     ROUTES,
     Route,
 )
+from memstream.streams.http_inspector import PageRoute
 from memstream.topics.api import MAX_PAGE, ErrorBody, ErrorCode
 from memstream.topics.schemas import ID_PATTERN
 
@@ -63,8 +64,10 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 def _operation(r: Route, refs: Mapping[Any, dict[str, Any]]) -> dict[str, Any]:
     out = refs[(r.out, "serialization")] if r.out is not None else {"type": "object"}
-    op: dict[str, Any] = {"operationId": r.name, "summary": r.summary,
-                          "responses": {"200": _json(out, "OK")}}
+    ok = _json(out, "OK")
+    if isinstance(r, PageRoute):  # the inspector's files: text, not JSON
+        ok = {"description": "OK", "content": {r.media_type: {"schema": {"type": "string"}}}}
+    op: dict[str, Any] = {"operationId": r.name, "summary": r.summary, "responses": {"200": ok}}
     if "{tenant}" in r.path:
         extra = [{**_PATH_PARAMS[0], "name": n} for n in ("memory_id", "job_id")
                  if f"{{{n}}}" in r.path]

@@ -14,6 +14,7 @@ from typing import Any
 from memstream.audit import AuditLog
 from memstream.keys import KeyRing
 from memstream.keys_topic import KeyFollower
+from memstream.streams import metrics
 from memstream.streams.access import AccessRecorder
 from memstream.streams.api import WorkerBackend
 from memstream.streams.app import Pipeline
@@ -30,8 +31,9 @@ def register(p: Pipeline) -> None:
     backend = WorkerBackend(p, recorder)
     ring = KeyRing.for_settings(s)
     follower = KeyFollower.for_settings(s, ring)
-    server = HttpServer(build_http_app(backend, ring, max_body_bytes=s.http_max_body_bytes),
-                        s.web_host, s.web_port)
+    http_app = build_http_app(backend, ring, max_body_bytes=s.http_max_body_bytes)
+    metrics.attach(http_app, p)  # /metrics and /v1/metrics/summary
+    server = HttpServer(http_app, s.web_host, s.web_port)
     p.api = backend
     audit = AuditLog(s.bootstrap_servers, p.topics.memory_changes.name)
     backend.audit_log = audit

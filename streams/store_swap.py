@@ -1,0 +1,76 @@
+"""The worker's side of ``memstream rebuild --verify / --swap`` (memstream.store_switch): a
+timer that takes requests from ``data_dir/rebuild`` and answers them. Only a worker that
+owns an embedded store (store=edge, extract on) takes them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from memstream.memory.store import MemoryStore
+from memstream.memory.store_edge import EdgeStore
+from memstream.memory.store_swap import SwappableStore
+from memstream.store_switch import (
+    SwitchRequest,
+    SwitchResult,
+    claim_ownership,
+    rebuild_dir,
+    switch,
+    write_json,
+)
+from memstream.streams.app import Pipeline
+
+log = logging.getLogger(__name__)
+CLOSE_AFTER_S = 30.0  # a read that started on the old store finishes before it closes
+
+
+def register(p: Pipeline) -> None:
+    store = p.services.store
+    if not isinstance(store, SwappableStore):
+        return
+    s = p.settings
+    root = rebuild_dir(s)
+    dim = p.services.embedder.dim
+    busy = asyncio.Lock()
+    closing: set[asyncio.Task[None]] = set()
+
+    def open_store(path: Path) -> MemoryStore:
+        return EdgeStore(path, dim)
+
+    @p.app.task
+    async def own() -> None:
+        claim_ownership(s)
+
+    @p.app.timer(1.0)
+    async def take_requests() -> None:
+        if busy.locked() or not root.exists():
+            return
+        async with busy:
+            for path in sorted(root.glob("request-*.json")):
+                try:
+                    request = SwitchRequest.model_validate_json(path.read_text())
+                except (OSError, ValueError) as exc:
+                    log.warning("unreadable rebuild request %s: %s", path.name, exc)
+                    path.unlink(missing_ok=True)
+                    continue
+                path.unlink(missing_ok=True)  # taken once
+                await _answer(request)
+
+    async def _answer(request: SwitchRequest) -> None:
+        opener: Any = p.user_keys.opener() if p.user_keys is not None else None
+        try:
+            result, later = await switch(s, store, request, open_store, s.embedder, opener)
+        except Exception as exc:
+            log.exception("rebuild request %s failed", request.request_id)
+            result, later = SwitchResult(request_id=request.request_id, ok=False,
+                                         switched=False, message=f"failed: {exc}"), None
+        write_json(root / f"result-{request.request_id}.json", result)
+        log.info("rebuild request %s: %s", request.request_id, result.message)
+        if later is not None:
+            closing.add(asyncio.create_task(_close_later(later)))
+
+    async def _close_later(old: MemoryStore) -> None:
+        await asyncio.sleep(CLOSE_AFTER_S)
+        await asyncio.to_thread(old.close)
