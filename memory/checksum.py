@@ -5,13 +5,14 @@ no whitespace) with its point id; the user's digest is the SHA-256 of the sorted
 What may legitimately differ between a store written by the live path and one rebuilt from
 the topics is left out: the fencing cursors (bookkeeping, not memory: the live path also
 moves a user's cursor for a job that changed nothing, which leaves no change event), and,
-when a rebuild re-embeds with another embedder, the vectors. Vectors otherwise count,
-rounded to 6 decimals (float32 noise).
+when a rebuild re-embeds with another embedder, the vectors. Vectors otherwise count, as
+float32 (what Edge keeps; a store that keeps float64 reads back the same float32).
 """
 
 from __future__ import annotations
 
 import hashlib
+from array import array
 import json
 from collections import defaultdict
 from collections.abc import Iterable
@@ -36,8 +37,8 @@ def _present(value: Any) -> Any:
 def canonical(point_id: str, payload: dict[str, Any], vector: list[float] | None) -> str:
     line = json.dumps([point_id, _present(payload)], sort_keys=True, separators=(",", ":"),
                       ensure_ascii=False)
-    if vector is not None:
-        line += "|" + ",".join(f"{x:.6f}" for x in vector)
+    if vector is not None:  # as float32, what a store keeps (read back as float64 or not)
+        line += "|" + hashlib.sha256(array("f", vector).tobytes()).hexdigest()
     return line
 
 

@@ -154,6 +154,10 @@ class MemoryStore(Protocol):
         user, page by page in point id order: (point id, payload, vector if asked)."""
         ...
 
+    def delete_records(self, point_ids: Sequence[str]) -> None:
+        """Delete these records (a rebuild's per-user copy drops what the source lacks)."""
+        ...
+
     def erase(self, scope: Scope) -> int:
         """Forget-me: physically delete every record of exactly ``scope``'s user (versions,
         vectors, hit statistics), keeping only its cursor (fencing: no older job may write

@@ -173,6 +173,11 @@ class EdgeStore:
             if offset is None:
                 return
 
+    def delete_records(self, point_ids: Sequence[str]) -> None:
+        if point_ids:
+            with self._lock:
+                self._shard.update(self._qe.UpdateOperation.delete_points(list(point_ids)))
+
     def erase(self, scope: Scope) -> int:
         qe = self._qe
         own = Scope(scope.tenant_id, scope.user_id)  # never the global user's

@@ -161,6 +161,11 @@ class ServerStore:
             if offset is None:
                 return
 
+    def delete_records(self, point_ids: Sequence[str]) -> None:
+        if point_ids:
+            self._client.delete(self.collection, points_selector=self._m.PointIdsList(
+                points=list(point_ids)), wait=True)
+
     def erase(self, scope: Scope) -> int:
         m = self._m
         own = Scope(scope.tenant_id, scope.user_id)  # never the global user's

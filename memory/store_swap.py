@@ -1,22 +1,19 @@
 """A store the worker can switch to a rebuilt one without stopping reads (issue 10).
 
-:class:`SwappableStore` is the worker's store: it passes every call to the current store.
-A switch (streams.store_swap) goes: :meth:`start_mirror` (from now on every write to the
-live store is also queued), catch the new store up from the topics to past that moment,
-then :meth:`switch`: under the write lock the queued writes are replayed on the new store,
-in order, and the new store becomes the current one. Reads never wait on a switch beyond
-one pointer assignment; writes wait for the replay of the queue (milliseconds).
-
-Why a queue and not writing to both stores at once: the catch-up replays older changes,
-and a newer write applied first would move the user's cursor past them, so the catch-up
-would skip them (``apply_change`` never goes back). Replayed after the catch-up, in live
-order, every record ends as its last live write left it.
+:class:`SwappableStore` is the worker's store: it passes every call to the current store
+and remembers, per user, when it last wrote for them. The switch (memstream.store_switch)
+relies on that: a user not written for a few minutes has every write's change event
+committed on the memory-change topic (a transaction lives at most 60 s), so the catch-up
+from the topic is complete for them; a user written since is copied from the live store
+itself under the write lock (:func:`copy_user`: exact, whatever the topic shows yet).
+Reads never take the lock: a read sees the old store or the new one, each complete.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from memstream.memory.access import AccessStats
@@ -24,71 +21,72 @@ from memstream.memory.fencing import Cursor
 from memstream.memory.model import Memory
 from memstream.memory.store import MemoryStore, Record, Scope
 
-Write = Callable[[MemoryStore], object]
+UserKey = tuple[str, str]
+PRUNE_AFTER_S = 3600.0  # write times older than this are forgotten (a switch looks back less)
 
 
 class SwappableStore:
-    def __init__(self, store: MemoryStore) -> None:
+    def __init__(self, store: MemoryStore, clock: Callable[[], float] = time.monotonic) -> None:
         self._current = store
         self._lock = threading.RLock()
-        self._queue: list[Write] | None = None
+        self._clock = clock
+        self._written: dict[UserKey, float] = {}
+        self._writes = 0
 
     @property
     def current(self) -> MemoryStore:
         return self._current
 
-    # --- writes: to the current store, and queued while a switch is prepared ------------
-    def _do(self, call: Write) -> Any:
+    # --- writes: under the lock, remembering whose -----------------------------------------
+    def _do(self, users: Iterable[UserKey], call: Callable[[MemoryStore], Any]) -> Any:
         with self._lock:
-            out = call(self._current)
-            if self._queue is not None:
-                self._queue.append(call)
-            return out
+            now = self._clock()
+            for key in users:
+                self._written[key] = now
+            self._writes += 1
+            if self._writes % 10_000 == 0:
+                self._written = {k: t for k, t in self._written.items()
+                                 if t > now - PRUNE_AFTER_S}
+            return call(self._current)
 
     def write(self, memories: Sequence[Memory], vectors: Sequence[list[float] | None]) -> None:
-        memories, vectors = list(memories), list(vectors)
-        self._do(lambda s: s.write(memories, vectors))
+        self._do({(m.tenant_id, m.user_id) for m in memories},
+                 lambda s: s.write(memories, vectors))
 
     def write_records(self, records: Sequence[Record]) -> None:
-        records = list(records)
-        self._do(lambda s: s.write_records(records))
+        self._do({(str(p.get("tenant_id")), str(p.get("user_id"))) for _, p, _ in records},
+                 lambda s: s.write_records(records))
 
     def set_cursor(self, scope: Scope, cursor: Cursor) -> None:
-        self._do(lambda s: s.set_cursor(scope, cursor))
+        self._do([(scope.tenant_id, scope.user_id)], lambda s: s.set_cursor(scope, cursor))
 
     def put_access(self, scope: Scope, stats: Sequence[AccessStats]) -> None:
-        stats = list(stats)
-        self._do(lambda s: s.put_access(scope, stats))
+        self._do([(scope.tenant_id, scope.user_id)], lambda s: s.put_access(scope, stats))
+
+    def delete_records(self, point_ids: Sequence[str]) -> None:
+        self._do((), lambda s: s.delete_records(point_ids))
 
     def erase(self, scope: Scope) -> int:
-        return int(self._do(lambda s: s.erase(scope)))
+        return int(self._do([(scope.tenant_id, scope.user_id)], lambda s: s.erase(scope)))
 
-    # --- the switch ---------------------------------------------------------------------
-    def start_mirror(self) -> None:
-        with self._lock:
-            self._queue = []
+    # --- the switch -------------------------------------------------------------------------
+    def now(self) -> float:
+        return self._clock()
 
-    def stop_mirror(self) -> None:
+    def written_since(self, since: float) -> set[UserKey]:
         with self._lock:
-            self._queue = None
+            return {k for k, t in self._written.items() if t >= since}
 
-    def switch(self, new: MemoryStore,
-               check: Callable[[MemoryStore, MemoryStore], bool] | None = None,
-               replace: Callable[[MemoryStore, MemoryStore], None] | None = None) -> bool:
-        """Replay the queued writes on ``new``; then, if ``check(live, new)`` holds (or no
-        check), make ``new`` current — or, with ``replace``, copy what it should from
-        ``new`` into the live store instead (a partial rebuild). Returns whether it did."""
+    def locked(self, since: float, critical: Callable[[MemoryStore, set[UserKey]], bool],
+               new: MemoryStore | None = None) -> bool:
+        """Run ``critical(live, users written since)`` with writes held; if it returns
+        True and ``new`` is given, ``new`` becomes the current store before they resume."""
         with self._lock:
-            queued, self._queue = self._queue or [], None
-            for call in queued:
-                call(new)
-            if check is not None and not check(self._current, new):
-                return False
-            if replace is not None:
-                replace(self._current, new)
-            else:
+            users = {k for k, t in self._written.items() if t >= since}
+            done = critical(self._current, users)
+            if done and new is not None:
                 self._current = new
-            return True
+            return done
 
     # --- reads: the current store ---------------------------------------------------------
     def search(self, scope: Scope, vector: list[float], k: int,
@@ -125,26 +123,33 @@ class SwappableStore:
         self._current.close()
 
 
-def copy_users(users: Sequence[tuple[str, str]]) -> Callable[[MemoryStore, MemoryStore], None]:
-    """A partial rebuild's switch: each user's records in the live store are replaced by
-    the rebuilt ones (versions with their vectors, hit statistics); the live cursor stays."""
-    from memstream.memory.store import ACCESS_STATUS, CURSOR_STATUS
+def copy_user(src: MemoryStore, dst: MemoryStore, tenant: str, user: str) -> int:
+    """Make ``dst`` hold exactly ``src``'s records of one user (versions with their
+    vectors, hit statistics, the cursor): written first, then what ``dst`` has beyond
+    them deleted, so a reader of ``dst`` never sees the user empty. Returns the records."""
+    records = list(src.scan(tenant, user, vectors=True))
+    keep = {pid for pid, _, _ in records}
+    stale = [pid for pid, _, _ in dst.scan(tenant, user) if pid not in keep]
+    if records:
+        dst.write_records(records)
+    dst.delete_records(stale)
+    return len(records)
 
-    def replace(live: MemoryStore, new: MemoryStore) -> None:
-        for tenant, user in users:
-            scope = Scope(tenant, user)
-            versions: list[Memory] = []
-            vectors: list[list[float] | None] = []
-            stats: list[AccessStats] = []
-            for _, payload, vector in new.scan(tenant, user, vectors=True):
-                status = payload.get("status")
-                if status == ACCESS_STATUS:
-                    stats.append(AccessStats.from_payload(payload["access"]))
-                elif status != CURSOR_STATUS:
-                    versions.append(Memory.from_payload(payload))
-                    vectors.append(vector)
-            live.erase(scope)
-            live.write(versions, vectors)
-            live.put_access(scope, stats)
 
-    return replace
+def copy_cursors(src: MemoryStore, dst: MemoryStore) -> int:
+    """Every cursor of ``src`` into ``dst`` where it is ahead: the live store moves a
+    user's cursor for jobs that changed nothing (no change event), which a rebuild from
+    the topic cannot know, and fencing must never go back."""
+    from memstream.memory.store import CURSOR_STATUS, cursor_from
+
+    copied = 0
+    for _, payload, _ in src.scan():
+        if payload.get("status") != CURSOR_STATUS:
+            continue
+        scope = Scope(str(payload["tenant_id"]), str(payload["user_id"]))
+        ahead = cursor_from(scope, [payload])
+        held = dst.cursor(scope)
+        if ahead is not None and (held is None or held.seq < ahead.seq):
+            dst.set_cursor(scope, ahead)
+            copied += 1
+    return copied

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 import uuid
 from datetime import UTC, datetime
@@ -24,13 +25,14 @@ def _reembedder(settings: Settings, name: str | None) -> tuple[str, Any]:
     return chosen.embedder, build_embedder(chosen)
 
 
-def _ask_worker(settings: Settings, path: Path, swap: bool, force: bool) -> Any:
+def _ask_worker(settings: Settings, path: Path, swap: bool, force: bool, keep: bool) -> Any:
     from memstream.store_switch import SwitchRequest, SwitchResult, rebuild_dir, write_json
 
     rid = uuid.uuid4().hex[:12]
     root = rebuild_dir(settings)
     write_json(root / f"request-{rid}.json",
-               SwitchRequest(request_id=rid, path=str(path.resolve()), swap=swap, force=force))
+               SwitchRequest(request_id=rid, path=str(path.resolve()), swap=swap, force=force,
+                             keep=keep))
     click.echo(f"asked the running worker to {'switch to' if swap else 'verify'} it "
                f"(request {rid}) ...", err=True)
     answer = root / f"result-{rid}.json"
@@ -43,35 +45,64 @@ def _ask_worker(settings: Settings, path: Path, swap: bool, force: bool) -> Any:
     return SwitchResult.model_validate_json(answer.read_text())
 
 
-def _offline(settings: Settings, path: Path, dim: int, manifest: Any, swap: bool,
-             force: bool, same_embedder: bool) -> tuple[bool, bool, str]:
+def _offline(settings: Settings, path: Path, manifest: Any, swap: bool, force: bool,
+             keep: bool) -> tuple[bool, bool, str]:
     """No worker runs: open the live store here. Returns (ok, switched, message)."""
+    from memstream.memory.store import StoreError
     from memstream.memory.store_edge import EdgeStore
-    from memstream.memory.store_swap import copy_users
-    from memstream.store_switch import current_store_path, set_current_store_path, verify
+    from memstream.memory.store_swap import copy_cursors, copy_user
+    from memstream.store_switch import (
+        current_store_path,
+        discard,
+        set_current_store_path,
+        users_of,
+        verify,
+    )
 
     live_path = current_store_path(settings)
+    new = EdgeStore(path, manifest.dim)
     if not (live_path / "shard").exists():
+        new.close()
         if swap:
             set_current_store_path(settings, path)
             return True, True, f"no live store at {live_path}: the worker will open the new one"
         return True, False, f"no live store at {live_path} to verify against"
-    live, new = EdgeStore(live_path, dim), EdgeStore(path, dim)
     try:
-        verdict = verify(live, new, manifest, vectors=same_embedder)
-        partial = manifest.tenant is not None or manifest.user is not None
-        if not swap or not (verdict.ok or force):
-            return verdict.ok, False, verdict.summary()
-        if partial:
-            users = sorted({(str(p["tenant_id"]), str(p["user_id"]))
-                            for _, p, _ in new.scan(manifest.tenant, manifest.user)})
-            copy_users(users)(live, new)
-            return verdict.ok, True, f"{verdict.summary()}; {len(users)} user(s) replaced"
+        live = EdgeStore(live_path, _reembedder(settings, None)[1].dim)
+    except StoreError as exc:
+        new.close()
+        raise click.ClickException(f"the live store is open in another process (a worker "
+                                   f"without extract?): stop it or run the rebuild where "
+                                   f"the worker runs. ({exc})") from exc
+    partial = manifest.tenant is not None or manifest.user is not None
+    same = manifest.embedder == settings.embedder
+    switched, message = False, ""
+    try:
+        if not partial:
+            copy_cursors(live, new)  # live cursors ahead (jobs that changed nothing)
+        verdict = verify(live, new, manifest, vectors=same)
+        message = verdict.summary()
+        if swap and (verdict.ok or force) and partial:
+            users = users_of(new, live, tenant=manifest.tenant, user=manifest.user)
+            for tenant, user in sorted(users):
+                copy_user(new, live, tenant, user)
+            switched, message = True, f"{message}; {len(users)} user(s) replaced"
+        elif swap and (verdict.ok or force):
+            set_current_store_path(settings, path)
+            switched = True
+            message += "; switched: the worker opens the rebuilt store on start" + (
+                "" if same else f" (start it with MEMSTREAM_EMBEDDER={manifest.embedder})")
     finally:
         live.close()
-        new.close()
-    set_current_store_path(settings, path)
-    return verdict.ok, True, f"{verdict.summary()}; the worker opens the new store on start"
+        if switched and not partial:
+            new.close()
+            if live_path.resolve() != path.resolve():
+                shutil.rmtree(live_path, ignore_errors=True)  # what forget-me cannot reach
+        elif keep:
+            new.close()
+        else:
+            discard(new, path)
+    return verdict.ok, switched, message
 
 
 @click.command()
@@ -86,10 +117,13 @@ def _offline(settings: Settings, path: Path, dim: int, manifest: Any, swap: bool
 @click.option("--swap", is_flag=True, help="Switch the live store to the rebuilt one "
               "(partial: replace the users' records) once verified")
 @click.option("--force", is_flag=True, help="Switch even if the checksums differ")
+@click.option("--keep", is_flag=True, help="Keep a rebuilt store that is not switched to "
+              "(default: deleted, so no copy outlives a forget-me)")
 @click.option("--batch", default=4096, show_default=True, help="Records per store write")
 @click.pass_obj
 def rebuild(settings: Settings, into: Path | None, tenant: str | None, user: str | None,
-            embedder: str | None, verify: bool, swap: bool, force: bool, batch: int) -> None:
+            embedder: str | None, verify: bool, swap: bool, force: bool, keep: bool,
+            batch: int) -> None:
     """Rebuild the memory store from the memory-change (and memory-access) topics into a
     new embedded store, with no LLM call; verify it against the live one; switch to it.
 
@@ -100,16 +134,18 @@ def rebuild(settings: Settings, into: Path | None, tenant: str | None, user: str
                                "a Qdrant server see README: rebuild into a collection")
     if user is not None and tenant is None:
         raise click.UsageError("--user needs --tenant")
+    if embedder is not None and tenant is not None:
+        raise click.UsageError("a partial rebuild cannot re-embed (one store, one embedder)")
     ok = run_rebuild(settings, into, tenant=tenant, user=user, embedder=embedder,
-                     verify=verify, swap=swap, force=force, batch=batch)
+                     verify=verify, swap=swap, force=force, keep=keep, batch=batch)
     if not ok:
         raise SystemExit(1)
 
 
 def run_rebuild(settings: Settings, into: Path | None = None, *, tenant: str | None = None,
                 user: str | None = None, embedder: str | None = None, verify: bool = True,
-                swap: bool = False, force: bool = False, batch: int = 4096,
-                progress: bool = True) -> bool:
+                swap: bool = False, force: bool = False, keep: bool = False,
+                batch: int = 4096, progress: bool = True) -> bool:
     """Rebuild, then verify / switch (see :func:`rebuild`); prints what it did. Returns
     whether the new store verified equal (True when not verified)."""
     from memstream.memory.store_edge import EdgeStore
@@ -148,12 +184,11 @@ def run_rebuild(settings: Settings, into: Path | None = None, *, tenant: str | N
     if not (verify or swap):
         return True
     if owner_pid(settings) is not None:
-        result = _ask_worker(settings, path, swap, force)
+        result = _ask_worker(settings, path, swap, force, keep)
         ok, message = result.ok, result.message
         if result.caught_up:
             message += f" ({result.caught_up} later changes caught up)"
     else:
-        ok, _, message = _offline(settings, path, emb.dim, manifest, swap, force,
-                                  same_embedder=name == settings.embedder)
+        ok, _, message = _offline(settings, path, manifest, swap, force, keep)
     click.echo(message)
     return ok

@@ -9,6 +9,7 @@ from there. Reads are ``read_committed`` (aborted transactions never reach a sto
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import time
@@ -101,7 +102,7 @@ async def end_offsets(settings: Settings, topics: list[str]) -> dict[str, Offset
 
 
 async def read_range(settings: Settings, topic: str, start: Offsets | None, end: Offsets,
-                     handle: Callable[[list[bytes]], None], progress: Progress | None = None,
+                     handle: Callable[[list[bytes]], object], progress: Progress | None = None,
                      ) -> int:
     """Hand every committed record value of ``topic`` from ``start`` (None: the beginning)
     up to ``end`` to ``handle``, batch by batch, partition order kept; returns how many."""
@@ -126,7 +127,9 @@ async def read_range(settings: Settings, topic: str, start: Offsets | None, end:
                 values = [r.value for r in records if r.offset < todo.get(tp.partition, 0)
                           and r.value is not None]
                 if values:
-                    handle(values)
+                    handled = handle(values)
+                    if inspect.isawaitable(handled):
+                        await handled
                     read += len(values)
                     if progress is not None:
                         progress(len(values))

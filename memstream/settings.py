@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     admin_key: SecretStr | None = Field(
         None, description="Operator key of the HTTP API: opens every tenant (tenant keys: "
         "`memstream keys create`)")
+    rebuild_settle_s: float = Field(
+        300.0, ge=0, description="A store switch (memstream rebuild --swap) copies the users "
+        "the worker wrote this recently from the live store instead of verifying them "
+        "against the topics (their newest change events may not be committed yet: a Kafka "
+        "transaction lives up to 60 s)")
     metrics_key: SecretStr | None = Field(
         None, description="Key that opens /metrics and /v1/metrics/summary only (Prometheus "
         "scrapes with it; the admin key opens them too)")

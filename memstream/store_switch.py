@@ -4,15 +4,23 @@ Layout under ``data_dir``:
 
 - ``store.current``: the path of the store the worker opens (absent: ``data_dir/qdrant``);
 - ``rebuild/owner.json``: the pid of the worker that owns the live store (the CLI asks
-  it to verify / switch instead of opening a store another process owns);
-- ``rebuild/request-<id>.json`` → ``rebuild/result-<id>.json``: one request and its answer.
+  it to verify / switch; a store another process has open cannot be opened anyway: its
+  write-ahead log is locked);
+- ``rebuild/request-<id>.json`` → ``rebuild/result-<id>.json``: one request, its answer.
 
-A switch catches the new store up from the rebuild's snapshot offsets while every live
-write is queued (memory.store_swap), compares the per-user checksums (memory.checksum) and
-only then switches: for a full rebuild the worker's store becomes the new one (reads go on
-throughout; the pointer makes it stick across restarts), for a partial one
-(``--tenant`` / ``--user``) the users' records in the live store are replaced by the
-rebuilt ones.
+A switch in the running worker (reads never stop):
+
+1. catch the new store up from the rebuild's snapshot to the topics' high watermarks now
+   (``read_committed``: past every transaction open now, once resolved), in a thread;
+2. copy the live cursors that are ahead (jobs that changed nothing leave no event);
+3. compare the per-user checksums, leaving out the users the live store wrote in the last
+   ``rebuild_settle_s`` (their newest change events may not be committed yet; a Kafka
+   transaction lives at most 60 s): for every other user the topic is complete;
+4. with writes held (memory.store_swap): copy the users written since from the live
+   store into the new one (exact), write the pointer, make the new store current.
+
+A partial rebuild (``--tenant`` / ``--user``) switches nothing: its users' records in the
+live store are replaced by the rebuilt ones, except users written meanwhile (retry).
 """
 
 from __future__ import annotations
@@ -20,10 +28,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
@@ -31,11 +39,13 @@ from memstream.memory import checksum
 from memstream.memory.apply import apply_change
 from memstream.memory.rebuild import Opener, fold_access
 from memstream.memory.store import MemoryStore
-from memstream.memory.store_swap import SwappableStore, copy_users
+from memstream.memory.store_swap import SwappableStore, UserKey, copy_cursors, copy_user
 from memstream.rebuild_ops import Manifest, end_offsets, read_range, selector
 from memstream.settings import Settings
 from memstream.topics.registry import registry
 from memstream.topics.schemas import AccessEvent, MemoryChange
+
+Discard = tuple[MemoryStore, Path, bool]  # a store to close and delete; after a delay?
 
 
 class SwitchRequest(BaseModel):
@@ -43,6 +53,7 @@ class SwitchRequest(BaseModel):
     path: str
     swap: bool  # False: verify only
     force: bool = False  # switch even if the checksums differ
+    keep: bool = False  # keep a rebuilt store that is not switched to (default: deleted)
 
 
 class SwitchResult(BaseModel):
@@ -66,10 +77,19 @@ def current_store_path(settings: Settings) -> Path:
 
 
 def set_current_store_path(settings: Settings, path: Path) -> None:
+    """Atomically, durably (fsync of the file and its directory)."""
     pointer = settings.data_dir / "store.current"
     tmp = pointer.with_suffix(".tmp")
-    tmp.write_text(str(path.resolve()))
+    with open(tmp, "w") as f:
+        f.write(str(path.resolve()))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, pointer)
+    fd = os.open(pointer.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def owner_pid(settings: Settings) -> int | None:
@@ -88,6 +108,10 @@ def claim_ownership(settings: Settings) -> None:
     (root / "owner.json").write_text(json.dumps({"pid": os.getpid()}))
 
 
+def release_ownership(settings: Settings) -> None:
+    (rebuild_dir(settings) / "owner.json").unlink(missing_ok=True)
+
+
 def write_json(path: Path, model: BaseModel) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -95,26 +119,41 @@ def write_json(path: Path, model: BaseModel) -> None:
     os.replace(tmp, path)
 
 
-def verify(live: MemoryStore, new: MemoryStore, manifest: Manifest,
-           vectors: bool) -> checksum.Verification:
+def discard(store: MemoryStore, path: Path) -> None:
+    """Close a store and delete its files: a store nobody serves must not keep what a
+    forget-me erases from the live one."""
+    store.close()
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def verify(live: MemoryStore, new: MemoryStore, manifest: Manifest, vectors: bool,
+           leave_out: set[UserKey] = frozenset()) -> checksum.Verification:  # type: ignore[assignment]
     def digests(store: MemoryStore) -> checksum.Digests:
-        return checksum.digests(store.scan(manifest.tenant, manifest.user, vectors=vectors))
+        found = checksum.digests(store.scan(manifest.tenant, manifest.user, vectors=vectors))
+        for key in leave_out:
+            found.users.pop(key, None)
+        return found
 
     return checksum.compare(digests(live), digests(new))
 
 
+def users_of(*stores: MemoryStore, tenant: str | None, user: str | None) -> set[UserKey]:
+    return {(str(p.get("tenant_id")), str(p.get("user_id")))
+            for store in stores for _, p, _ in store.scan(tenant, user)}
+
+
 async def catch_up(settings: Settings, new: MemoryStore, manifest: Manifest,
                    opener: Opener | None) -> int:
-    """Apply to ``new`` what the topics got after the rebuild's snapshot, up to their high
-    watermarks now (read_committed: past every transaction open now, once resolved)."""
+    """Apply to ``new`` (in a thread) what the topics got after the rebuild's snapshot, up
+    to their high watermarks now."""
     reg = registry(settings)
     topics = [reg.memory_changes.name, reg.memory_access.name]
     ends = await end_offsets(settings, topics)
     select = selector(manifest.tenant, manifest.user)
     applied = 0
-    erased: dict[tuple[str, str], float] = {}
+    erased: dict[UserKey, float] = {}
 
-    def on_changes(values: list[bytes]) -> None:
+    def apply(values: list[bytes]) -> None:
         nonlocal applied
         for v in values:
             change = MemoryChange.model_validate_json(v)
@@ -128,56 +167,83 @@ async def catch_up(settings: Settings, new: MemoryStore, manifest: Manifest,
 
     accesses: list[AccessEvent] = []
     await read_range(settings, topics[0], manifest.offsets.get(topics[0]), ends[topics[0]],
-                     on_changes)
+                     lambda vs: asyncio.to_thread(apply, vs))
     await read_range(settings, topics[1], manifest.offsets.get(topics[1]), ends[topics[1]],
                      lambda vs: accesses.extend(AccessEvent.model_validate_json(v) for v in vs))
-    fold_access(new, accesses, select, erased)
+    await asyncio.to_thread(fold_access, new, accesses, select, erased)
     return applied
 
 
 async def switch(settings: Settings, store: SwappableStore, request: SwitchRequest,
                  open_store: Callable[[Path], MemoryStore], embedder: str,
-                 opener: Opener | None) -> tuple[SwitchResult, MemoryStore | None]:
-    """Run one request in the worker; returns the result and the store to close later
-    (the old one after a switch, the new one otherwise)."""
+                 opener: Opener | None) -> tuple[SwitchResult, Discard | None]:
+    """Run one request in the worker; returns the result and the store to discard later
+    (the old one after a switch; the new one when not switched, unless kept)."""
     started = time.perf_counter()
     path = Path(request.path)
     manifest = Manifest.load(path)
-    if request.swap and manifest.embedder != embedder:
-        return SwitchResult(
-            request_id=request.request_id, ok=False, switched=False,
-            message=f"the store was re-embedded with {manifest.embedder!r}, this worker "
-                    f"embeds with {embedder!r}: stop it, `memstream rebuild --swap` again, "
-                    f"then start it with MEMSTREAM_EMBEDDER={manifest.embedder}"), None
+
+    def result(ok: bool, switched: bool, message: str, caught: int = 0) -> SwitchResult:
+        return SwitchResult(request_id=request.request_id, ok=ok, switched=switched,
+                            message=message, caught_up=caught,
+                            seconds=time.perf_counter() - started)
+
+    if manifest.embedder != embedder:
+        return result(False, False, (
+            f"the store was re-embedded with {manifest.embedder!r}, this worker embeds with "
+            f"{embedder!r}: stop the worker, `memstream rebuild --swap` it offline, then "
+            f"start the worker with MEMSTREAM_EMBEDDER={manifest.embedder}")), None
     new = await asyncio.to_thread(open_store, path)
-    store.start_mirror()
     try:
-        caught = await catch_up(settings, new, manifest, opener)
+        return await _switch(settings, store, request, manifest, new, path, opener, result)
     except BaseException:
-        store.stop_mirror()
+        await asyncio.to_thread(new.close if request.keep else lambda: discard(new, path))
         raise
-    found: dict[str, Any] = {}
-    vectors = manifest.embedder == embedder
 
-    def check(live: MemoryStore, fresh: MemoryStore) -> bool:
-        found["v"] = verify(live, fresh, manifest, vectors)
-        return bool(request.swap and (found["v"].ok or request.force))
 
+async def _switch(settings: Settings, store: SwappableStore, request: SwitchRequest,
+                  manifest: Manifest, new: MemoryStore, path: Path, opener: Opener | None,
+                  result: Callable[..., SwitchResult],
+                  ) -> tuple[SwitchResult, Discard | None]:
     partial = manifest.tenant is not None or manifest.user is not None
-    users = None
+    since = store.now() - settings.rebuild_settle_s
+    caught = await catch_up(settings, new, manifest, opener)
+    if not partial:
+        await asyncio.to_thread(copy_cursors, store.current, new)
+    dirty = store.written_since(since)
+    verdict = await asyncio.to_thread(verify, store.current, new, manifest, True, dirty)
+    note = (f" ({len(dirty)} user(s) written in the last {settings.rebuild_settle_s:.0f} s "
+            "copied from the live store, not compared)")
+    summary = verdict.summary() + (note if dirty else "")
+    if not request.swap or not (verdict.ok or request.force):
+        what = "verified only" if not request.swap else "not switched"
+        return (result(verdict.ok, False, f"{summary}; {what}", caught),
+                None if request.keep else (new, path, False))
     if partial:
-        users = sorted({(str(p.get("tenant_id")), str(p.get("user_id")))
-                        for _, p, _ in new.scan(manifest.tenant, manifest.user)})
-    old = store.current
-    switched = await asyncio.to_thread(store.switch, new, check,
-                                       copy_users(users) if users is not None else None)
-    verdict: checksum.Verification = found["v"]
-    if switched and not partial:
+        users = await asyncio.to_thread(users_of, new, store.current, tenant=manifest.tenant,
+                                        user=manifest.user)
+        replaced: list[UserKey] = []
+
+        def replace(live: MemoryStore, written: set[UserKey]) -> bool:
+            replaced.extend(sorted(users - written))
+            for tenant, user in replaced:
+                copy_user(new, live, tenant, user)
+            return True
+
+        await asyncio.to_thread(store.locked, since, replace)
+        skipped = len(users) - len(replaced)
+        return (result(verdict.ok, True, f"{summary}; switched: {len(replaced)} user(s) "
+                       f"replaced in the live store" + (f", {skipped} written meanwhile "
+                                                        "left as they are" if skipped else ""),
+                       caught), None if request.keep else (new, path, False))
+    old, old_path = store.current, current_store_path(settings)
+
+    def take_over(live: MemoryStore, written: set[UserKey]) -> bool:
+        for tenant, user in written:
+            copy_user(live, new, tenant, user)
         set_current_store_path(settings, path)
-    what = ("switched: the worker now serves the rebuilt store" if switched and not partial
-            else f"switched: {len(users or [])} user(s) replaced in the live store" if switched
-            else "not switched" if request.swap else "verified only")
-    result = SwitchResult(request_id=request.request_id, ok=verdict.ok, switched=switched,
-                          message=f"{verdict.summary()}; {what}", caught_up=caught,
-                          seconds=time.perf_counter() - started)
-    return result, (old if switched and not partial else new)
+        return True
+
+    await asyncio.to_thread(store.locked, since, take_over, new)
+    return (result(verdict.ok, True, f"{summary}; switched: the worker now serves the "
+                   "rebuilt store", caught), (old, old_path, True))

@@ -16,14 +16,16 @@ from memstream.store_switch import (
     SwitchRequest,
     SwitchResult,
     claim_ownership,
+    discard,
     rebuild_dir,
+    release_ownership,
     switch,
     write_json,
 )
 from memstream.streams.app import Pipeline
 
 log = logging.getLogger(__name__)
-CLOSE_AFTER_S = 30.0  # a read that started on the old store finishes before it closes
+CLOSE_AFTER_S = 30.0  # a read that started on a store finishes before it is closed
 
 
 def register(p: Pipeline) -> None:
@@ -42,6 +44,10 @@ def register(p: Pipeline) -> None:
     @p.app.task
     async def own() -> None:
         claim_ownership(s)
+
+    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def disown(app: Any, **_: Any) -> None:
+        release_ownership(s)
 
     @p.app.timer(1.0)
     async def take_requests() -> None:
@@ -69,8 +75,11 @@ def register(p: Pipeline) -> None:
         write_json(root / f"result-{request.request_id}.json", result)
         log.info("rebuild request %s: %s", request.request_id, result.message)
         if later is not None:
-            closing.add(asyncio.create_task(_close_later(later)))
+            task = asyncio.create_task(_discard_later(*later))
+            closing.add(task)
+            task.add_done_callback(closing.discard)
 
-    async def _close_later(old: MemoryStore) -> None:
-        await asyncio.sleep(CLOSE_AFTER_S)
-        await asyncio.to_thread(old.close)
+    async def _discard_later(old: MemoryStore, path: Path, served: bool) -> None:
+        if served:
+            await asyncio.sleep(CLOSE_AFTER_S)  # reads that started on it finish first
+        await asyncio.to_thread(discard, old, path)

@@ -17,6 +17,7 @@ from memstream.process import settings_env
 from memstream.store_switch import current_store_path
 from tests.integration.conftest import running
 from tests.integration.test_memory_e2e import run_conversations
+from tests.integration.test_retrieval_api import until
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,10 @@ LATER = {"bob": [["I live in Lisbon", "I am allergic to penicillin"]],
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def live(kafka_bootstrap, tmp_path_factory):
     async with running(kafka_bootstrap, tmp_path_factory.mktemp("rebuild"),
-                       extract_enabled=True, jobs_enabled=False) as h:
+                       extract_enabled=True, jobs_enabled=False,
+                       # the tests wait for job results (read_committed): every change event
+                       # is committed by then, so no user needs the settle margin
+                       rebuild_settle_s=0.0) as h:
         yield h
 
 
@@ -45,7 +49,7 @@ async def test_rebuild_verifies_switches_and_the_worker_goes_on_in_the_new_store
     before = current_store_path(live.settings)
     done = rebuild(live, "--swap")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "changes/s" in done.stdout and "verified:" in done.stdout, done.stdout
+    assert "changes/s" in done.stdout and "verified: 2/2 users equal" in done.stdout, done.stdout
     assert "switched: the worker now serves the rebuilt store" in done.stdout, done.stdout
     after = current_store_path(live.settings)
     assert after != before and (after / "rebuild.json").exists()
@@ -53,8 +57,16 @@ async def test_rebuild_verifies_switches_and_the_worker_goes_on_in_the_new_store
     await run_conversations(live, LATER, tenant)
     again = rebuild(live)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "verified:" in again.stdout and "verified only" in again.stdout, again.stdout
+    assert "verified: 3/3 users equal" in again.stdout, again.stdout
+    assert "verified only" in again.stdout, again.stdout
     assert current_store_path(live.settings) == after
+    # the old store is deleted once reads on it are over (30 s), an unkept rebuild at once
+    assert len(list((live.settings.data_dir / "stores").iterdir())) == 1
+
+    async def old_store_gone():
+        return not (live.settings.data_dir / "qdrant").exists() or None
+
+    await until(old_store_gone, "the old store to be deleted", timeout=60)
 
 
 async def test_a_partial_rebuild_replaces_one_user(live, tenant):
