@@ -12,8 +12,8 @@ float32 (what Edge keeps; a store that keeps float64 reads back the same float32
 from __future__ import annotations
 
 import hashlib
-from array import array
 import json
+from array import array
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
