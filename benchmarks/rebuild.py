@@ -11,7 +11,7 @@ one run, each into a fresh embedded Qdrant Edge store:
   live apply path makes per change (cursor, seen-before check, write, cursor): what a
   rebuild cost before this issue;
 - ``fold``: ``memory.rebuild.Fold`` on the parsed changes (bookkeeping in memory, batched
-  upserts);
+  upserts); the same with Edge payloads not packed (as before issue 10);
 - ``fold + parse``: the same from the serialized events (JSON → MemoryChange → fold);
 - ``from Kafka`` (with ``--bootstrap``): the log produced to a fresh topic first, then what
   ``memstream rebuild`` runs: read (read_committed) + parse + fold + finish.
@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
@@ -42,6 +43,19 @@ from memstream.memory.store_edge import EdgeStore
 from memstream.topics.schemas import MemoryChange
 
 DIM = 512
+
+
+@contextlib.contextmanager
+def unpacked() -> Iterator[None]:
+    """Edge records written as plain payloads, as before packing (memory.store_edge.pack)."""
+    from memstream.memory import store_edge
+
+    pack = store_edge.pack
+    store_edge.pack = lambda payload: payload  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        store_edge.pack = pack
 
 
 def timed(build: Callable[[EdgeStore], object], repeats: int, root: Path) -> tuple[float, Path]:
@@ -110,6 +124,9 @@ def main() -> None:
         rows["one by one (apply_change)"] = t
         t, fold_path = timed(lambda s: rebuild(s, log), args.repeats, root)
         rows["fold"] = t
+        with unpacked():
+            t, _ = timed(lambda s: rebuild(s, log), args.repeats, root)
+        rows["fold, payloads not packed (before)"] = t
         t, _ = timed(lambda s: rebuild(s, (MemoryChange.model_validate_json(r) for r in raw)),
                      args.repeats, root)
         rows["fold + parse"] = t

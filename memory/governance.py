@@ -150,6 +150,11 @@ def plan_undo_job(memories: Sequence[Memory], job_id: str, ctx: Context) -> Outc
         if prior is None:  # the job added it
             if latest.live:
                 _close(out.plan, ctx, latest, f"undo of job {short}: added by it")
+        elif prior.extra.get("closed_job") != job_id:
+            # closed before the job (a rollback of a deleted memory restored it): closed
+            # again, not brought back as it was
+            if latest.live:
+                _close(out.plan, ctx, latest, f"undo of job {short}: closed again as before")
         else:
             _become(out.plan, ctx, mine, prior,
                     f"undo of job {short}: back to version {prior.version}")

@@ -48,7 +48,8 @@ def report_operations(settings: Settings, *, serve: bool) -> None:
 
     report_metrics(settings)
     click.echo("\nRebuild of the store from the memory-change topic (memstream rebuild), "
-               "verified user by user against the live store by the running worker:")
+               "verified user by user against the live store by the running worker (a few "
+               "changes: start-up dominates; benchmarks/rebuild.py measures throughput):")
     run_rebuild(settings, settings.data_dir / "stores" / "demo-rebuild", progress=False)
     url = f"http://127.0.0.1:{settings.web_port}/inspector"
     if serve:

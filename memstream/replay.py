@@ -125,8 +125,11 @@ async def _read(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes | 
         deadline = time.monotonic() + READ_TIMEOUT_S
         while not all([await consumer.position(tp) >= ends[tp] for tp in tps]):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {topic} to its end")
+                raise TimeoutError(f"could not read {topic} to its end: no record for "
+                                   f"{READ_TIMEOUT_S:.0f} s")
             batch = await consumer.getmany(timeout_ms=500)
+            if batch:  # a timeout on no progress, not on the topic's size
+                deadline = time.monotonic() + READ_TIMEOUT_S
             for tp in tps:
                 out += [(r.key, r.value) for r in batch.get(tp, ()) if r.offset < ends[tp]]
     finally:

@@ -117,6 +117,17 @@ def test_rollback_of_a_deleted_memory_restores_it(store):
     assert "closed_job" not in restored.extra and "closed_reason" not in restored.extra
 
 
+def test_undo_of_a_rollback_that_restored_a_deleted_memory_deletes_it_again(store):
+    seed(store, ("a", "Lives in Lisbon"))
+    apply(store, governance.plan_delete(everything(store), ["a"], ctx(1)).plan, 1)
+    apply(store, governance.plan_rollback(everything(store), "a", 1, ctx(2)).plan, 2)
+    assert live_texts(store) == {"a": "Lives in Lisbon"}
+    out = governance.plan_undo_job(everything(store), "job-2", ctx(3))
+    assert out.refused == []
+    apply(store, out.plan, 3, name="undo_job")
+    assert live_texts(store) == {}
+
+
 def test_undo_a_job_reverses_its_adds_updates_and_deletes(store):
     seed(store, ("a", "Lives in Lisbon"), ("b", "Has two kids"), ("c", "Likes tea"))
     # job-1 "pours garbage in": updates a, deletes b, adds d
