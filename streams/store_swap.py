@@ -25,7 +25,7 @@ from memstream.store_switch import (
 from memstream.streams.app import Pipeline
 
 log = logging.getLogger(__name__)
-CLOSE_AFTER_S = 30.0  # a read that started on a store finishes before it is closed
+CLOSE_AFTER_S = 5.0  # a read that started on a store (milliseconds) finishes before it closes
 
 
 def register(p: Pipeline) -> None:

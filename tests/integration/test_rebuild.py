@@ -60,7 +60,7 @@ async def test_rebuild_verifies_switches_and_the_worker_goes_on_in_the_new_store
     assert "verified: 3/3 users equal" in again.stdout, again.stdout
     assert "verified only" in again.stdout, again.stdout
     assert current_store_path(live.settings) == after
-    # the old store is deleted once reads on it are over (30 s), an unkept rebuild at once
+    # the old store is deleted once reads on it are over (5 s), an unkept rebuild at once
     assert len(list((live.settings.data_dir / "stores").iterdir())) == 1
 
     async def old_store_gone():
