@@ -49,8 +49,8 @@ class Settings(BaseSettings):
         None, description="Operator key of the HTTP API: opens every tenant (tenant keys: "
         "`memstream keys create`)")
     rebuild_settle_s: float = Field(
-        300.0, ge=0, description="A store switch (memstream rebuild --swap) copies the users "
-        "the worker wrote this recently from the live store instead of verifying them "
+        300.0, ge=0, le=3600, description="A store switch (memstream rebuild --swap) copies "
+        "the users the worker wrote this recently from the live store instead of verifying them "
         "against the topics (their newest change events may not be committed yet: a Kafka "
         "transaction lives up to 60 s)")
     metrics_key: SecretStr | None = Field(
