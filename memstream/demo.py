@@ -244,6 +244,9 @@ def run_demo(base: Settings, *, keep_broker: bool, serve: bool = False) -> None:
         "reflection_threshold": 20, "consolidation_interval_s": 2.0, "jobs_enabled": True,
         # change events sealed per user, so the forget-me at the end can shred them
         "master_key": base.master_key or SecretStr(secrets.token_urlsafe(24)),
+        # the demo's rebuild runs right after the last writes, all committed (the demo
+        # waited for their results): compare every user but those of the last seconds
+        "rebuild_settle_s": 5.0,
     })
     local = settings.bootstrap_servers == f"127.0.0.1:{settings.kafka_port}"
     started_broker = False
