@@ -51,6 +51,7 @@ def version_out(m: Memory) -> VersionOut:
         "lineage": {"kind": _kind(m), "job_id": s.job_id, "op_id": s.op_id,
                     "session_id": s.session_id, "from_seq": s.from_seq, "to_seq": s.to_seq,
                     "message_ids": list(s.message_ids), "reason": str(m.extra.get("reason", "")),
+                    "trigger": str(m.extra.get("trigger", "")),
                     "closed_by_job": m.extra.get("closed_job")}})
 
 

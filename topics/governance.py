@@ -26,6 +26,7 @@ class VersionLineage(_Out):
     to_seq: int
     message_ids: list[str] = Field(default_factory=list)  # or the tool call / request id
     reason: str = ""  # why this version exists (the decision's reason)
+    trigger: str = ""  # what triggered its job: threshold | explicit | session_end | idle | tool
     closed_by_job: str | None = None  # the job whose op closed this version
 
 

@@ -163,7 +163,9 @@ function drawJobsAndDays() {
         reason: $("delete-reason").value || "undone from the inspector", wait_s: WAIT_S })),
     "undo"));
     const ops = Object.entries(j.ops).map(([op, n]) => `${n} ${op}`).join(", ");
-    return row([cell(formatTime(j.at)), cell(j.kind || "(closing only)", "trigger"),
+    const kind = j.kind || "(closing only)";
+    const trigger = j.trigger ? `${kind}: ${j.trigger}` : kind;
+    return row([cell(formatTime(j.at)), cell(trigger, "trigger"),
       cell(short(j.job), "job"), cell(ops), cell(j.memories.size), cell(j.reasons.join("; ")),
       cell(j.actor), undo], { job: j.job });
   }));

@@ -104,6 +104,7 @@ export function changeEvents(records) {
     events.push({
       at: r.valid_from, op: r.version === 1 || reopened ? "add" : "update",
       job: lin.job_id || "", kind: lin.kind || "", reason: lin.reason || "",
+      trigger: lin.trigger || "",
       memory_id: r.memory_id, version: r.version, content: r.content,
     });
     if (r.valid_to !== null && r.valid_to !== undefined) {
@@ -142,9 +143,9 @@ export function perDay(events) {
 }
 
 /**
- * Jobs, newest first: the events grouped by job id, with the job's trigger (the lineage
- * kind of the versions it opened; for a job that only closed versions, the audit log's
- * kind when given ``audit``: {job_id: {kind, actor}}).
+ * Jobs, newest first: the events grouped by job id, with the job's kind (the lineage kind
+ * of the versions it opened; for a job that only closed versions, the audit log's kind
+ * when given ``audit``: {job_id: {kind, actor}}) and, for extraction, its trigger.
  */
 export function jobsOf(events, audit = {}) {
   const jobs = new Map();
@@ -155,6 +156,8 @@ export function jobsOf(events, audit = {}) {
     };
     job.at = Math.max(job.at, e.at);
     if (e.kind && !job.kind) job.kind = e.kind;
+    // what triggered an extraction job (threshold, explicit, session_end, idle)
+    if (e.trigger && e.trigger !== "tool" && !job.trigger) job.trigger = e.trigger;
     if (e.op !== "supersede") job.ops[e.op] = (job.ops[e.op] || 0) + 1;
     if (e.reason && !job.reasons.includes(e.reason)) job.reasons.push(e.reason);
     job.memories.add(e.memory_id);
