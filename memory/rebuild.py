@@ -155,9 +155,6 @@ class Fold:
             self.store.set_cursor(Scope(tenant, user), cursor)
         return dict(self._cursors)
 
-    def users(self) -> list[UserKey]:
-        return sorted(set(self._cursors) | set(self._seen))
-
 
 def rebuild(store: MemoryStore, changes: Iterable[MemoryChange],
             accesses: Iterable[AccessEvent] = (),

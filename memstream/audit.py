@@ -19,7 +19,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from memstream.keys_topic import topic_partitions
+from memstream.kafka_io import topic_partitions
 from memstream.topics.schemas import MemoryChange
 
 PER_TENANT = 10_000  # newest entries kept per tenant in a worker

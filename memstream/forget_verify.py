@@ -21,7 +21,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
-from memstream.keys_topic import topic_partitions
+from memstream.kafka_io import topic_partitions
 from memstream.settings import Settings
 from memstream.topics.registry import all_topic_names, registry
 from memstream.topics.schemas import MemoryChange

@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from memstream.errors import BrokerError, ConfigError, InvalidRecord, MemstreamError
+from memstream.kafka_io import topic_partitions
 from memstream.keys import KeyRecord, KeyRing, decode, new_key, revoke, verify
 from memstream.settings import Settings
 
@@ -59,24 +59,6 @@ def _take(record: Any, into: dict[str, KeyRecord | None],
         return
     if keep is None or keep(key_id, found):
         into[key_id] = found
-
-
-async def topic_partitions(bootstrap: str, topic: str) -> list[TopicPartition]:
-    """The topic's partitions; [] while it does not exist (or has no leader yet).
-
-    Asks for every topic's metadata, never for this one by name, which would auto-create it
-    (without compaction) on a broker that has ``auto.create.topics.enable`` on.
-    """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        await admin.start()
-        described = await admin.describe_topics()
-    finally:
-        await admin.close()
-    for t in described:
-        if t["topic"] == topic and t["error_code"] == 0:
-            return sorted(TopicPartition(topic, p["partition"]) for p in t["partitions"])
-    return []
 
 
 def _consumer(bootstrap: str) -> AIOKafkaConsumer:

@@ -9,7 +9,6 @@ from there. Reads are ``read_committed`` (aborted transactions never reach a sto
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import os
 import time
@@ -19,15 +18,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
+from memstream.kafka_io import Offsets, Record, end_offsets, read_range
 from memstream.memory.rebuild import Fold, Opener, Reembed, fold_access
 from memstream.memory.store import MemoryStore
 from memstream.settings import Settings
 from memstream.topics.registry import registry
 from memstream.topics.schemas import AccessEvent, MemoryChange
 
-Offsets = dict[int, int]  # partition -> offset
 Progress = Callable[[int], None]  # records read since the last call
 MANIFEST = "rebuild.json"
 
@@ -73,74 +70,6 @@ def selector(tenant: str | None, user: str | None) -> Callable[[str, str], bool]
     return lambda t, u: (tenant is None or t == tenant) and (user is None or u == user)
 
 
-def _consumer(settings: Settings, *, committed: bool) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, group_id=None,
-        enable_auto_commit=False, auto_offset_reset="earliest",
-        isolation_level="read_committed" if committed else "read_uncommitted",
-        max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
-
-
-async def end_offsets(settings: Settings, topics: list[str]) -> dict[str, Offsets]:
-    """Each partition's high watermark: every record below it is readable once its
-    transaction is resolved (a ``read_committed`` reader past it has seen them all)."""
-    consumer = _consumer(settings, committed=False)
-    await consumer.start()
-    try:
-        found: dict[str, Offsets] = {}
-        for topic in topics:
-            parts = consumer.partitions_for_topic(topic)
-            if parts is None:
-                await consumer._client.force_metadata_update()  # a topic just created
-                parts = consumer.partitions_for_topic(topic) or set()
-            tps = [TopicPartition(topic, p) for p in sorted(parts)]
-            ends = await consumer.end_offsets(tps) if tps else {}
-            found[topic] = {tp.partition: off for tp, off in ends.items()}
-        return found
-    finally:
-        await consumer.stop()
-
-
-async def read_range(settings: Settings, topic: str, start: Offsets | None, end: Offsets,
-                     handle: Callable[[list[bytes]], object], progress: Progress | None = None,
-                     ) -> int:
-    """Hand every committed record value of ``topic`` from ``start`` (None: the beginning)
-    up to ``end`` to ``handle``, batch by batch, partition order kept; returns how many."""
-    todo = {p: e for p, e in end.items() if e > (start or {}).get(p, 0)}
-    if not todo:
-        return 0
-    consumer = _consumer(settings, committed=True)
-    await consumer.start()
-    read = 0
-    try:
-        tps = {p: TopicPartition(topic, p) for p in todo}
-        consumer.assign(list(tps.values()))
-        for p, tp in tps.items():
-            if start and p in start:
-                consumer.seek(tp, start[p])
-            else:
-                await consumer.seek_to_beginning(tp)
-        while todo:
-            batch = await consumer.getmany(*[tps[p] for p in todo], timeout_ms=500,
-                                           max_records=20_000)
-            for tp, records in batch.items():
-                values = [r.value for r in records if r.offset < todo.get(tp.partition, 0)
-                          and r.value is not None]
-                if values:
-                    handled = handle(values)
-                    if inspect.isawaitable(handled):
-                        await handled
-                    read += len(values)
-                    if progress is not None:
-                        progress(len(values))
-            for p in list(todo):
-                if await consumer.position(tps[p]) >= todo[p]:
-                    del todo[p]
-        return read
-    finally:
-        await consumer.stop()
-
-
 async def opener_for(settings: Settings, topic: str) -> tuple[Opener | None, Any]:
     """Sealed change events need the user keys (MEMSTREAM_MASTER_KEY); returns the opener
     and the follower to stop afterwards."""
@@ -165,7 +94,7 @@ async def rebuild_into(settings: Settings, store: MemoryStore, *, embedder: str,
     topics = registry(settings)
     changes_topic, access_topic = topics.memory_changes.name, topics.memory_access.name
     started = time.perf_counter()
-    snapshot = await end_offsets(settings, [changes_topic, access_topic])
+    snapshot = await end_offsets(settings.bootstrap_servers, [changes_topic, access_topic])
     if total is not None:
         total(sum(snapshot[changes_topic].values()))
     select = selector(tenant, user)
@@ -173,17 +102,21 @@ async def rebuild_into(settings: Settings, store: MemoryStore, *, embedder: str,
     fold = Fold(store, opener, reembed, batch, select)
     accesses: list[AccessEvent] = []
     try:
-        def on_changes(values: list[bytes]) -> None:
-            for v in values:
-                fold.add(MemoryChange.model_validate_json(v))
+        def on_changes(records: list[Record]) -> None:
+            for r in records:
+                if r.value is not None:
+                    fold.add(MemoryChange.model_validate_json(r.value))
+            if progress is not None:
+                progress(len(records))
 
-        def on_access(values: list[bytes]) -> None:
-            accesses.extend(AccessEvent.model_validate_json(v) for v in values)
+        def on_access(records: list[Record]) -> None:
+            accesses.extend(AccessEvent.model_validate_json(r.value) for r in records
+                            if r.value is not None)
 
-        await read_range(settings, changes_topic, None, snapshot[changes_topic], on_changes,
-                         progress)
+        b = settings.bootstrap_servers
+        await read_range(b, changes_topic, snapshot[changes_topic], on_changes)
         await asyncio.to_thread(fold.finish)
-        await read_range(settings, access_topic, None, snapshot[access_topic], on_access)
+        await read_range(b, access_topic, snapshot[access_topic], on_access)
         written = fold_access(store, accesses, select, fold.erased)
     finally:
         if keys is not None:

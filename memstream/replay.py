@@ -24,10 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-
 from memstream.errors import ConfigError, InvalidRecord, MemstreamError
-from memstream.keys_topic import topic_partitions
+from memstream.kafka_io import end_offsets, read_range
 from memstream.memory import fencing
 from memstream.memory import replay as pure
 from memstream.memory.apply import apply_decision, build_decision
@@ -111,29 +109,11 @@ class Report:
 
 async def _read(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes | None]]:
     """Every committed record of ``topic`` up to its end at start, per partition in order."""
-    tps = await topic_partitions(bootstrap, topic)
-    if not tps:
-        return []
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
-                                enable_auto_commit=False, isolation_level="read_committed")
-    await consumer.start()
     out: list[tuple[bytes | None, bytes | None]] = []
-    try:
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        deadline = time.monotonic() + READ_TIMEOUT_S
-        while not all([await consumer.position(tp) >= ends[tp] for tp in tps]):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {topic} to its end: no record for "
-                                   f"{READ_TIMEOUT_S:.0f} s")
-            batch = await consumer.getmany(timeout_ms=500)
-            if batch:  # a timeout on no progress, not on the topic's size
-                deadline = time.monotonic() + READ_TIMEOUT_S
-            for tp in tps:
-                out += [(r.key, r.value) for r in batch.get(tp, ()) if r.offset < ends[tp]]
-    finally:
-        await consumer.stop()
+    ends = await end_offsets(bootstrap, [topic])
+    await read_range(bootstrap, topic, ends[topic],
+                     lambda rs: out.extend((r.key, r.value) for r in rs),
+                     idle_timeout_s=READ_TIMEOUT_S)
     return out
 
 

@@ -30,17 +30,18 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from pydantic import BaseModel
 
+from memstream.kafka_io import Record, end_offsets, read_range
 from memstream.memory import checksum
 from memstream.memory.apply import apply_change
 from memstream.memory.rebuild import Opener, fold_access
 from memstream.memory.store import MemoryStore
 from memstream.memory.store_swap import SwappableStore, UserKey, copy_cursors, copy_user
-from memstream.rebuild_ops import Manifest, end_offsets, read_range, selector
+from memstream.rebuild_ops import Manifest, selector
 from memstream.settings import Settings
 from memstream.topics.registry import registry
 from memstream.topics.schemas import AccessEvent, MemoryChange
@@ -127,7 +128,7 @@ def discard(store: MemoryStore, path: Path) -> None:
 
 
 def verify(live: MemoryStore, new: MemoryStore, manifest: Manifest, vectors: bool,
-           leave_out: set[UserKey] = frozenset()) -> checksum.Verification:  # type: ignore[assignment]
+           leave_out: Collection[UserKey] = ()) -> checksum.Verification:
     def digests(store: MemoryStore) -> checksum.Digests:
         found = checksum.digests(store.scan(manifest.tenant, manifest.user, vectors=vectors))
         for key in leave_out:
@@ -148,15 +149,17 @@ async def catch_up(settings: Settings, new: MemoryStore, manifest: Manifest,
     to their high watermarks now."""
     reg = registry(settings)
     topics = [reg.memory_changes.name, reg.memory_access.name]
-    ends = await end_offsets(settings, topics)
+    ends = await end_offsets(settings.bootstrap_servers, topics)
     select = selector(manifest.tenant, manifest.user)
     applied = 0
     erased: dict[UserKey, float] = {}
 
-    def apply(values: list[bytes]) -> None:
+    def apply(records: list[Record]) -> None:
         nonlocal applied
-        for v in values:
-            change = MemoryChange.model_validate_json(v)
+        for r in records:
+            if r.value is None:
+                continue
+            change = MemoryChange.model_validate_json(r.value)
             if select is not None and not select(change.tenant_id, change.user_id):
                 continue
             opened = opener(change) if opener is not None else change
@@ -166,10 +169,13 @@ async def catch_up(settings: Settings, new: MemoryStore, manifest: Manifest,
                     erased[(opened.tenant_id, opened.user_id)] = opened.decided_at.timestamp()
 
     accesses: list[AccessEvent] = []
-    await read_range(settings, topics[0], manifest.offsets.get(topics[0]), ends[topics[0]],
-                     lambda vs: asyncio.to_thread(apply, vs))
-    await read_range(settings, topics[1], manifest.offsets.get(topics[1]), ends[topics[1]],
-                     lambda vs: accesses.extend(AccessEvent.model_validate_json(v) for v in vs))
+    b = settings.bootstrap_servers
+    await read_range(b, topics[0], ends[topics[0]], lambda rs: asyncio.to_thread(apply, rs),
+                     start=manifest.offsets.get(topics[0]))
+    await read_range(b, topics[1], ends[topics[1]],
+                     lambda rs: accesses.extend(AccessEvent.model_validate_json(r.value)
+                                                for r in rs if r.value is not None),
+                     start=manifest.offsets.get(topics[1]))
     await asyncio.to_thread(fold_access, new, accesses, select, erased)
     return applied
 
