@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/chaos.py [--users 40] [--kills 6] [--rate 100]
         [--guarantee exactly_once|at_least_once] [--seed 7] [--no-broker-restart] [--port 29092]
         [--job-timeout 60] [--settle-timeout 900] [--keep-broker] [--reuse-broker]
+        [--seeds 1-10]   # one run per seed, a table of the runs and one JSON line
 
 ``scenario`` writes conversations for N users (English and Chinese) whose live memories
 under the offline rules extractor are known exactly: several moves (the last city is
@@ -873,6 +874,46 @@ def print_report(outcome: Outcome, meta: Mapping[str, Any]) -> None:
     print(json.dumps(summary(outcome, meta), ensure_ascii=False))
 
 
+def clean(row: Mapping[str, Any]) -> bool:
+    """A run with nothing lost, stale, duplicated, uncovered or inconsistent."""
+    views = (row["http"], row["replay"])
+    return (row["sessions_covered"] == row["sessions"] and row["stall_restarts"] == 0
+            and row["replay_failed_changes"] == 0
+            and row["change_ids_differing_payloads"] == 0
+            and all((v["missing"], v["stale"], v["duplicate"], v["unexpected"]) == (0, 0, 0, 0)
+                    for v in views))
+
+
+def print_runs(rows: Sequence[Mapping[str, Any]]) -> None:
+    """One line per run (``--seeds``), then one JSON line for all of them."""
+    head = (f"{'seed':>4} {'clean':>5} {'covered':>9} {'http m/s/d':>10} {'replay m/s/d':>12} "
+            f"{'2 payloads':>10} {'bad replay':>10} {'re-sent':>7} {'stalls':>6} "
+            f"{'exits':>5} {'out p50/max s':>13} {'settle s':>8}")
+    print(head)
+    for row in rows:
+        h, r, st = row["http"], row["replay"], row["restart"]
+        print(f"{row['seed']:>4} {'yes' if clean(row) else 'NO':>5} "
+              f"{row['sessions_covered']:>4}/{row['sessions']:<4} "
+              f"{h['missing']:>4}/{h['stale']}/{h['duplicate']} "
+              f"{r['missing']:>6}/{r['stale']}/{r['duplicate']} "
+              f"{row['change_ids_differing_payloads']:>10} {row['replay_failed_changes']:>10} "
+              f"{row['job_records_resent_by_timeout']:>7} {row['stall_restarts']:>6} "
+              f"{row['worker_self_exits']:>5} "
+              f"{st['to_first_output_p50_s']}/{st['to_first_output_max_s']:<7} "
+              f"{row['settle_s']:>8}")
+    print(json.dumps({"runs": len(rows), "clean": sum(clean(r) for r in rows),
+                      "rows": list(rows)}, ensure_ascii=False, default=str))
+
+
+def seeds_of(text: str) -> list[int]:
+    """``1-10`` or ``1,4,7``."""
+    out: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        out += list(range(int(first), int(last or first) + 1))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--users", type=int, default=40)
@@ -881,6 +922,8 @@ def main() -> None:
     ap.add_argument("--guarantee", default="exactly_once",
                     choices=["exactly_once", "at_least_once"])
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--seeds", default=None,
+                    help="one run per seed (e.g. 1-10): a table of the runs, one JSON line")
     ap.add_argument("--no-broker-restart", action="store_true")
     ap.add_argument("--port", type=int, default=29092, help="the benchmark's own broker")
     ap.add_argument("--job-timeout", type=float, default=60.0, help="re-send a job after (s)")
@@ -900,24 +943,30 @@ def main() -> None:
         raise SystemExit(f"a broker already runs on {args.port}: it may be someone else's "
                          "(this run stops it); pass --reuse-broker if it is yours")
     local_broker.start(broker, 180.0)
-    work = Path(tempfile.mkdtemp(prefix="memstream-chaos-"))
-    events, truth = scenario(args.users, args.seed)
-    settings = bench_settings(f"127.0.0.1:{args.port}", work,
-                              processing_guarantee=args.guarantee,
-                              job_timeout_s=args.job_timeout)
-    meta = {"users": args.users, "messages": sum(isinstance(e, ChatMessage) for e in events),
-            "kills": args.kills, "guarantee": args.guarantee, "rate": args.rate,
-            "seed": args.seed, "broker_restart": not args.no_broker_restart,
-            "job_timeout_s": args.job_timeout, "work": str(work)}
+    rows = []
     try:
-        outcome = asyncio.run(run_chaos(
-            settings, events, truth, kills=args.kills, work=work, rate=args.rate,
-            seed=args.seed, broker=None if args.no_broker_restart else broker,
-            settle_timeout=args.settle_timeout))
+        for seed in seeds_of(args.seeds) if args.seeds else [args.seed]:
+            work = Path(tempfile.mkdtemp(prefix=f"memstream-chaos-{seed}-"))
+            events, truth = scenario(args.users, seed)
+            settings = bench_settings(f"127.0.0.1:{args.port}", work,
+                                      processing_guarantee=args.guarantee,
+                                      job_timeout_s=args.job_timeout)
+            meta = {"users": args.users,
+                    "messages": sum(isinstance(e, ChatMessage) for e in events),
+                    "kills": args.kills, "guarantee": args.guarantee, "rate": args.rate,
+                    "seed": seed, "broker_restart": not args.no_broker_restart,
+                    "job_timeout_s": args.job_timeout, "work": str(work)}
+            outcome = asyncio.run(run_chaos(
+                settings, events, truth, kills=args.kills, work=work, rate=args.rate,
+                seed=seed, broker=None if args.no_broker_restart else broker,
+                settle_timeout=args.settle_timeout))
+            print_report(outcome, meta)
+            rows.append(summary(outcome, meta))
+            if args.seeds:
+                print_runs(rows)  # so far: a long loop can be read while it runs
     finally:
         if started and not args.keep_broker:
             local_broker.stop(broker)
-    print_report(outcome, meta)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,12 @@
 """Ingest-stage benchmark on the real broker with one worker (not a test).
 
-    .venv/bin/python benchmarks/ingest.py [--messages 100000] [--users 1000]
+    .venv/bin/python benchmarks/ingest.py [--messages 100000] [--users 1000] [--runs 3]
+        [--compare before=/path/to/an/older/checkout]
+
+``--compare LABEL=DIR`` runs the same phases with the worker's code taken from DIR (for
+example ``git worktree add /tmp/before HEAD~3``), alternating with this checkout's run
+by run, so both are measured side by side on the same machine in the same minutes; the
+table gives the median of ``--runs`` per code and the ratio.
 
 Phase 1 (throughput): the messages of ``--users`` users with realistic session lengths
 are produced up front; one worker then drains them while a stand-in extractor acknowledges
@@ -93,8 +99,12 @@ async def drained(settings: Settings, total: int, timeout: float = 1800) -> floa
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
-            offsets = await admin.list_consumer_group_offsets(settings.app_id)
-            done = sum(meta.offset for tp, meta in offsets.items() if tp.topic == topic)
+            done = 0
+            # the ingest loop's group (streams.ingest_loop), or the app's (older code)
+            for group in (f"{settings.app_id}-ingest", settings.app_id):
+                offsets = await admin.list_consumer_group_offsets(group)
+                done = max(done, sum(meta.offset for tp, meta in offsets.items()
+                                     if tp.topic == topic))
             if done >= total:
                 return time.time()
             await asyncio.sleep(0.05)
@@ -179,34 +189,47 @@ async def one_run(base: Settings, events: list[Event], rate: float | None, work:
         await delete_topics(settings, all_topic_names(settings))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--messages", type=int, default=100_000)
-    ap.add_argument("--users", type=int, default=1000)
-    ap.add_argument("--rate", type=float, default=1000.0, help="msg/s in the latency phase")
-    ap.add_argument("--latency-messages", type=int, default=20_000)
-    ap.add_argument("--guarantee", default="exactly_once",
-                    choices=["exactly_once", "at_least_once"])
-    args = ap.parse_args()
-    base = Settings(idle_timeout_s=5.0, tick_interval_s=1.0, partitions=4, extract_enabled=False,
-                    processing_guarantee=args.guarantee)
-    if local_broker.read_pid(local_broker.paths_for(base)) is None:
-        local_broker.start(base)
-    work = Path(tempfile.mkdtemp(prefix="memstream-bench-"))
-    events = conversations(args.messages, args.users)
+def with_code(path: str | None):
+    """The worker's code for one run: this checkout (None) or another (PYTHONPATH)."""
+    import contextlib
+    import os
+
+    @contextlib.contextmanager
+    def scope():
+        old = os.environ.get("PYTHONPATH")
+        if path:
+            os.environ["PYTHONPATH"] = path
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = old
+    return scope()
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def measure(base: Settings, args: argparse.Namespace, work: Path, label: str,
+            path: str | None, events: list[Event], lat_events: list[Event]) -> dict:
     n = sum(isinstance(e, ChatMessage) for e in events)
-    run, _, seconds = asyncio.run(one_run(base, events, None, work, "tput"))
-    lat_events = conversations(args.latency_messages, args.users, seed=11)
     n_lat = sum(isinstance(e, ChatMessage) for e in lat_events)
-    lat_run, ends, _ = asyncio.run(one_run(base, lat_events, args.rate, work, "lat"))
+    with with_code(path):
+        run, _, seconds = asyncio.run(one_run(base, events, None, work, f"tput-{label}"))
+        lat_run, ends, _ = asyncio.run(one_run(base, lat_events, args.rate, work,
+                                               f"lat-{label}"))
     by_reason = delays(lat_run, ends)
     every = [d for ds in by_reason.values() for d in ds]
-    result = {
-        "messages": n, "users": args.users, "guarantee": args.guarantee,
+    return {
+        "code": label, "messages": n, "users": args.users, "guarantee": args.guarantee,
         "throughput_msg_per_s": round(n / seconds, 1),
         "jobs_per_100_messages": round(100 * len(run.jobs) / n, 2),
         "trivial_resolved_per_100_messages": round(100 * len(run.trivial) / n, 2),
-        "per_message_baseline_per_100": 100,
         "latency_phase": {"messages": n_lat, "rate_msg_per_s": args.rate,
                           "jobs_per_100_messages": round(100 * len(lat_run.jobs) / n_lat, 2),
                           "trivial_per_100_messages": round(100 * len(lat_run.trivial) / n_lat, 2),
@@ -216,21 +239,52 @@ def main() -> None:
                                             "p99_ms": round(pct(d, 0.99), 1)}
                                         for r, d in sorted(by_reason.items())}},
     }
-    print(f"{'metric':44} value")
-    print(f"{'messages (users)':44} {n} ({args.users})")
-    print(f"{'ingest throughput, msg/s (one worker)':44} {result['throughput_msg_per_s']}")
-    print(f"{'backlog: extraction jobs per 100 messages':44} {result['jobs_per_100_messages']}"
-          f"   (one per message: 100)")
-    print(f"{'trivial jobs resolved without LLM / 100 msg':44} "
-          f"{result['trivial_resolved_per_100_messages']}")
-    print(f"{'paced: jobs / trivial per 100 messages':44} "
-          f"{result['latency_phase']['jobs_per_100_messages']} / "
-          f"{result['latency_phase']['trivial_per_100_messages']}")
-    print(f"{'trigger -> job delay p50 / p99, ms':44} {result['latency_phase']['p50_ms']} / "
-          f"{result['latency_phase']['p99_ms']}  (at {args.rate:.0f} msg/s)")
-    for r, d in result["latency_phase"]["by_reason"].items():
-        print(f"{'  ' + r:44} n={d['n']} p50={d['p50_ms']} p99={d['p99_ms']}")
-    print(json.dumps(result))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=100_000)
+    ap.add_argument("--users", type=int, default=1000)
+    ap.add_argument("--rate", type=float, default=1000.0, help="msg/s in the latency phase")
+    ap.add_argument("--latency-messages", type=int, default=20_000)
+    ap.add_argument("--guarantee", default="exactly_once",
+                    choices=["exactly_once", "at_least_once"])
+    ap.add_argument("--runs", type=int, default=1, help="runs per code (median reported)")
+    ap.add_argument("--compare", action="append", default=[], metavar="LABEL=DIR",
+                    help="also run the worker from another checkout, side by side")
+    args = ap.parse_args()
+    base = Settings(idle_timeout_s=5.0, tick_interval_s=1.0, partitions=4, extract_enabled=False,
+                    processing_guarantee=args.guarantee)
+    if local_broker.read_pid(local_broker.paths_for(base)) is None:
+        local_broker.start(base)
+    work = Path(tempfile.mkdtemp(prefix="memstream-bench-"))
+    events = conversations(args.messages, args.users)
+    lat_events = conversations(args.latency_messages, args.users, seed=11)
+    codes: list[tuple[str, str | None]] = [("this", None)]
+    codes += [(c.split("=", 1)[0], c.split("=", 1)[1]) for c in args.compare]
+    runs: dict[str, list[dict]] = {label: [] for label, _ in codes}
+    for _ in range(args.runs):
+        for label, path in codes:
+            runs[label].append(measure(base, args, work, label, path, events, lat_events))
+    print(f"{'code':8} {'runs':>4} {'msg/s median':>13} {'(each)':28} {'jobs/100':>8} "
+          f"{'p50 ms':>8} {'p99 ms':>8}  (paced at {args.rate:.0f} msg/s)")
+    summary = {}
+    for label, results in runs.items():
+        tput = [r["throughput_msg_per_s"] for r in results]
+        p50 = median([r["latency_phase"]["p50_ms"] for r in results])
+        p99 = median([r["latency_phase"]["p99_ms"] for r in results])
+        summary[label] = {"throughput_msg_per_s_median": median(tput),
+                          "throughput_each": tput, "p50_ms_median": p50, "p99_ms_median": p99,
+                          "runs": results}
+        print(f"{label:8} {len(results):>4} {median(tput):>13.0f} {tput!s:28} "
+              f"{results[0]['jobs_per_100_messages']:>8} {p50:>8} {p99:>8}")
+    if len(codes) > 1:
+        this = summary["this"]["throughput_msg_per_s_median"]
+        for label, _ in codes[1:]:
+            other = summary[label]["throughput_msg_per_s_median"]
+            print(f"throughput this / {label}: {this / other:.2f}x")
+    print(json.dumps({"messages": args.messages, "users": args.users, "rate": args.rate,
+                      "codes": summary}))
 
 
 if __name__ == "__main__":

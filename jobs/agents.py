@@ -23,6 +23,7 @@ from typing import Any
 
 from memstream.jobs import triggers
 from memstream.settings import Settings
+from memstream.streams import privacy
 from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import decode_or_dead_letter
 from memstream.streams.guard import guarded
@@ -100,7 +101,9 @@ async def handle(p: Pipeline, index: DueIndex, policy: triggers.JobsPolicy,
     is_tick = message.topic == p.topics.maintenance_ticks.name
     model: type[Tick] | type[MemoryChange] = Tick if is_tick else MemoryChange
     event = await decode_or_dead_letter(p, model, message)
-    if event is not None:
+    if isinstance(event, Tick) and privacy.is_roll(event.tenant_id):
+        privacy.roll_tables(p.maintenance)  # segments roll: compaction drops erased data
+    elif event is not None:
         await fold(p, index, policy, event)
 
 
@@ -142,8 +145,9 @@ def register(p: Pipeline) -> None:
             message = event.message
             await guarded(p, message, lambda: handle(p, index, policy, message))  # noqa: B023
 
+    rolls = privacy.RollSchedule(p)
     ticks = TickSender(p, p.topics.maintenance_ticks.name,
-                       lambda now: due_users(p, index, now))
+                       lambda now: due_users(p, index, now) + rolls.due(now))
 
     @p.app.timer(p.settings.tick_interval_s, name="jobs-ticker")
     async def ticker() -> None:

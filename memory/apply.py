@@ -3,7 +3,9 @@
 - :func:`apply_decision` is the live path: the fencing verdict of :mod:`memory.fencing`
   decides whether a decision is applied, re-published or refused; a decision whose read
   memories moved on is refused whole (nothing written); otherwise every record is written
-  and the user's cursor moves to the job, after its changes.
+  and the user's cursor moves to the job, after its changes, with the job's change events
+  kept beside it. Whichever decision of that job comes again, those kept events, and only
+  those, are published again: the store never holds a change the topic may lack.
 - :func:`apply_change` is the replay path: replaying the memory-change topic in order into
   an empty store rebuilds the same records, with no LLM call; a change seen before is
   skipped, and the cursor follows the job numbers the changes carry.
@@ -106,7 +108,9 @@ def erase_change(job: ExtractionJob, versions: int, model: MemoryModel,
 
 def build_decision(job: ExtractionJob, out: JobOutcome, model: MemoryModel,
                    now: float) -> JobDecision:
-    """The decision record of one decided job: its changes, the versions it read, its id."""
+    """The decision record of one decided job: its changes, the versions it read, its id
+    (no wall clock in it: the same job decided to the same ops at another time has the
+    same id; the changes keep ``decided_at``)."""
     status = JobStatus.TRIVIAL if out.trivial else JobStatus.DONE
     changes = [change_for(op, vec, job, out, model, now) for op, vec in out.ops]
     if out.erase is not None:
@@ -177,6 +181,13 @@ class Applied:
     error: str | None = None
 
 
+def kept_changes(store: MemoryStore, scope: Scope, cursor: Cursor | None) -> list[MemoryChange]:
+    """The change events the cursor's job published, as the store kept them (byte for byte:
+    one change id, one payload)."""
+    kept = fencing.republished(cursor, store.published(scope))
+    return [MemoryChange.model_validate_json(text) for text in kept]
+
+
 def apply_decision(store: MemoryStore, decision: JobDecision) -> Applied:
     """Apply one decision exactly once, in job order (see :mod:`memory.fencing`)."""
     scope = Scope(decision.tenant_id, decision.user_id)
@@ -186,10 +197,9 @@ def apply_decision(store: MemoryStore, decision: JobDecision) -> Applied:
         held = cursor.seq if cursor else 0
         return Applied(found, JobStatus.FENCED, applied_seq=held,
                        error=f"job {decision.seq} fenced: the store holds job {held}")
-    if found == Verdict.DONE:
-        return Applied(found, JobStatus.DONE)
-    if found == Verdict.REPUBLISH:
-        return Applied(found, decision.status, list(decision.changes))
+    if found in (Verdict.DONE, Verdict.REPUBLISH):  # the job is in the store: its events
+        status = decision.status if found == Verdict.REPUBLISH else JobStatus.DONE
+        return Applied(found, status, kept_changes(store, scope, cursor))
     if decision.status in (JobStatus.FAILED, JobStatus.FENCED):
         return Applied(found, decision.status, applied_seq=decision.applied_seq,
                        error=decision.error)
@@ -207,6 +217,7 @@ def apply_decision(store: MemoryStore, decision: JobDecision) -> Applied:
             store.erase(scope)
         else:
             _write(store, change)
-    if decision.seq:
-        store.set_cursor(scope, Cursor(decision.seq, decision.job_id, decision.decision_id))
+    if decision.seq:  # the events to publish, kept with the cursor for a re-publication
+        store.set_cursor(scope, Cursor(decision.seq, decision.job_id, decision.decision_id),
+                         [c.model_dump_json() for c in changes])
     return Applied(found, decision.status, list(changes))

@@ -3,8 +3,9 @@
 Each record (version, hit statistics, cursor) of a user is written canonically (sorted keys,
 no whitespace) with its point id; the user's digest is the SHA-256 of the sorted lines.
 What may legitimately differ between a store written by the live path and one rebuilt from
-the topics is left out: the fencing cursors (bookkeeping, not memory: the live path also
-moves a user's cursor for a job that changed nothing, which leaves no change event), and,
+the topics is left out: the fencing cursors and the change events kept with them
+(bookkeeping, not memory: the live path also moves a user's cursor for a job that changed
+nothing, which leaves no change event, and keeps what its job published), and,
 when a rebuild re-embeds with another embedder, the vectors. Vectors otherwise count, as
 float32 (what Edge keeps; a store that keeps float64 reads back the same float32).
 """
@@ -19,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memstream.memory.store import CURSOR_STATUS, Record
+from memstream.memory.store import BOOKKEEPING_STATUSES, Record
 
 UserKey = tuple[str, str]
 
@@ -59,7 +60,7 @@ class Digests:
 def digests(records: Iterable[Record]) -> Digests:
     lines: dict[UserKey, list[str]] = defaultdict(list)
     for pid, payload, vector in records:
-        if payload.get("status") == CURSOR_STATUS:
+        if payload.get("status") in BOOKKEEPING_STATUSES:
             continue
         key = (str(payload.get("tenant_id", "")), str(payload.get("user_id", "")))
         lines[key].append(canonical(pid, payload, vector))

@@ -7,11 +7,13 @@ replayed topic hands the apply agent, one rule decides (:func:`verdict`):
 
 - a job above the cursor is new: it is applied (if the memories it read have not moved on);
 - the very decision the cursor names is being seen again (the worker died after the store
-  took it, before its events were committed): its change events are published again, with
-  the same payloads, and its result re-sent;
-- another decision of the job the cursor names (the job was decided twice: re-sent, or
-  re-consumed after a crash): the job is done already; nothing of this decision is applied
-  or published, so one change id always means one payload;
+  took it, before its events were committed): REPUBLISH;
+- another decision of the job the cursor names (the job was decided twice to other ops:
+  re-sent, or re-consumed after a crash): DONE, nothing of this decision is applied.
+  Either way the events the store's decision published may have been lost with an aborted
+  transaction (a SIGKILL): the change events the store kept with the cursor
+  (:class:`Published`) are published again, byte for byte, then the job's result; never
+  this decision's own, so one change id always means one payload;
 - anything else at or below the cursor is fenced: never applied. If the ingest stage is still
   waiting for it (its state was rolled back or forgotten), it re-issues the range under a seq
   above the cursor.
@@ -52,10 +54,26 @@ class Cursor:
         return cls(int(data["seq"]), str(data["job_id"]), str(data.get("decision_id", "")))
 
 
+@dataclass(frozen=True)
+class Published:
+    """The change events of job ``job`` as first published (each event's JSON, in order),
+    kept in the store with the cursor, in the same write."""
+
+    job: Cursor
+    changes: tuple[str, ...] = ()
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"job": self.job.to_payload(), "changes": list(self.changes)}
+
+    @classmethod
+    def from_payload(cls, data: Mapping[str, Any]) -> Published:
+        return cls(Cursor.from_payload(data["job"]), tuple(str(c) for c in data["changes"]))
+
+
 class Verdict(StrEnum):
     APPLY = "apply"  # a new job: check versions, apply, move the cursor
-    REPUBLISH = "republish"  # this very decision is applied: publish its events again
-    DONE = "done"  # another decision of this job is applied: report done, publish nothing
+    REPUBLISH = "republish"  # this very decision is applied: publish the kept events again
+    DONE = "done"  # another decision of this job is applied: report done, publish the kept
     FENCED = "fenced"  # a later (or other) job holds the cursor: never apply this one
 
 
@@ -68,14 +86,25 @@ def verdict(cursor: Cursor | None, seq: int, job_id: str, decision_id: str | Non
     if seq == 0 or cursor is None or seq > cursor.seq:
         return Verdict.APPLY
     if seq == cursor.seq and job_id == cursor.job_id:
-        return Verdict.REPUBLISH if decision_id == cursor.decision_id else Verdict.DONE
+        # no decision id (a failed or skipped job; a cursor a replay wrote): not this one
+        same = bool(decision_id) and decision_id == cursor.decision_id
+        return Verdict.REPUBLISH if same else Verdict.DONE
     return Verdict.FENCED
 
 
 def decide_or_skip(cursor: Cursor | None, seq: int, job_id: str) -> Verdict:
     """Before deciding: APPLY (decide it), DONE (already applied) or FENCED."""
-    found = verdict(cursor, seq, job_id, None)
-    return Verdict.DONE if found == Verdict.REPUBLISH else found
+    return verdict(cursor, seq, job_id, None)
+
+
+def republished(cursor: Cursor | None, kept: Published | None) -> tuple[str, ...]:
+    """The change events to publish again for the cursor's job: those the store kept with
+    that very cursor (none for a job that changed nothing). None kept with it (a cursor a
+    rebuild or a store switch wrote, whose job's events are on the topic already; a store
+    written before events were kept): nothing."""
+    if cursor is None or kept is None or kept.job != cursor:
+        return ()
+    return kept.changes
 
 
 @dataclass(frozen=True)
@@ -108,7 +137,20 @@ def moved_on(read: Mapping[str, int], live: Mapping[str, int], touches: Iterable
     return None
 
 
+def timeless(value: Any) -> Any:
+    """``value`` without its wall-clock fields (``decided_at``, a record's ``created_at``,
+    ``valid_from``, ``expires_at``...: every key ending in ``_at``, and ``valid_from`` /
+    ``valid_to``), at any depth."""
+    if isinstance(value, Mapping):
+        return {k: timeless(v) for k, v in value.items()
+                if not (str(k).endswith("_at") or k in ("valid_from", "valid_to"))}
+    if isinstance(value, list | tuple):
+        return [timeless(v) for v in value]
+    return value
+
+
 def decision_id(parts: Iterable[Any]) -> str:
-    """A digest naming one decision by its content (two decisions of one job differ)."""
-    raw = json.dumps(list(parts), sort_keys=True, default=str, ensure_ascii=False)
+    """A digest naming one decision by what it does, wall clock left out (:func:`timeless`):
+    the same job decided to the same ops at two times has one id; to other ops, another."""
+    raw = json.dumps(timeless(list(parts)), sort_keys=True, default=str, ensure_ascii=False)
     return hashlib.sha256(raw.encode()).hexdigest()[:32]

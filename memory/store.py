@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from memstream.errors import MemstreamError
 from memstream.memory.access import AccessStats
-from memstream.memory.fencing import Cursor
+from memstream.memory.fencing import Cursor, Published
 from memstream.memory.model import GLOBAL_USER, Memory, version_point_id
 
 INDEXED_KEYWORDS = ("tenant_id", "user_id", "status", "memory_id", "slot", "type", "source.op_id",
@@ -26,11 +26,17 @@ INDEXED_KEYWORDS = ("tenant_id", "user_id", "status", "memory_id", "slot", "type
 
 CURSOR_STATUS = "cursor"  # the per-user fencing record; never matches a memory query
 ACCESS_STATUS = "access"  # a memory's hit statistics (memory.access); never a memory either
-HIDDEN_STATUSES = (CURSOR_STATUS, ACCESS_STATUS)
+PUBLISHED_STATUS = "published"  # the cursor job's change events as published (fencing)
+HIDDEN_STATUSES = (CURSOR_STATUS, ACCESS_STATUS, PUBLISHED_STATUS)
+BOOKKEEPING_STATUSES = (CURSOR_STATUS, PUBLISHED_STATUS)  # fencing's, not memories' records
 
 
 def cursor_point_id(tenant_id: str, user_id: str) -> str:
     return version_point_id(f"cursor\x1f{tenant_id}\x1f{user_id}", 0)
+
+
+def published_point_id(tenant_id: str, user_id: str) -> str:
+    return version_point_id(f"published\x1f{tenant_id}\x1f{user_id}", 0)
 
 
 def access_point_id(tenant_id: str, user_id: str, memory_id: str) -> str:
@@ -57,6 +63,19 @@ def access_from(scope: Scope, payloads: Iterable[dict[str, Any] | None]) -> dict
 def cursor_payload(scope: Scope, cursor: Cursor) -> dict[str, object]:
     return {"tenant_id": scope.tenant_id, "user_id": scope.user_id, "status": CURSOR_STATUS,
             "cursor": cursor.to_payload()}
+
+
+def published_payload(scope: Scope, published: Published) -> dict[str, object]:
+    return {"tenant_id": scope.tenant_id, "user_id": scope.user_id, "status": PUBLISHED_STATUS,
+            "published": published.to_payload()}
+
+
+def published_from(scope: Scope, payloads: Iterable[dict[str, Any] | None]) -> Published | None:
+    """The scope's kept change events among retrieved payloads (checked: same tenant)."""
+    for payload in payloads:
+        if payload and payload.get("tenant_id") == scope.tenant_id and "published" in payload:
+            return Published.from_payload(payload["published"])
+    return None
 
 
 def live_from(payloads: Iterable[dict[str, Any] | None]) -> dict[str, int]:
@@ -136,8 +155,15 @@ class MemoryStore(Protocol):
         """The last job the store applied for this user (see :mod:`memory.fencing`)."""
         ...
 
-    def set_cursor(self, scope: Scope, cursor: Cursor) -> None:
-        """Record ``cursor``; written after the job's changes."""
+    def set_cursor(self, scope: Scope, cursor: Cursor,
+                   published: Sequence[str] | None = None) -> None:
+        """Record ``cursor``; written after the job's changes. With ``published`` (the
+        job's change events as published, each one's JSON), those are kept with it as
+        :meth:`published`, in the same write (one upsert: both or neither)."""
+        ...
+
+    def published(self, scope: Scope) -> Published | None:
+        """The change events :meth:`set_cursor` last kept for this user, and whose."""
         ...
 
     def access_stats(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, AccessStats]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from memstream.memory.access import AccessStats
-from memstream.memory.fencing import Cursor
+from memstream.memory.fencing import Cursor, Published
 from memstream.memory.model import Memory
 from memstream.memory.store import (
     CURSOR_STATUS,
@@ -25,6 +25,9 @@ from memstream.memory.store import (
     cursor_payload,
     cursor_point_id,
     live_from,
+    published_from,
+    published_payload,
+    published_point_id,
     unit_vector,
 )
 
@@ -149,12 +152,23 @@ class EdgeStore:
                                          True, False)
         return cursor_from(scope, (unpack(r.payload) for r in found))
 
-    def set_cursor(self, scope: Scope, cursor: Cursor) -> None:
+    def set_cursor(self, scope: Scope, cursor: Cursor,
+                   published: Sequence[str] | None = None) -> None:
         qe = self._qe
-        point = qe.Point(cursor_point_id(scope.tenant_id, scope.user_id),
-                         unit_vector(self._dim), pack(cursor_payload(scope, cursor)))
+        points = [qe.Point(cursor_point_id(scope.tenant_id, scope.user_id),
+                           unit_vector(self._dim), pack(cursor_payload(scope, cursor)))]
+        if published is not None:
+            kept = Published(cursor, tuple(published))
+            points.append(qe.Point(published_point_id(scope.tenant_id, scope.user_id),
+                                   unit_vector(self._dim), pack(published_payload(scope, kept))))
         with self._lock:
-            self._shard.update(qe.UpdateOperation.upsert_points([point]))
+            self._shard.update(qe.UpdateOperation.upsert_points(points))
+
+    def published(self, scope: Scope) -> Published | None:
+        with self._lock:
+            found = self._shard.retrieve([published_point_id(scope.tenant_id, scope.user_id)],
+                                         True, False)
+        return published_from(scope, (unpack(r.payload) for r in found))
 
     def scan(self, tenant_id: str | None = None, user_id: str | None = None, *,
              vectors: bool = False, page: int = 1024) -> Iterator[Record]:

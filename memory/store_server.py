@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from memstream.memory.access import AccessStats
-from memstream.memory.fencing import Cursor
+from memstream.memory.fencing import Cursor, Published
 from memstream.memory.model import Memory
 from memstream.memory.store import (
     CURSOR_STATUS,
@@ -22,6 +22,9 @@ from memstream.memory.store import (
     cursor_payload,
     cursor_point_id,
     live_from,
+    published_from,
+    published_payload,
+    published_point_id,
     unit_vector,
 )
 
@@ -136,12 +139,24 @@ class ServerStore:
             with_payload=True, with_vectors=False)
         return cursor_from(scope, (r.payload for r in found))
 
-    def set_cursor(self, scope: Scope, cursor: Cursor) -> None:
+    def set_cursor(self, scope: Scope, cursor: Cursor,
+                   published: Sequence[str] | None = None) -> None:
         m = self._m
-        point = m.PointStruct(id=cursor_point_id(scope.tenant_id, scope.user_id),
-                              vector=unit_vector(self._dim),
-                              payload=cursor_payload(scope, cursor))
-        self._client.upsert(self.collection, points=[point], wait=True)
+        points = [m.PointStruct(id=cursor_point_id(scope.tenant_id, scope.user_id),
+                                vector=unit_vector(self._dim),
+                                payload=cursor_payload(scope, cursor))]
+        if published is not None:
+            kept = Published(cursor, tuple(published))
+            points.append(m.PointStruct(id=published_point_id(scope.tenant_id, scope.user_id),
+                                        vector=unit_vector(self._dim),
+                                        payload=published_payload(scope, kept)))
+        self._client.upsert(self.collection, points=points, wait=True)
+
+    def published(self, scope: Scope) -> Published | None:
+        found = self._client.retrieve(
+            self.collection, ids=[published_point_id(scope.tenant_id, scope.user_id)],
+            with_payload=True, with_vectors=False)
+        return published_from(scope, (r.payload for r in found))
 
     def scan(self, tenant_id: str | None = None, user_id: str | None = None, *,
              vectors: bool = False, page: int = 1024) -> Iterator[Record]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from memstream.memory.access import AccessStats
-from memstream.memory.fencing import Cursor
+from memstream.memory.fencing import Cursor, Published
 from memstream.memory.model import Memory
 from memstream.memory.store import MemoryStore, Record, Scope
 
@@ -57,8 +57,10 @@ class SwappableStore:
         self._do({(str(p.get("tenant_id")), str(p.get("user_id"))) for _, p, _ in records},
                  lambda s: s.write_records(records))
 
-    def set_cursor(self, scope: Scope, cursor: Cursor) -> None:
-        self._do([(scope.tenant_id, scope.user_id)], lambda s: s.set_cursor(scope, cursor))
+    def set_cursor(self, scope: Scope, cursor: Cursor,
+                   published: Sequence[str] | None = None) -> None:
+        self._do([(scope.tenant_id, scope.user_id)],
+                 lambda s: s.set_cursor(scope, cursor, published))
 
     def put_access(self, scope: Scope, stats: Sequence[AccessStats]) -> None:
         self._do([(scope.tenant_id, scope.user_id)], lambda s: s.put_access(scope, stats))
@@ -108,6 +110,9 @@ class SwappableStore:
 
     def cursor(self, scope: Scope) -> Cursor | None:
         return self._current.cursor(scope)
+
+    def published(self, scope: Scope) -> Published | None:
+        return self._current.published(scope)
 
     def access_stats(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, AccessStats]:
         return self._current.access_stats(scope, memory_ids)

@@ -31,6 +31,9 @@ class Settings(BaseSettings):
         "exactly_once", description="Faust processing guarantee (exactly_once uses transactions)"
     )
     commit_every: int = Field(1000, ge=1, description="Commit (a transaction) every N events")
+    ingest_batch_records: int = Field(
+        1000, ge=1, description="The ingest loop's batch: at most this many records per poll, "
+        "handled and committed in one transaction per partition")
     session_timeout_s: float = Field(30.0, gt=0, description="Consumer group session timeout")
     heartbeat_interval_s: float = Field(3.0, gt=0, description="Consumer group heartbeat")
     group_instance_id: str | None = Field(
@@ -188,15 +191,20 @@ class Settings(BaseSettings):
         """Full name of one of memstream's topics."""
         return f"{self.topic_prefix}.{name}"
 
-    def faust_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``faust.App``."""
+    def instance_id(self) -> str:
+        """The static group member id of this worker: stable across its restarts, unique
+        per ``data_dir`` (``group_instance_id`` when set)."""
         import hashlib
         import socket
 
-        instance = self.group_instance_id
-        if instance is None:  # stable across restarts of this worker, unique per data_dir
-            where = str(self.data_dir.resolve()).encode()
-            instance = f"{socket.gethostname()}-{hashlib.sha256(where).hexdigest()[:12]}"
+        if self.group_instance_id is not None:
+            return self.group_instance_id
+        where = str(self.data_dir.resolve()).encode()
+        return f"{socket.gethostname()}-{hashlib.sha256(where).hexdigest()[:12]}"
+
+    def faust_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``faust.App``."""
+        instance = self.instance_id()
         return {
             # Static membership: a restart rejoins under the same id and gets its partitions
             # back without waiting out the dead member's session (SIGTERM does not leave the

@@ -21,10 +21,9 @@ from memstream.memory.coalescing import Policy, UserState
 from memstream.memory.services import Services, build_services
 from memstream.settings import Settings
 from memstream.streams.counters import Counters
+from memstream.streams.ingest_tables import LoopTable
 from memstream.streams.waiters import Waiters
-from memstream.topics.registry import Topics, compaction_within, registry
-
-SNAPSHOT_MAX_BYTES = 16 * 1024 * 1024
+from memstream.topics.registry import Topics, changelog_name, compaction_within, registry
 
 
 def policy_from(settings: Settings) -> Policy:
@@ -76,19 +75,18 @@ class Pipeline:
     settings: Settings
     app: faust.App
     topics: Topics
-    inputs: faust.TopicT
     jobs: faust.TopicT
     job_results: faust.TopicT
     ticks: faust.TopicT
     dead_letters: faust.TopicT
-    state: TableT[bytes, Any]
+    state: LoopTable  # the ingest state per user (streams.ingest_loop owns and writes it)
     policy: Policy
     decisions: faust.TopicT
     memory_changes: faust.TopicT
     memory_access: faust.TopicT
     tool_requests: faust.TopicT  # agents' writes and the windowed jobs' commands
     maintenance_ticks: faust.TopicT
-    window: TableT[bytes, Any]  # the short-term window (streams.window)
+    window: LoopTable  # the short-term window (streams.window), written with the state
     maintenance: TableT[bytes, Any]  # the windowed jobs' per-user triggers (jobs.agents)
     services: Services
     clock: Callable[[], float] = time.time
@@ -100,6 +98,8 @@ class Pipeline:
     on_changes: Callable[[list[Any]], Awaitable[None]] | None = None
     # per-user data keys when MEMSTREAM_MASTER_KEY is set (memstream.user_keys)
     user_keys: Any = None
+    # the ingest loop's consumer lag per (topic, partition), when it runs here
+    ingest_lags: Callable[[], dict[tuple[str, int], int]] | None = None
 
     @cached_property
     def input_models(self) -> dict[str, type[BaseModel]]:
@@ -115,7 +115,7 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
               services: Services | None = None) -> Pipeline:
     """Create the Faust app: the ingest agent and its timer, the extract and apply agents."""
     from memstream.streams import access, extract, faust_setup, ingest, privacy, serve, store_swap
-    from memstream.streams.commit_order import commit_after_outputs, keep_in_order
+    from memstream.streams.commit_order import commit_after_outputs
 
     commit_after_outputs()
     if settings.clock_offset_s and clock is time.time:
@@ -133,18 +133,11 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
         settings=settings,
         app=app,
         topics=reg,
-        inputs=_raw_topic(app, *[t.name for t in reg.ingest_inputs()]),
         jobs=_raw_topic(app, reg.jobs.name),
         job_results=_raw_topic(app, reg.job_results.name),
         ticks=_raw_topic(app, reg.ticks.name),
         dead_letters=_raw_topic(app, reg.dead_letters.name),
-        state=app.Table(
-            "ingest-state", default=None, partitions=settings.partitions,
-            key_type=bytes,  # raw keys "tenant/user"; values are JSON snapshots
-            # A snapshot carries the user's unscanned messages: while an LLM outage keeps
-            # jobs failing it grows, so allow large records (see README, known limits).
-            extra_topic_configs={"max.message.bytes": str(SNAPSHOT_MAX_BYTES), **erasable},
-        ),
+        state=LoopTable(changelog_name(settings, "ingest-state")),
         policy=policy_from(settings),
         decisions=_raw_topic(app, reg.decisions.name),
         memory_changes=_raw_topic(app, reg.memory_changes.name),
@@ -153,14 +146,10 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
         maintenance_ticks=_raw_topic(app, reg.maintenance_ticks.name),
         maintenance=app.Table("maintenance", default=None, partitions=settings.partitions,
                               key_type=bytes, extra_topic_configs=erasable),
-        window=app.Table("session-window", default=None, partitions=settings.partitions,
-                         key_type=bytes, extra_topic_configs=erasable),
+        window=LoopTable(changelog_name(settings, "session-window")),
         services=services or build_services(settings),
         clock=clock,
     )
-    # a user's messages and writes keep their order: a record Faust dropped is read again
-    # by the next start rather than handed over late (streams.commit_order)
-    keep_in_order(app, [reg.messages.name, reg.session_events.name, reg.tool_requests.name])
     if settings.ingest_enabled:
         ingest.register(pipeline)
     if settings.extract_enabled or settings.web_enabled:

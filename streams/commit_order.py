@@ -48,7 +48,9 @@ flushes the Kafka client (which waits for the broker's acknowledgements).
    of its partition was taken (agents take records in order: it was dropped, not queued),
    ``DROPPED_AFTER_S`` after it was handed over, is handed to the agents again, as it is
    (a seek back raced Faust's fetcher, which drops records below its read offset). A
-   record taken twice is harmless: the ingest drops duplicate messages, fencing the rest.
+   record taken twice is harmless: the fencing (memory.fencing) makes a late job, decision
+   or change a no-op. The order-sensitive inputs (a user's messages, session events, tool
+   writes) are not read by Faust at all: the ingest loop (streams.ingest_loop) owns them.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -71,7 +73,6 @@ _GATE = "_memstream_commit_gate"
 _FETCHED = "_memstream_fetched"  # app -> tp -> offset -> (when, record, re-handed), till acked
 DROPPED_AFTER_S = 10.0
 _BACKGROUND: set[asyncio.Future[Any]] = set()
-_IN_ORDER = "_memstream_in_order"
 log = logging.getLogger(__name__)
 
 
@@ -208,8 +209,6 @@ def _redeliver(consumer: Any, tp: Any, offset: int,
                fetched: dict[int, tuple[float, Any, int]]) -> None:
     app = consumer.app
     _at, message, times = fetched[offset]
-    if tp.topic in getattr(app, _IN_ORDER, ()):
-        return  # order matters here: left pending (commits wait; a restart reads in order)
     if tp not in consumer.assignment():
         del fetched[offset]  # not ours any more: the next owner reads it from the commit
         return
@@ -224,13 +223,6 @@ def _redeliver(consumer: Any, tp: Any, offset: int,
     task = asyncio.ensure_future(app.topics.on_message(message))
     _BACKGROUND.add(task)
     task.add_done_callback(_BACKGROUND.discard)
-
-
-def keep_in_order(app: Any, topics: Iterable[str]) -> None:
-    """Topics whose dropped records must not be handed over again out of order (a user's
-    older message after a newer one): they stay pending instead, so no commit passes them
-    and the next start reads them again in order."""
-    setattr(app, _IN_ORDER, frozenset(topics))
 
 
 def _fetched_for(app: Any) -> dict[Any, dict[int, tuple[float, Any, int]]]:

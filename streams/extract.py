@@ -51,7 +51,10 @@ def failed_decision(job: ExtractionJob, error: str) -> JobDecision:
 
 async def skip_decided(p: Pipeline, job: ExtractionJob) -> JobDecision | None:
     """A job at or below the user's cursor is never decided again (no LLM call): the apply
-    agent answers it from the cursor (done, or fenced so the ingest stage re-issues it)."""
+    agent answers it from the cursor: fenced (the ingest stage re-issues it), or, for the
+    cursor's own job, done, after publishing again the change events the store kept for it
+    (they may have died with an aborted transaction). The status sent here (fenced) only
+    keeps a decision without changes from ever being applied."""
     cursor = await asyncio.to_thread(p.services.store.cursor, Scope(job.tenant_id, job.user_id))
     if fencing.decide_or_skip(cursor, job.seq, job.job_id) == fencing.Verdict.APPLY:
         return None

@@ -195,10 +195,21 @@ class OwnViewsWeb(AiohttpWeb):
 
 
 class App(faust.App):
-    """``faust.App`` that serves only memstream's own views."""
+    """``faust.App`` that serves only memstream's own views, and starts the services that
+    need no table (``early``: the ingest loop) with the app, not after table recovery."""
 
     def _new_web(self) -> OwnViewsWeb:
         return OwnViewsWeb(self)
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        for task in getattr(self, "early", ()):
+            self.add_future(task())
+
+
+def start_with_app(app: Any, start: Callable[[], Any]) -> None:
+    """Run ``start()`` when ``app`` starts (see :class:`App`)."""
+    app.__dict__.setdefault("early", []).append(start)
 
 
 def app_options(settings: Settings) -> dict[str, Any]:

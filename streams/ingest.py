@@ -1,18 +1,21 @@
-"""The ingest agent: a thin shell around :mod:`memory.coalescing`.
+"""The ingest stage: a thin shell around :mod:`memory.coalescing`.
 
-One agent consumes the co-partitioned messages, session-event, job-result and tick topics
-as one stream, so every event of a user is handled in order on one partition. Per event it
-decodes (bad records go to the dead-letter topic), loads the user's snapshot from the
-changelog-backed table, calls the pure machine, writes the snapshot back and sends the
-emitted jobs / trivial results. A timer sends a tick for every user whose next deadline
-(idle flush, retry, job timeout) has passed; the tick travels through Kafka so the state
-is only ever changed inside the agent.
+The co-partitioned messages, session-event, job-result, tick and tool-request topics are
+read as one stream per partition by :mod:`streams.ingest_loop`, so every event of a user
+is handled in order. Records come in batches; per record this module decodes (bad records
+become dead letters), calls the pure machine with the user's state (loaded once per batch
+from the changelog-backed table) and collects the emitted jobs / trivial results; at the
+end of the batch each changed user's snapshot is written once. The loop sends all of it
+with the batch's input offsets in one transaction. A timer sends a tick for every user
+whose next deadline (idle flush, retry, job timeout) has passed; the tick travels through
+Kafka so the state is only ever changed inside the loop.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,12 +25,11 @@ from pydantic import BaseModel
 from memstream.errors import InvalidRecord
 from memstream.memory import coalescing as machine
 from memstream.memory import metrics
-from memstream.memory.ingest_state import restore, snapshot
-from memstream.streams import privacy, window
+from memstream.memory.ingest_state import UserState, restore, snapshot
+from memstream.streams import faust_setup, privacy, window
 from memstream.streams.app import Pipeline
 from memstream.streams.counters import add
-from memstream.streams.dead_letters import decode_input, send_dead_letter
-from memstream.streams.guard import guarded
+from memstream.streams.dead_letters import dead_letter_record, decode_input
 from memstream.topics.schemas import (
     ChatMessage,
     JobResult,
@@ -75,23 +77,32 @@ def step_for(p: Pipeline, state: machine.UserState, event: BaseModel, now: float
     return machine.on_tick(state, now, policy)
 
 
-async def handle(p: Pipeline, event: Any) -> None:
-    message = event.message
-    try:
-        decoded = decode_input(p, message.topic, message.key, message.value)
-    except InvalidRecord as exc:
-        await send_dead_letter(p, exc, message)
-        return
-    if isinstance(decoded, Tick) and privacy.is_roll(decoded.tenant_id):
-        privacy.roll_tables(p)  # segments roll: compaction can drop erased records
-        return
-    kbytes: bytes = decoded.key().encode()  # type: ignore[attr-defined]
-    raw = p.state.get(kbytes)
-    state = p.restored.get(kbytes, raw)
+@dataclass
+class Batch:
+    """What one batch of one partition produced: the records to send in its transaction
+    (topic, key, value), and each user's state as the batch found and leaves it (written
+    to the table once per batch, not once per record)."""
+
+    out: list[tuple[str, bytes | None, bytes | None]] = field(default_factory=list)
+    users: dict[bytes, tuple[Any, UserState, UserState]] = field(default_factory=dict)
+
+
+def _user(p: Pipeline, batch: Batch, key: bytes, tenant: str, user: str) -> UserState:
+    if key in batch.users:
+        return batch.users[key][2]
+    raw = p.state.get(key)
+    state = p.restored.get(key, raw)
     if state is None:
-        state = restore(raw) if raw else machine.UserState(
-            decoded.tenant_id, decoded.user_id  # type: ignore[attr-defined]
-        )
+        state = restore(raw) if raw else UserState(tenant, user)
+    batch.users[key] = (raw, state, state)
+    return state
+
+
+def handle_event(p: Pipeline, batch: Batch, decoded: Any) -> None:
+    """One decoded input of a user: the machine's step; its jobs and trivial results go
+    into the batch, the window is written (pending until the batch commits)."""
+    kbytes: bytes = decoded.key().encode()
+    state = _user(p, batch, kbytes, decoded.tenant_id, decoded.user_id)
     step = step_for(p, state, decoded, p.clock())
     if step.duplicate and isinstance(decoded, ChatMessage):
         p.counters.duplicates += 1
@@ -100,25 +111,54 @@ async def handle(p: Pipeline, event: Any) -> None:
         window.record(p.window, p.settings, decoded, seq)
     for sid in set(state.sessions) - set(step.state.sessions):
         window.forget(p.window, p.settings, state.tenant_id, state.user_id, sid)
-    if step.state.idle:
-        if raw is not None:
-            del p.state[kbytes]  # nothing left to remember for this user
-            p.restored.forget(kbytes)
-    elif step.state != state or raw is None:
-        snap = snapshot(step.state)
-        snap["deadline"] = machine.next_deadline(step.state, p.policy)
-        p.state[kbytes] = snap
-        p.restored.put(kbytes, snap, step.state)
+    raw, first, _ = batch.users[kbytes]
+    batch.users[kbytes] = (raw, first, step.state)
     for job in step.jobs:
         if job.attempt > 1:
             p.counters.jobs_resent += 1
         else:  # jobs by trigger reason: first attempts (re-sends are counted above)
             add(p.counters.jobs_by_trigger, metrics.bounded(job.reason.value, metrics.TRIGGERS))
         p.counters.jobs_emitted += 1
-        await p.jobs.send(key=kbytes, value=job.dumps())
+        batch.out.append((p.topics.jobs.name, kbytes, job.dumps()))
     for res in step.resolved:
         p.counters.trivial_resolved += 1
-        await p.job_results.send(key=kbytes, value=res.dumps())
+        batch.out.append((p.topics.job_results.name, kbytes, res.dumps()))
+
+
+def handle_record(p: Pipeline, batch: Batch, record: Any) -> None:
+    """One input record: decoded, or set aside as a dead letter (sent in the batch's
+    transaction, so it is there exactly when the record counts as read)."""
+    try:
+        decoded = decode_input(p, record.topic, record.key, record.value)
+    except InvalidRecord as exc:
+        batch.out.append((p.topics.dead_letters.name, *dead_letter_record(p, exc, record)))
+        return
+    if isinstance(decoded, Tick) and privacy.is_roll(decoded.tenant_id):
+        privacy.roll_tables(p.state, p.window)  # segments roll: compaction drops erased data
+        return
+    try:
+        handle_event(p, batch, decoded)
+    except Exception as exc:  # a bug or an input the machine cannot take: set aside
+        log.exception("%s[%s]@%s: cannot be handled; set aside on the dead-letter topic",
+                      record.topic, record.partition, record.offset)
+        p.counters.handler_failures += 1
+        reason = InvalidRecord("internal", f"{type(exc).__name__}: {exc}"[:1000])
+        batch.out.append((p.topics.dead_letters.name, *dead_letter_record(p, reason, record)))
+
+
+def finish(p: Pipeline, batch: Batch) -> None:
+    """Write each user's state once: the snapshot with its next deadline, or nothing left
+    to remember (deleted)."""
+    for key, (raw, first, state) in batch.users.items():
+        if state.idle:
+            if raw is not None:
+                del p.state[key]
+                p.restored.forget(key)
+        elif state != first or raw is None:
+            snap = snapshot(state)
+            snap["deadline"] = machine.next_deadline(state, p.policy)
+            p.state[key] = snap
+            p.restored.put(key, snap, state)
 
 
 class TickSender:
@@ -167,16 +207,17 @@ def due_users(p: Pipeline, now: float) -> list[tuple[str, str]]:
 
 
 def register(p: Pipeline) -> None:
-    """Attach the agent and the timer to the app."""
+    """Run the ingest loop (:mod:`streams.ingest_loop`) in the worker, and its ticker."""
+    from memstream.streams.ingest_loop import IngestLoop
 
-    @p.app.agent(p.inputs, name="ingest")
-    async def ingest(stream: Any) -> None:
-        async for event in stream.events():
-            await guarded(p, event.message, lambda: handle(p, event))  # noqa: B023
-
+    loop = IngestLoop(p)
+    p.ingest_lags = loop.lags
     rolls = privacy.RollSchedule(p)
     ticks = TickSender(p, p.topics.ticks.name,
                        lambda now: due_users(p, now) + rolls.due(now))
+
+    # started with the app, not after Faust's table recovery: the loop has its own tables
+    faust_setup.start_with_app(p.app, loop.start)
 
     @p.app.timer(p.settings.tick_interval_s, name="ingest-ticker")
     async def ticker() -> None:
@@ -184,5 +225,6 @@ def register(p: Pipeline) -> None:
 
     @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def on_shutdown(app: Any, **_: Any) -> None:
+        await loop.stop()
         await ticks.close()
         log.info("ingest counters: %s", p.counters.as_dict())

@@ -236,12 +236,16 @@ def attach(app: web.Application, p: Any) -> MetricsDeps:
     """Serve the pipeline's metrics on ``app`` (built by ``streams.http.build_http_app``)."""
     # looked up at each count: follows a store the worker switched to (a rebuild)
     store = StoreSize(lambda: p.services.store.count(), p.settings.metrics_store_count_s)
-    collector = PipelineCollector(p.counters, lambda: consumer_lags(p.app), store)
+
+    def lags() -> dict[tuple[str, int], int]:  # Faust's agents' inputs and the ingest loop's
+        return {**consumer_lags(p.app), **(p.ingest_lags() if p.ingest_lags else {})}
+
+    collector = PipelineCollector(p.counters, lags, store)
     key = p.settings.metrics_key
     deps = MetricsDeps(
         registry=registry_for(collector),
         metrics_key=key.get_secret_value() if key is not None else None,
-        summary=lambda: summary(p.counters, time.time(), store.value, consumer_lags(p.app)),
+        summary=lambda: summary(p.counters, time.time(), store.value, lags()),
         refresh=store.refresh)
     app[METRICS] = deps
     return deps

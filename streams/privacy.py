@@ -88,8 +88,8 @@ def visible(p: Pipeline, tenant: str, user: str, memories: Sequence[Memory]) -> 
 # Kafka compacts or deletes only closed segments, and a segment closes (rolls) on the next
 # append after segment.ms: a quiet partition would keep a forgotten user's overwritten
 # records in its open segment indefinitely. Every half bound, the worker appends to every
-# partition of the tables' changelogs (a roll tick, handled by the ingest agent: a value
-# then a tombstone under a key no user has) and to the user-keys topic.
+# partition of the tables' changelogs (a roll tick, handled by the ingest loop and the jobs
+# agent: a value then a tombstone under a key no user has) and to the user-keys topic.
 
 ROLL_TENANT = "memstream-internal"
 ROLL_KEY = b"\x00roll"
@@ -115,10 +115,11 @@ def is_roll(tenant: str) -> bool:
     return tenant == ROLL_TENANT
 
 
-def roll_tables(p: Pipeline) -> None:
-    """In the ingest agent, for a roll tick: one append (and its tombstone) per table on
-    this partition; nothing stays in the tables."""
-    for table in (p.state, p.window, p.maintenance):
+def roll_tables(*tables: Any) -> None:
+    """For a roll tick (in the ingest loop: its two tables; in the jobs agent: the
+    maintenance table): one append and its tombstone per table on this partition; nothing
+    stays in the tables."""
+    for table in tables:
         table[ROLL_KEY] = 1
         del table[ROLL_KEY]
 

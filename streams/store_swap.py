@@ -72,6 +72,15 @@ def register(p: Pipeline) -> None:
             log.exception("rebuild request %s failed", request.request_id)
             result, later = SwitchResult(request_id=request.request_id, ok=False,
                                          switched=False, message=f"failed: {exc}"), None
+        if later is not None and not later[2]:
+            # a rebuilt store nobody served (not switched to, not kept): deleted before the
+            # answer, so the CLI never returns while that copy of the memories is still there
+            try:
+                await asyncio.to_thread(discard, later[0], later[1])
+            except Exception:
+                log.exception("rebuild request %s: deleting %s failed", request.request_id,
+                              later[1])
+            later = None
         write_json(root / f"result-{request.request_id}.json", result)
         log.info("rebuild request %s: %s", request.request_id, result.message)
         if later is not None:

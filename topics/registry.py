@@ -171,6 +171,27 @@ def compaction_within(bound_s: float) -> dict[str, str]:
 
 
 TABLES = ("ingest-state", "session-window", "maintenance")  # the worker's changelog-backed tables
+# A snapshot carries the user's unscanned messages: while an LLM outage keeps jobs failing
+# it grows, so the ingest state's changelog takes large records (README, known limits).
+SNAPSHOT_MAX_BYTES = 16 * 1024 * 1024
+
+
+def changelog_name(settings: Settings, table: str) -> str:
+    return f"{settings.app_id}-{table}-changelog"
+
+
+def ingest_changelogs(settings: Settings) -> list[TopicSpec]:
+    """The ingest loop's tables (streams.ingest_tables): compacted, co-partitioned with its
+    inputs, compacted within the erasure bound (a forget-me overwrites what they hold)."""
+    erasable = compaction_within(settings.erasure_bound_s)
+    return [
+        TopicSpec(changelog_name(settings, "ingest-state"), BaseModel, settings.partitions,
+                  -1, "compact", doc="per-user ingest state (JSON snapshots)",
+                  extra_config={"max.message.bytes": str(SNAPSHOT_MAX_BYTES), **erasable}),
+        TopicSpec(changelog_name(settings, "session-window"), BaseModel, settings.partitions,
+                  -1, "compact", doc="the short-term window of each session",
+                  extra_config=erasable),
+    ]
 
 
 def all_topic_names(settings: Settings) -> list[str]:
@@ -178,7 +199,7 @@ def all_topic_names(settings: Settings) -> list[str]:
     and Faust's assignor topic (what a test or a benchmark deletes when it is done)."""
     app = settings.app_id
     return [t.name for t in registry(settings).all()] + [
-        f"{app}-{table}-changelog" for table in TABLES] + [f"{app}-__assignor-__leader"]
+        changelog_name(settings, table) for table in TABLES] + [f"{app}-__assignor-__leader"]
 
 
 async def create_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> list[str]:

@@ -336,8 +336,10 @@ class JobDecision(JobRange):
 
     ``read_versions`` maps every stored memory the decision read to the live version it saw:
     the apply agent refuses the whole decision (FENCED: decided again) if one of them moved on.
-    ``decision_id`` names this very decision: a job decided twice (a re-sent or re-consumed
-    job) has two, and only the one the store recorded is ever published.
+    ``decision_id`` names this very decision by what it does, wall clock left out: a job
+    decided twice (a re-sent or re-consumed job) to other ops has two; only the changes of
+    the one the store recorded are ever published (the store keeps them with its cursor and
+    publishes them again whichever decision of the job comes next).
     """
 
     status: JobStatus

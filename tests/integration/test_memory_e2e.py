@@ -69,25 +69,36 @@ def turns(user: str, session: str, texts: list[str], tenant: str = "acme"):
 
 
 async def run_conversations(h, convs, tenant: str = "acme"):
+    """Send each session and wait until the job results cover its messages. A session id
+    sent before (the same user's ``{user}-s{i}`` in a later call) already has messages
+    covered: the barrier counts on top of those, or it would pass before the new messages
+    are in the store (and their job would land in the middle of whatever comes next)."""
     sent: dict[tuple[str, str], int] = {}
     for user, sessions in convs.items():
         for i, texts in enumerate(sessions):
             session = f"{user}-s{i}"
             msgs = turns(user, session, texts, tenant)
+            before = covered_messages(h.results.records, tenant)[(user, session)]
             await h.send(*msgs, end(session=session, user=user, tenant=tenant))
             sent[(user, session)] = len(msgs)
-            await wait_covered(h, {(user, session): len(msgs)}, tenant=tenant)
+            await wait_covered(h, {(user, session): before + len(msgs)}, tenant=tenant)
     return sent
+
+
+def covered_messages(records, tenant: str) -> dict[tuple[str, str], int]:
+    """Messages of each (user, session) the job results report done (or trivial)."""
+    got: dict[tuple[str, str], int] = defaultdict(int)
+    for r in records:
+        res = JobResult.model_validate_json(r.value)
+        if res.tenant_id == tenant and res.status in (JobStatus.DONE, JobStatus.TRIVIAL):
+            got[(res.user_id, res.session_id)] += res.to_seq - res.from_seq
+    return got
 
 
 async def wait_covered(h, expected: dict[tuple[str, str], int], timeout: float = 60,
                        tenant: str = "acme"):
     def covered(records):
-        got: dict[tuple[str, str], int] = defaultdict(int)
-        for r in records:
-            res = JobResult.model_validate_json(r.value)
-            if res.tenant_id == tenant and res.status in (JobStatus.DONE, JobStatus.TRIVIAL):
-                got[(res.user_id, res.session_id)] += res.to_seq - res.from_seq
+        got = covered_messages(records, tenant)
         return all(got[k] >= n for k, n in expected.items())
 
     try:

@@ -193,7 +193,8 @@ async def committed(settings: Settings, tp: TopicPartition) -> int | None:
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
     await admin.start()
     try:
-        offsets = await admin.list_consumer_group_offsets(settings.app_id)
+        # the ingest loop's group (streams.ingest_loop) reads the messages
+        offsets = await admin.list_consumer_group_offsets(f"{settings.app_id}-ingest")
     finally:
         await admin.close()
     meta = offsets.get(tp)

@@ -1,10 +1,12 @@
 """``memstream rebuild`` against a running worker on the real broker: the rebuilt store
 equals the live one user by user; ``--swap`` switches the worker to it without a restart
-(the worker keeps writing there: a later verify is still equal); a partial rebuild of one
-user replaces only that user's records."""
+(the worker keeps writing there: a later verify is still equal); a rebuilt store that
+differs is reported and not switched to; a partial rebuild of one user replaces only that
+user's records."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -13,7 +15,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from memstream.memory.store_edge import EdgeStore
 from memstream.process import settings_env
+from memstream.rebuild_cli import _ask_worker
+from memstream.rebuild_ops import Manifest
 from memstream.store_switch import current_store_path
 from tests.integration.conftest import running
 from tests.integration.test_memory_e2e import run_conversations
@@ -32,8 +37,11 @@ LATER = {"bob": [["I live in Lisbon", "I am allergic to penicillin"]],
 async def live(kafka_bootstrap, tmp_path_factory):
     async with running(kafka_bootstrap, tmp_path_factory.mktemp("rebuild"),
                        extract_enabled=True, jobs_enabled=False,
-                       # the tests wait for job results (read_committed): every change event
-                       # is committed by then, so no user needs the settle margin
+                       # the tests wait for the job results of everything they send
+                       # (read_committed, run_conversations) before a rebuild: every change
+                       # event is committed by then and the worker writes nothing more, so
+                       # no user needs the settle margin and every user is compared (a user
+                       # left out shows as "N-1/N-1 users equal ... not compared")
                        rebuild_settle_s=0.0) as h:
         yield h
 
@@ -67,6 +75,31 @@ async def test_rebuild_verifies_switches_and_the_worker_goes_on_in_the_new_store
         return not (live.settings.data_dir / "qdrant").exists() or None
 
     await until(old_store_gone, "the old store to be deleted", timeout=60)
+
+
+async def test_a_store_that_differs_is_neither_verified_nor_switched_to(live, tenant):
+    """The verification is not a formality: one memory changed in a rebuilt store is a
+    mismatch, the worker does not switch to it, and it is deleted before the answer."""
+    await run_conversations(live, {"erin": [["I live in Porto", "I play the cello"]]}, tenant)
+    into = Path(live.tmp) / "tampered"
+    built = rebuild(live, "--no-verify", "--keep", "--into", str(into))
+    assert built.returncode == 0, built.stdout + built.stderr
+    store = EdgeStore(into, Manifest.load(into).dim)
+    try:
+        records = [r for r in store.scan(tenant, "erin", vectors=True)
+                   if r[1].get("status") == "active"]
+        assert records, "erin has no active memory to change"
+        pid, payload, vector = records[0]
+        store.write_records([(pid, {**payload, "content": "I live on the moon"}, vector)])
+    finally:
+        store.close()
+    before = current_store_path(live.settings)
+    answer = await asyncio.to_thread(_ask_worker, live.settings, into, True, False, False)
+    assert not answer.ok and not answer.switched, answer.message
+    assert "MISMATCH" in answer.message and "1 differ" in answer.message, answer.message
+    assert f"{tenant}/erin" in answer.message and "not switched" in answer.message
+    assert current_store_path(live.settings) == before
+    assert not into.exists()  # not kept: deleted before the answer
 
 
 async def test_a_partial_rebuild_replaces_one_user(live, tenant):

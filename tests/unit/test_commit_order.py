@@ -224,30 +224,3 @@ async def test_a_real_record_handed_over_again_is_acked_by_its_agent():
     assert handed == [record]
     assert record.ack(consumer) is True  # the final ack: Faust records the offset
 
-
-async def test_a_dropped_chat_message_is_not_handed_over_late_but_holds_the_commit():
-    """A user's older message handed over after a newer one would be extracted last and
-    overwrite the newer fact: on order-sensitive topics the record stays pending instead
-    (no commit passes it; the next start reads it again, in order)."""
-    import time
-
-    from memstream.streams import commit_order
-
-    commit_after_outputs()
-    consumer, tp, new_offset = _consumer(1, [2, 3], [])
-    delivered: list[int] = []
-
-    async def on_message(message) -> None:
-        delivered.append(message.offset)
-
-    consumer.app = SimpleNamespace(consumer_generation_id=5,
-                                   topics=SimpleNamespace(on_message=on_message))
-    commit_order.keep_in_order(consumer.app, [tp.topic])
-    consumer.assignment = lambda: {tp}
-    record = SimpleNamespace(tp=tp, offset=1, generation_id=5, refcount=1, tracked=True,
-                             acked=False)
-    commit_order._fetched_for(consumer.app)[tp] = {
-        1: (time.monotonic() - commit_order.DROPPED_AFTER_S - 1, record, 0)}
-    assert new_offset(consumer, tp) is None
-    await asyncio.sleep(0)
-    assert delivered == []

@@ -37,6 +37,8 @@ C = Cursor(5, "job-5", "d-5")
     (C, 6, "j", "d", Verdict.APPLY),  # the next job
     (C, 5, "job-5", "d-5", Verdict.REPUBLISH),  # the very decision applied, seen again
     (C, 5, "job-5", "other", Verdict.DONE),  # the same job decided twice: first one wins
+    (C, 5, "job-5", "", Verdict.DONE),  # no decision (a failed or skipped job)
+    (Cursor(5, "job-5"), 5, "job-5", "", Verdict.DONE),  # nor a cursor a replay wrote
     (C, 5, "job-x", "d-5", Verdict.FENCED),  # another job under the same seq
     (C, 4, "job-4", "d-4", Verdict.FENCED),  # an older job replayed
     (C, 0, "legacy", "d", Verdict.APPLY),  # unsequenced: op-id idempotency only
@@ -98,8 +100,11 @@ def test_a_decision_seen_again_is_republished_never_reapplied(store):  # noqa: F
     assert again.verdict == Verdict.REPUBLISH
     assert [c.model_dump() for c in again.publish] == [c.model_dump() for c in first.publish]
     twin = decide(ex, job(["I live in Oslo", "I am allergic to nuts"]), 11, 1)  # re-decided
+    assert twin.changes == []  # against the newer store: other ops (none), another id
     dup = apply_decision(store, twin)
-    assert dup.verdict == Verdict.DONE and dup.publish == [], "one change id, one payload"
+    assert dup.verdict == Verdict.DONE and dup.status == JobStatus.DONE
+    assert [c.dumps() for c in dup.publish] == [c.dumps() for c in first.publish], (
+        "the applied decision's events again, never the twin's: one change id, one payload")
     assert live(store) == ["Allergic to nuts", "Lives in Oslo"]
 
 

@@ -1,0 +1,366 @@
+"""The ingest stage's own consume-process-produce loop: exactly once by Kafka transactions.
+
+The ingest stage decides *when* a user's messages become a job; its input order is the
+product's first promise (an older message handled after a newer one turns a newer fact
+into an older one). Run as a Faust agent it depended on Faust delivering every record: it
+can drop fetched records around a recovery (faust-streaming #596), commit past a record
+still in progress (#606), and it groups the offsets of partition *p* of every input topic
+into one transaction, so a record held back on one topic did not hold back the effects of
+later records read from another. This loop owns what those depend on:
+
+- **One consumer** (group ``{app_id}-ingest``, static member, ``read_committed``, no auto
+  commit, the range assignor: partition *p* of every input topic comes to one worker).
+- **One transactional producer per owned partition** (``{app_id}-ingest-{p}``). A new
+  owner's ``init_transactions`` fences the previous one and aborts its open transaction
+  before anything of *p* is read (exactly once as Kafka Streams' first design did it).
+- **Batches.** The records of *p* from every input topic are merged by timestamp without
+  reordering any topic, handled by :mod:`streams.ingest` (the pure machine per record,
+  each user's state written once per batch), and the batch's outputs (jobs, trivial
+  results, dead letters), its table writes and its input offsets go in one transaction.
+  The tables take the writes only once it is committed (:mod:`streams.ingest_tables`).
+- **A failed transaction** drops the batch's writes, renews the producer and reads the
+  partition again from its committed offsets. Fenced (another worker owns it): the
+  worker exits, and its restart rejoins the group.
+- **A new partition**: producer first (the fence), then the tables restored from their
+  changelogs up to their ends, then the consumer seeks to the committed offsets, fetched
+  again after the fence. Records fetched before that are dropped (read again).
+- **No record is skipped**: a record is handled only at or after the partition's next
+  offset, and only handled records' offsets are committed. Anything the loop cannot
+  handle ends the worker (exit 70; 75 for a transaction the broker refuses for good, such
+  as a dead letter its topic does not take): the restart reads again from the committed
+  state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.errors import (
+    MessageSizeTooLargeError,
+    ProducerFenced,
+    RecordTooLargeError,
+    TopicAuthorizationFailedError,
+)
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
+
+from memstream.retry import RetryPolicy, next_delay
+from memstream.streams import ingest
+from memstream.streams.app import Pipeline
+from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
+from memstream.topics.registry import create_topics, ingest_changelogs
+
+log = logging.getLogger(__name__)
+EXIT_LOOP_FAILED = 70  # EX_SOFTWARE
+RETRY = RetryPolicy(first_delay_s=0.2, max_delay_s=5.0)
+MAX_BYTES = 16 * 1024 * 1024
+# A transaction the broker refuses for good: the worker stops rather than pass the records.
+REFUSED = (MessageSizeTooLargeError, RecordTooLargeError, TopicAuthorizationFailedError)
+# Transactions of one partition failing in a row (a broker away for ~30 s with the backoff)
+# end the worker: its restart starts from a clean client and the committed state.
+MAX_FAILED_IN_ROW = 10
+TRANSACTION_TIMEOUT_S = 60.0  # one batch's transaction; past it, renewed and read again
+
+
+def halt(reason: str, code: int = EXIT_LOOP_FAILED) -> None:
+    """End the worker now: nothing more is committed, the restart reads again."""
+    log.critical("ingest loop: %s; exiting (code %d)", reason, code)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, loop: IngestLoop) -> None:
+        self.loop = loop
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.loop.revoked()
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.loop.assigned(assigned)
+
+
+class IngestLoop:
+    """See the module docstring. ``start()`` / ``stop()`` from the worker's lifecycle."""
+
+    def __init__(self, p: Pipeline, *, on_fatal: Callable[..., None] = halt) -> None:
+        self.p = p
+        self.inputs = [t.name for t in p.topics.ingest_inputs()]
+        self.group = f"{p.settings.app_id}-ingest"
+        self.tables = (p.state, p.window)
+        self.on_fatal = on_fatal
+        self.consumer: AIOKafkaConsumer | None = None
+        self.producers: dict[int, AIOKafkaProducer] = {}
+        self.owned: set[int] = set()
+        self.ready: set[int] = set()  # owned, restored and positioned: records are handled
+        self.next: dict[TopicPartition, int] = {}  # the next offset to handle (committed)
+        self.lock = asyncio.Lock()  # a batch, or a rebalance step: never both
+        self.stopping = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.batches = 0
+        self.failed_commits = 0
+        self.failed_in_row: dict[int, int] = {}
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def _client_args(self) -> dict[str, Any]:
+        return {"bootstrap_servers": self.p.settings.bootstrap_servers}
+
+    async def start(self) -> None:
+        s = self.p.settings
+        await create_topics(s, ingest_changelogs(s))
+        instance = s.instance_id()
+        self.consumer = AIOKafkaConsumer(
+            **self._client_args(), group_id=self.group,
+            group_instance_id=f"{instance}-ingest" if instance else None,
+            enable_auto_commit=False, isolation_level="read_committed",
+            auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
+            session_timeout_ms=int(s.session_timeout_s * 1000),
+            heartbeat_interval_ms=int(s.heartbeat_interval_s * 1000),
+            max_partition_fetch_bytes=MAX_BYTES, fetch_max_bytes=4 * MAX_BYTES)
+        self.consumer.subscribe(self.inputs, listener=_Listener(self))
+        await self.consumer.start()
+        self.task = asyncio.create_task(self._run(), name="ingest-loop")
+
+    async def stop(self) -> None:
+        self.stopping.set()
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
+        if self.consumer is not None:
+            await self.consumer.stop()
+        for producer in self.producers.values():
+            await producer.stop()
+        self.producers.clear()
+
+    async def _run(self) -> None:
+        assert self.consumer is not None
+        try:
+            while not self.stopping.is_set():
+                batch = await self.consumer.getmany(
+                    timeout_ms=100, max_records=self.p.settings.ingest_batch_records)
+                if batch:
+                    async with self.lock:
+                        await self.process(batch)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("ingest loop failed")
+            self.on_fatal(f"{type(exc).__name__}: {exc}")
+
+    # --- a batch -------------------------------------------------------------------------
+
+    async def process(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        """Handle one poll's records, one transaction per partition."""
+        parts: dict[int, list[list[Any]]] = {}
+        for tp, records in batch.items():
+            if tp.partition not in self.ready or tp not in self.next:
+                continue  # fetched before the partition was ready: its seek reads them again
+            fresh = [r for r in records if r.offset >= self.next[tp]]
+            if fresh:
+                parts.setdefault(tp.partition, []).append(fresh)
+        handled = {n: self._handle(n, list(heapq.merge(*lists, key=_timestamp)))
+                   for n, lists in parts.items()}
+        await asyncio.gather(*(self._commit(n, b, offsets)
+                               for n, (b, offsets) in handled.items()))
+        self.batches += 1
+
+    def _handle(self, partition: int, records: list[Any]
+                ) -> tuple[ingest.Batch, dict[TopicPartition, int]]:
+        batch = ingest.Batch()
+        offsets: dict[TopicPartition, int] = {}
+        for table in self.tables:
+            table.partition = partition
+        try:
+            for record in records:
+                ingest.handle_record(self.p, batch, record)
+                offsets[TopicPartition(record.topic, record.partition)] = record.offset + 1
+            ingest.finish(self.p, batch)
+        finally:
+            for table in self.tables:
+                table.partition = None
+        return batch, offsets
+
+    async def _commit(self, partition: int, batch: ingest.Batch,
+                      offsets: dict[TopicPartition, int]) -> None:
+        producer = self.producers[partition]
+        try:
+            await asyncio.wait_for(self._transaction(producer, partition, batch, offsets),
+                                   TRANSACTION_TIMEOUT_S)
+        except Exception as exc:
+            for table in self.tables:
+                table.discard(partition)
+            await self._recover(partition, exc)
+            return
+        for table in self.tables:
+            table.commit(partition)
+        self.next.update(offsets)
+        self.failed_in_row.pop(partition, None)
+
+    async def _transaction(self, producer: AIOKafkaProducer, partition: int,
+                           batch: ingest.Batch, offsets: dict[TopicPartition, int]) -> None:
+        await producer.begin_transaction()
+        sent = [await producer.send(topic, key=key, value=value)
+                for topic, key, value in batch.out]
+        for table in self.tables:
+            sent += [await producer.send(table.topic, key=key, value=value, partition=partition)
+                     for key, value in table.changelog(partition)]
+        await asyncio.gather(*sent)  # a record the broker refuses fails here, not silently
+        await producer.send_offsets_to_transaction(
+            {tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()}, self.group)
+        await producer.commit_transaction()
+
+    async def _recover(self, partition: int, exc: Exception) -> None:
+        """After a failed transaction: a new producer (its start aborts what is open), and
+        the partition read again from its committed offsets."""
+        if isinstance(exc, ProducerFenced):
+            self.on_fatal(f"partition {partition} is owned by another worker ({exc})")
+            return
+        if isinstance(exc, REFUSED):  # e.g. a dead letter its topic does not take
+            self.on_fatal(f"partition {partition}: transaction undeliverable "
+                          f"({type(exc).__name__}: {exc})", EXIT_UNDELIVERABLE)
+            return
+        self.failed_commits += 1
+        self.failed_in_row[partition] = self.failed_in_row.get(partition, 0) + 1
+        if self.failed_in_row[partition] > MAX_FAILED_IN_ROW:
+            self.on_fatal(f"partition {partition}: {MAX_FAILED_IN_ROW} transactions failed "
+                          f"in a row (last: {type(exc).__name__}: {exc})")
+            return
+        log.warning("ingest partition %d: transaction failed (%s: %s); reading it again",
+                    partition, type(exc).__name__, exc)
+        old = self.producers.pop(partition)
+        await _quietly(old.stop())
+        attempt = 0
+        while partition not in self.producers:
+            attempt += 1
+            await asyncio.sleep(next_delay(RETRY, attempt))
+            try:
+                self.producers[partition] = await self._producer(partition)
+            except Exception as err:
+                log.warning("ingest partition %d: producer not started (%s)", partition,
+                            type(err).__name__)
+        self._seek(partition)
+
+    def _seek(self, partition: int) -> None:
+        assert self.consumer is not None
+        assigned = self.consumer.assignment()
+        for tp, offset in self.next.items():
+            if tp.partition == partition and tp in assigned:
+                self.consumer.seek(tp, offset)
+
+    # --- rebalances ----------------------------------------------------------------------
+
+    async def revoked(self) -> None:
+        async with self.lock:  # waits for the batch in progress to commit
+            self.ready.clear()
+
+    async def assigned(self, assigned: set[TopicPartition]) -> None:
+        try:
+            async with self.lock:
+                await self._assign(assigned)
+        except Exception as exc:
+            log.exception("ingest loop: taking partitions %s failed", sorted(assigned))
+            self.on_fatal(f"partitions not taken: {type(exc).__name__}: {exc}")
+
+    async def _assign(self, assigned: set[TopicPartition]) -> None:
+        assert self.consumer is not None
+        parts = {tp.partition for tp in assigned}
+        for topic in self.inputs:
+            got = {tp.partition for tp in assigned if tp.topic == topic}
+            if got != parts:
+                raise RuntimeError(f"inputs not co-partitioned: {topic} {sorted(got)} "
+                                   f"vs {sorted(parts)}")
+        gone, new = self.owned - parts, parts - self.owned
+        for n in gone:
+            await _quietly(self.producers.pop(n).stop())
+        for table in self.tables:
+            table.drop(gone)
+        self.next = {tp: o for tp, o in self.next.items() if tp.partition in parts}
+        for n in sorted(new):
+            self.producers[n] = await self._producer(n)  # fences the previous owner
+        await self._restore(new)
+        for tp in sorted(assigned):
+            if tp.partition in new or tp not in self.next:
+                committed = await self.consumer.committed(tp)  # after the fence
+                if committed is None:
+                    committed = (await self.consumer.beginning_offsets([tp]))[tp]
+                self.next[tp] = committed
+            self.consumer.seek(tp, self.next[tp])
+        self.owned = parts
+        self.ready = set(parts)
+        log.info("ingest loop: partitions %s (new %s, restored %d users)", sorted(parts),
+                 sorted(new), len(self.p.state))
+
+    async def _producer(self, partition: int) -> AIOKafkaProducer:
+        producer = AIOKafkaProducer(
+            **self._client_args(), transactional_id=f"{self.group}-{partition}",
+            enable_idempotence=True, linger_ms=2, max_request_size=MAX_BYTES)
+        try:
+            await producer.start()  # init_transactions: fences and aborts the previous owner
+        except BaseException:
+            await _quietly(producer.stop())
+            raise
+        return producer
+
+    async def _restore(self, partitions: set[int]) -> None:
+        """Read the tables' changelogs of ``partitions`` from the beginning to their ends."""
+        if not partitions:
+            return
+        by_topic = {t.topic: t for t in self.tables}
+        tps = [TopicPartition(t, n) for t in by_topic for n in sorted(partitions)]
+        consumer = AIOKafkaConsumer(
+            **self._client_args(), group_id=None, enable_auto_commit=False,
+            isolation_level="read_committed", auto_offset_reset="earliest",
+            max_partition_fetch_bytes=MAX_BYTES, fetch_max_bytes=4 * MAX_BYTES)
+        await consumer.start()
+        try:
+            consumer.assign(tps)
+            ends = await consumer.end_offsets(tps)
+            await consumer.seek_to_beginning(*tps)
+            todo = {tp for tp in tps if ends[tp] > 0}
+            while todo:
+                got = await consumer.getmany(*todo, timeout_ms=500, max_records=10_000)
+                for tp, records in got.items():
+                    for r in records:
+                        if r.offset < ends[tp]:
+                            by_topic[tp.topic].restore(tp.partition, r.key, r.value)
+                for tp in list(todo):
+                    if await consumer.position(tp) >= ends[tp]:
+                        todo.discard(tp)
+        finally:
+            await consumer.stop()
+
+    # --- metrics -------------------------------------------------------------------------
+
+    def lags(self) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> records not yet committed, for the owned inputs."""
+        found: dict[tuple[str, int], int] = {}
+        if self.consumer is None:
+            return found
+        for tp, offset in list(self.next.items()):
+            try:
+                high = self.consumer.highwater(tp)
+            except Exception:
+                continue
+            if isinstance(high, int):
+                found[(tp.topic, tp.partition)] = max(0, high - offset)
+        return found
+
+
+def _timestamp(record: Any) -> int:
+    return int(record.timestamp)
+
+
+async def _quietly(coro: Any) -> None:
+    try:
+        await coro
+    except Exception as exc:  # closing a client that already failed
+        log.debug("closing: %s", exc)

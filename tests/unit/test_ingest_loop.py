@@ -1,0 +1,289 @@
+"""The ingest loop's exactly-once bookkeeping (streams/ingest_loop.py, streams/ingest_tables.py)
+without a broker: a batch's table writes are the table's only once its transaction is
+committed, a failed transaction is read again from the committed offsets, a record below
+the partition's next offset is never handled twice, one fetched before the partition was
+ready is never handled, and the topics of a partition are merged without reordering any.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+
+import pytest
+from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, ProducerFenced
+from aiokafka.structs import TopicPartition
+from pydantic import SecretStr
+
+from memstream.retry import RetryPolicy
+from memstream.settings import Settings
+from memstream.streams import ingest_loop
+from memstream.streams.app import build_app
+from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
+from memstream.streams.ingest_loop import IngestLoop
+from memstream.streams.ingest_tables import LoopTable
+from memstream.topics.schemas import (
+    ChatMessage,
+    ExtractionJob,
+    JobResult,
+    JobStatus,
+    SessionEvent,
+)
+
+pytestmark = pytest.mark.unit
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+# --- the table ---------------------------------------------------------------------------
+
+
+def test_pending_writes_are_read_at_once_and_kept_only_when_committed():
+    t = LoopTable("x-changelog")
+    t.partition = 1
+    t[b"a"] = {"v": 1}
+    t[b"b"] = {"v": 2}
+    del t[b"b"]
+    t.partition = None
+    assert t.get(b"a") == {"v": 1} and t.get(b"b") is None and b"a" in t
+    assert sorted(t.changelog(1)) == [(b"a", b'{"v":1}'), (b"b", None)]
+    assert list(t.items()) == []  # nothing committed yet
+    t.discard(1)
+    assert t.get(b"a") is None and t.changelog(1) == []
+    t.partition = 1
+    t[b"a"] = {"v": 3}
+    t.partition = None
+    t.commit(1)
+    assert dict(t.items()) == {b"a": {"v": 3}} and t.changelog(1) == []
+
+
+def test_written_outside_a_batch_is_an_error():
+    with pytest.raises(RuntimeError):
+        LoopTable("x")[b"a"] = 1
+
+
+def test_restore_and_drop_follow_the_partition_that_holds_a_key():
+    t = LoopTable("x")
+    t.restore(0, b"u0", b'{"n":0}')
+    t.restore(1, b"u1", b'{"n":1}')
+    t.restore(1, b"gone", b"1")
+    t.restore(1, b"gone", None)  # a tombstone
+    assert dict(t.items()) == {b"u0": {"n": 0}, b"u1": {"n": 1}}
+    t.drop({1})
+    assert dict(t.items()) == {b"u0": {"n": 0}}
+
+
+# --- the loop, with a consumer and producers that keep what they are told ------------------
+
+
+class FakeProducer:
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.fail = fail
+        self.committed: list[list[tuple[str, bytes | None, bytes | None, int | None]]] = []
+        self.offsets: list[dict[TopicPartition, int]] = []
+        self._open: list[tuple[str, bytes | None, bytes | None, int | None]] | None = None
+
+    async def begin_transaction(self) -> None:
+        self._open = []
+
+    async def send(self, topic, key=None, value=None, partition=None):
+        assert self._open is not None
+        self._open.append((topic, key, value, partition))
+        delivered = asyncio.get_running_loop().create_future()
+        delivered.set_result(None)
+        return delivered
+
+    async def send_offsets_to_transaction(self, offsets, group_id):
+        self._offsets = {tp: o.offset for tp, o in offsets.items()}
+
+    async def commit_transaction(self) -> None:
+        if self.fail is not None:
+            self._open = None
+            raise self.fail
+        assert self._open is not None
+        self.committed.append(self._open)
+        self.offsets.append(self._offsets)
+        self._open = None
+
+    async def stop(self) -> None:
+        pass
+
+
+class FakeConsumer:
+    def __init__(self, assigned: set[TopicPartition]) -> None:
+        self.assigned = assigned
+        self.seeks: list[tuple[TopicPartition, int]] = []
+
+    def assignment(self) -> set[TopicPartition]:
+        return self.assigned
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks.append((tp, offset))
+
+
+def _loop(tmp_path):
+    settings = Settings(data_dir=tmp_path, embedder="hashing", extract_enabled=False,
+                        web_enabled=False, jobs_enabled=False, min_new_messages=2,
+                        admin_key=SecretStr("k"))
+    p = build_app(settings)
+    p.clock = lambda: T0.timestamp() + 10
+    fatal: list[tuple[str, int]] = []
+    loop = IngestLoop(p, on_fatal=lambda reason, code=70: fatal.append((reason, code)))
+    inputs = {TopicPartition(t, 0) for t in loop.inputs}
+    loop.consumer = FakeConsumer(inputs)  # type: ignore[assignment]
+    loop.producers = {0: FakeProducer()}  # type: ignore[dict-item]
+    loop.owned = loop.ready = {0}
+    loop.next = dict.fromkeys(inputs, 0)
+    return p, loop, fatal
+
+
+def _msg(p, n: int, *, offset: int, user: str = "u1", content: str | None = None, ts: int = 0):
+    event = ChatMessage(tenant_id="acme", user_id=user, session_id="s1", message_id=f"m{n}",
+                        role="user", content=content or f"I have {n} cats",
+                        ts=T0 + timedelta(seconds=n))
+    return _record(p.topics.messages.name, offset, event, ts or n)
+
+
+def _record(topic: str, offset: int, event, ts: int, value: bytes | None = None):
+    key = (event.key() if hasattr(event, "key") else f"{event.tenant_id}/{event.user_id}")
+    return SimpleNamespace(topic=topic, partition=0, offset=offset, key=key.encode(),
+                           value=event.dumps() if value is None else value, timestamp=ts)
+
+
+def _batch(*records):
+    out: dict[TopicPartition, list] = {}
+    for r in records:
+        out.setdefault(TopicPartition(r.topic, r.partition), []).append(r)
+    return out
+
+
+def _sent(producer: FakeProducer, topic: str) -> list:
+    return [r for txn in producer.committed for r in txn if r[0] == topic]
+
+
+async def test_a_batch_commits_its_jobs_state_and_offsets_in_one_transaction(tmp_path):
+    p, loop, _ = _loop(tmp_path)
+    await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
+    producer = loop.producers[0]
+    assert len(producer.committed) == 1  # one transaction for the batch
+    jobs = _sent(producer, p.topics.jobs.name)
+    assert len(jobs) == 1  # the threshold (2) reached: one job
+    state = _sent(producer, p.state.topic)
+    assert len(state) == 1 and state[0][3] == 0  # written once per batch, to its partition
+    assert json.loads(state[0][2])["in_flight"] is not None
+    assert producer.offsets == [{TopicPartition(p.topics.messages.name, 0): 2}]
+    assert p.state.get(b"acme/u1")["in_flight"]["job_id"]  # the table took it
+    assert loop.next[TopicPartition(p.topics.messages.name, 0)] == 2
+
+
+async def test_a_failed_transaction_leaves_the_tables_and_offsets_and_reads_again(tmp_path):
+    p, loop, fatal = _loop(tmp_path)
+    loop.producers[0] = FakeProducer(fail=KafkaConnectionError())  # type: ignore[assignment]
+    renewed = FakeProducer()
+
+    async def producer(n: int):
+        return renewed
+
+    loop._producer = producer  # type: ignore[method-assign]
+    tp = TopicPartition(p.topics.messages.name, 0)
+    await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
+    assert p.state.get(b"acme/u1") is None and len(p.state) == 0  # nothing of the batch
+    assert p.window.get(b"acme/u1/s1") is None
+    assert loop.next[tp] == 0 and (tp, 0) in loop.consumer.seeks  # read again from 0
+    assert loop.producers[0] is renewed and loop.failed_commits == 1 and not fatal
+    # read again: the same batch now commits, and the user gets exactly one job
+    await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
+    assert len(_sent(renewed, p.topics.jobs.name)) == 1 and loop.next[tp] == 2
+
+
+async def test_a_fenced_producer_ends_the_worker(tmp_path):
+    p, loop, fatal = _loop(tmp_path)
+    loop.producers[0] = FakeProducer(fail=ProducerFenced())  # type: ignore[assignment]
+    await loop.process(_batch(_msg(p, 1, offset=0)))
+    assert fatal and "another worker" in fatal[0][0] and len(p.state) == 0
+
+
+async def test_a_transaction_the_broker_refuses_for_good_stops_the_worker(tmp_path):
+    """A dead letter its topic does not take (too large): exit 75, nothing passed."""
+    p, loop, fatal = _loop(tmp_path)
+    loop.producers[0] = FakeProducer(fail=MessageSizeTooLargeError())  # type: ignore[assignment]
+    await loop.process(_batch(_msg(p, 1, offset=0)))
+    assert fatal == [(fatal[0][0], EXIT_UNDELIVERABLE)] and "undeliverable" in fatal[0][0]
+    assert loop.next[TopicPartition(p.topics.messages.name, 0)] == 0 and len(p.state) == 0
+
+
+async def test_transactions_failing_again_and_again_end_the_worker(tmp_path, monkeypatch):
+    p, loop, fatal = _loop(tmp_path)
+    monkeypatch.setattr(ingest_loop, "RETRY", RetryPolicy(0.0, 0.0))
+
+    async def producer(n: int):
+        return FakeProducer(fail=KafkaConnectionError())
+
+    loop._producer = producer  # type: ignore[method-assign]
+    loop.producers[0] = await producer(0)  # type: ignore[assignment]
+    for _ in range(ingest_loop.MAX_FAILED_IN_ROW):
+        await loop.process(_batch(_msg(p, 1, offset=0)))
+    assert not fatal  # a broker away for a while: read again, and again
+    await loop.process(_batch(_msg(p, 1, offset=0)))
+    assert len(fatal) == 1 and "in a row" in fatal[0][0] and len(p.state) == 0
+
+
+async def test_records_below_the_next_offset_are_not_handled_again(tmp_path):
+    p, loop, _ = _loop(tmp_path)
+    await loop.process(_batch(_msg(p, 1, offset=0)))
+    # a stale fetch hands offset 0 again together with offset 1
+    await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
+    state = p.state.get(b"acme/u1")
+    assert state["sessions"]["s1"]["count"] == 2  # each message counted once
+    assert len(_sent(loop.producers[0], p.topics.jobs.name)) == 1
+
+
+async def test_records_of_a_partition_not_ready_are_left_for_its_seek(tmp_path):
+    p, loop, _ = _loop(tmp_path)
+    loop.ready = set()  # a rebalance is under way
+    await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
+    assert loop.producers[0].committed == [] and len(p.state) == 0
+    assert loop.next[TopicPartition(p.topics.messages.name, 0)] == 0
+
+
+async def test_topics_are_merged_by_time_without_reordering_one(tmp_path, monkeypatch):
+    """A partition's topics are handled in timestamp order, but one topic's records never
+    change places, even where its timestamps go back (producer clocks differ)."""
+    p, loop, _ = _loop(tmp_path)
+    from memstream.streams import ingest
+
+    seen: list[tuple[str, int]] = []
+    monkeypatch.setattr(ingest, "handle_record",
+                        lambda _p, _b, r: seen.append((r.topic[-8:], r.offset)))
+    end = SessionEvent(tenant_id="acme", user_id="u1", session_id="s1",
+                       ts=T0 + timedelta(seconds=5))
+    ends = p.topics.session_events.name
+    batch = {TopicPartition(ends, 0): [_record(ends, 0, end, 5), _record(ends, 1, end, 2)],
+             TopicPartition(p.topics.messages.name, 0): [
+                 _msg(p, 1, offset=0, ts=1), _msg(p, 2, offset=1, ts=7),
+                 _msg(p, 3, offset=2, ts=3)]}
+    await loop.process(batch)
+    mine, theirs = "messages", ends[-8:]
+    assert seen == [(mine, 0), (theirs, 0), (theirs, 1), (mine, 1), (mine, 2)]
+
+
+async def test_a_bad_record_is_a_dead_letter_in_the_batch_and_the_batch_goes_on(tmp_path):
+    p, loop, _ = _loop(tmp_path)
+    good = _msg(p, 1, offset=1)
+    bad = SimpleNamespace(**{**good.__dict__, "offset": 0, "value": b"{not json"})
+    await loop.process(_batch(bad, good))
+    dead = _sent(loop.producers[0], p.topics.dead_letters.name)
+    assert len(dead) == 1 and json.loads(dead[0][2])["kind"] == "not_json"
+    assert p.state.get(b"acme/u1")["sessions"]["s1"]["count"] == 1
+    assert loop.next[TopicPartition(p.topics.messages.name, 0)] == 2
+
+
+async def test_a_job_result_in_the_next_batch_frees_the_user(tmp_path):
+    p, loop, _ = _loop(tmp_path)
+    await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
+    (job_record,) = _sent(loop.producers[0], p.topics.jobs.name)
+    job = ExtractionJob.model_validate_json(job_record[2])
+    result = JobResult.for_job(job, JobStatus.DONE, T0 + timedelta(seconds=9))
+    await loop.process(_batch(_record(p.topics.job_results.name, 0, result, 9)))
+    assert p.state.get(b"acme/u1")["in_flight"] is None
