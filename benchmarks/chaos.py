@@ -4,6 +4,7 @@
         [--guarantee exactly_once|at_least_once] [--seed 7] [--no-broker-restart] [--port 29092]
         [--job-timeout 60] [--settle-timeout 900] [--keep-broker] [--reuse-broker]
         [--seeds 1-10]   # one run per seed, a table of the runs and one JSON line
+        [--shuffle-producers]   # each user's messages delivered out of event-time order
 
 ``scenario`` writes conversations for N users (English and Chinese) whose live memories
 under the offline rules extractor are known exactly: several moves (the last city is
@@ -473,18 +474,45 @@ def bench_settings(bootstrap: str, work: Path, **overrides: Any) -> Settings:
     return Settings(**{**base, **overrides})
 
 
-def _wire(e: Event, topics: Topics) -> tuple[str, bytes, bytes]:
-    """Topic, value and key of an event, stamped with the time it is sent."""
-    stamped = e.model_copy(update={"ts": datetime.now(UTC)})
+def _wire(e: Event, topics: Topics, stamp: bool = True) -> tuple[str, bytes, bytes]:
+    """Topic, value and key of an event, stamped with the time it is sent (``stamp``;
+    otherwise its own ``ts``, the time it happened)."""
+    stamped = e.model_copy(update={"ts": datetime.now(UTC)}) if stamp else e
     topic = topics.messages if isinstance(e, ChatMessage) else topics.session_events
     return topic.name, stamped.dumps(), e.key().encode()
+
+
+def shuffle_producers(events: Sequence[Event], rng: random.Random, rate: float,
+                      window: int = 3) -> list[Event]:
+    """Several producers per user, delivering out of event-time order: every event keeps
+    the time it happened (its place in the scenario at ``rate``), and each user's chat
+    messages are delivered shuffled within runs of ``window`` of that user's messages
+    (session ends stay where they are). The truth is unchanged: the newest by event time."""
+    start = datetime.now(UTC).timestamp()
+    stamped = [e.model_copy(update={"ts": datetime.fromtimestamp(start + i / rate, UTC)})
+               for i, e in enumerate(events)]
+    places: dict[str, list[int]] = defaultdict(list)
+    for i, e in enumerate(stamped):
+        if isinstance(e, ChatMessage):
+            places[e.user_id].append(i)
+    out = list(stamped)
+    for slots in places.values():
+        mine = [stamped[i] for i in slots]
+        for at in range(0, len(mine), window):
+            chunk = mine[at:at + window]
+            rng.shuffle(chunk)
+            mine[at:at + window] = chunk
+        for i, e in zip(slots, mine, strict=True):
+            out[i] = e
+    return out
 
 
 def _failed(fut: asyncio.Future[Any]) -> bool:
     return fut.cancelled() or fut.exception() is not None
 
 
-async def produce(settings: Settings, events: Sequence[Event], rate: float) -> int:
+async def produce(settings: Settings, events: Sequence[Event], rate: float,
+                  stamp: bool = True) -> int:
     """Send ``events`` at ``rate`` per second, in order; returns how many times sending
     failed. After a failure everything from the first unacknowledged event is sent again
     (a fresh idempotent producer): the ingest stage drops the repeats by message id, and
@@ -506,7 +534,7 @@ async def produce(settings: Settings, events: Sequence[Event], rate: float) -> i
                 delay = start + paced / rate - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                topic, value, key = _wire(events[i], topics)
+                topic, value, key = _wire(events[i], topics, stamp)
                 inflight.append((i, await producer.send(topic, value, key=key)))
                 i, paced = i + 1, paced + 1
                 while inflight and inflight[0][1].done():
@@ -745,11 +773,13 @@ class Outcome:
 async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[str, Truth],
                     *, kills: int, work: Path, rate: float = 100.0, seed: int = 7,
                     broker: Settings | None = None, settle_timeout: float = 900.0,
-                    keep_topics: bool = False) -> Outcome:
+                    keep_topics: bool = False, shuffle: bool = False) -> Outcome:
     """Produce ``events`` at ``rate`` while the worker is killed ``kills`` times (and the
     broker of ``broker`` is restarted once, mid-way), settle, and check both views."""
     t0 = time.time()
     topics = registry(settings)
+    if shuffle:
+        events = shuffle_producers(events, random.Random(seed + 1), rate)
     await create_topics(settings)
     worker = WorkerProcess(settings, work / f"{settings.app_id}.log")
     chaos = Chaos(worker, random.Random(seed))
@@ -764,7 +794,7 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
 
         async def producing() -> int:
             try:
-                return await produce(settings, events, rate)
+                return await produce(settings, events, rate, stamp=not shuffle)
             finally:
                 produced.set()
 
@@ -922,6 +952,8 @@ def main() -> None:
     ap.add_argument("--guarantee", default="exactly_once",
                     choices=["exactly_once", "at_least_once"])
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--shuffle-producers", action="store_true",
+                    help="each user's messages delivered out of event-time order")
     ap.add_argument("--seeds", default=None,
                     help="one run per seed (e.g. 1-10): a table of the runs, one JSON line")
     ap.add_argument("--no-broker-restart", action="store_true")
@@ -955,11 +987,12 @@ def main() -> None:
                     "messages": sum(isinstance(e, ChatMessage) for e in events),
                     "kills": args.kills, "guarantee": args.guarantee, "rate": args.rate,
                     "seed": seed, "broker_restart": not args.no_broker_restart,
+                    "shuffle_producers": args.shuffle_producers,
                     "job_timeout_s": args.job_timeout, "work": str(work)}
             outcome = asyncio.run(run_chaos(
                 settings, events, truth, kills=args.kills, work=work, rate=args.rate,
                 seed=seed, broker=None if args.no_broker_restart else broker,
-                settle_timeout=args.settle_timeout))
+                settle_timeout=args.settle_timeout, shuffle=args.shuffle_producers))
             print_report(outcome, meta)
             rows.append(summary(outcome, meta))
             if args.seeds:

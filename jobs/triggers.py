@@ -70,6 +70,8 @@ def on_change(state: UserJobs, change: MemoryChange, now: float,
     threshold."""
     if change.lineage.kind not in USER_WRITES or change.op == "delete":
         return state, []
+    if change.after.get("status", "active") != "active":  # a late fact kept as history
+        return state, []
     if (change.after.get("extra") or {}).get("kind") == "reflection":
         return state, []
     state = replace(

@@ -7,7 +7,12 @@ NOOP. :func:`resolve` turns that answer into planned ops with deterministic op i
 - an index the maker was not shown is rejected (:class:`InvalidDecision`: retried);
 - a DELETE that comes with a new fact (a contradiction) becomes an UPDATE of the target, so
   the new fact is never lost; a DELETE without a new fact ("I no longer use mocks") stays;
-- UPDATE closes the target version and opens ``version + 1`` under the same memory id.
+- UPDATE closes the target version and opens ``version + 1`` under the same memory id;
+- **event time wins**: a fact from messages older than the target's live version (their
+  ``ts``, whatever order Kafka delivered them in) never replaces it. An UPDATE becomes
+  history, a record of its own that is superseded from the start (``valid_to`` = the live
+  version's ``valid_from``, ``extra.history_of`` = its memory); a retraction becomes a
+  NOOP (see :func:`older_than_live`).
 """
 
 from __future__ import annotations
@@ -110,10 +115,33 @@ class Context:
     now: float
     message_ids: tuple[str, ...] = ()
     seq: int = 0  # the job's per-user sequence number
+    event_ts: float | None = None  # the job's newest message's own time (None: unknown)
 
     def source(self, op: str) -> Source:
         return Source(self.session_id, self.from_seq, self.to_seq, self.job_id, op,
-                      self.message_ids)
+                      self.message_ids, self.event_ts)
+
+
+def older_than_live(ctx: Context, target: Memory) -> bool:
+    """Whether the job's messages are older than the ones that made ``target``, the live
+    version it would change. Unknown on either side (tool writes, windowed jobs, older
+    records): not older."""
+    theirs = target.source.event_ts
+    return ctx.event_ts is not None and theirs is not None and ctx.event_ts < theirs
+
+
+def _history(c: Candidate, index: int, ctx: Context, target: Memory, reason: str) -> PlannedOp:
+    """A late fact kept as what was true before ``target``: its own record, superseded from
+    the start, never live."""
+    oid = op_id(ctx.job_id, index, OpKind.ADD, ctx.seq)
+    mid = new_memory_id(oid)
+    until = target.valid_from
+    assert ctx.event_ts is not None
+    past = _opened(c, ctx, oid, mid, 1, ctx.now).evolve(
+        status=Status.SUPERSEDED, valid_from=min(ctx.event_ts, until), valid_to=until,
+        slot=c.slot or target.slot, extra={"history_of": target.memory_id})
+    return PlannedOp(oid, OpKind.ADD, mid, None, past, (past,),
+                     f"older than the live version: kept as history ({reason})".strip())
 
 
 def _expires(c: Candidate, now: float) -> float | None:
@@ -143,6 +171,8 @@ def resolve(c: Candidate, index: int, shown: IdMap, d: Decision, ctx: Context) -
         added = _opened(c, ctx, oid, mid, 1, ctx.now)
         return [PlannedOp(oid, kind, mid, None, added, (added,), d.reason)]
     target = shown.lookup(d.target)
+    if older_than_live(ctx, target):
+        return [] if kind == OpKind.DELETE else [_history(c, index, ctx, target, d.reason)]
     closed = target.evolve(
         valid_to=ctx.now, updated_at=ctx.now,
         status=Status.SUPERSEDED if kind == OpKind.UPDATE else Status.DELETED,

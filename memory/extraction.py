@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from memstream.memory import jobwork, rules, toolwrite
@@ -157,6 +158,10 @@ class _Overlay:
             self.pending[op.memory_id] = (op.after, vector)
 
 
+def _when(m: JobMessage) -> tuple[datetime, int]:
+    return m.ts, m.seq
+
+
 @dataclass(frozen=True)
 class Extractor:
     """Decides one job against the store; applying is :func:`memory.apply.apply_change`."""
@@ -182,8 +187,12 @@ class Extractor:
             out.trivial = True
             return out
         scope = Scope(job.tenant_id, job.user_id)
+        # in event-time order (producers can deliver a session out of order): within a job
+        # the newer statement comes last and wins; across jobs resolve() compares times
+        job = job.model_copy(update={"messages": sorted(job.messages, key=_when)})
         ctx = Context(job.tenant_id, job.user_id, job.session_id, job.from_seq, job.to_seq,
-                      job.job_id, now, tuple(m.message_id for m in job.messages), job.seq)
+                      job.job_id, now, tuple(m.message_id for m in job.messages), job.seq,
+                      event_ts=max((m.ts.timestamp() for m in job.messages), default=None))
         if isinstance(self.model, CombinedModel) and self.model.combined:
             return self._decide_combined(self.model, job, scope, ctx, out)
         candidates, usage = self.model.extract(job.messages, job.context)

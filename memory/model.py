@@ -49,6 +49,9 @@ class Source:
     job_id: str
     op_id: str
     message_ids: tuple[str, ...] = ()
+    # event time: the newest message of the job (its producer's ``ts``); None for tool
+    # writes, windowed jobs and records written before it was kept
+    event_ts: float | None = None
 
 
 @dataclass(frozen=True)

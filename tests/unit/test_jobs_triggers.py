@@ -17,8 +17,9 @@ DAY = 86_400.0
 
 
 def change(importance: int, *, op: str = "add", kind: str = "extraction",
-           extra: dict | None = None, n: int = 0) -> MemoryChange:
-    after = {"content": f"fact {n}", "importance": importance, "extra": extra or {}}
+           extra: dict | None = None, n: int = 0, status: str = "active") -> MemoryChange:
+    after = {"content": f"fact {n}", "importance": importance, "extra": extra or {},
+             "status": status}
     return MemoryChange(
         change_id=f"c{n}", op=op, tenant_id="t1", user_id="u1", memory_id=f"m{n}", version=1,
         before=None, after=after, records=[], lineage=Lineage(
@@ -46,7 +47,8 @@ def test_reflection_fires_exactly_when_the_sum_reaches_the_threshold():
 def test_reflections_deletions_and_the_jobs_own_changes_never_count():
     state = UserJobs("t1", "u1")
     for kw in ({"extra": {"kind": "reflection"}, "kind": "reflection"},
-               {"op": "delete"}, {"kind": "consolidation"}, {"kind": "decay"}):
+               {"op": "delete"}, {"kind": "consolidation"}, {"kind": "decay"},
+               {"status": "superseded"}):  # a late fact kept as history (event time)
         state, sent = feed(state, [10, 10, 10], **kw)
         assert sent == [] and state.importance_sum == 0, kw
 

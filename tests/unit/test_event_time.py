@@ -1,0 +1,127 @@
+"""Event time wins (SPEC: "a fact from an older message never replaces a newer one,
+whatever order Kafka delivers them in"): memory/decisions.py (pure) and the extractor.
+
+A job's event time is its newest message's own ``ts``. A decision that would change a live
+version made from newer messages keeps the older fact as history instead (a record of its
+own, superseded from the start); a retraction from before the live statement changes
+nothing. Within one job, messages are read in event-time order.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from memstream.memory.apply import apply_change, change_for
+from memstream.memory.decisions import Candidate, Context, Decision, IdMap, resolve
+from memstream.memory.embedding import HashingEmbedder
+from memstream.memory.extraction import Extractor, RulesModel
+from memstream.memory.model import Memory, OpKind, Source, Status
+from memstream.memory.store import Scope
+from memstream.memory.store_edge import EdgeStore
+from memstream.topics.schemas import ExtractionJob, JobMessage, TriggerReason
+
+pytestmark = pytest.mark.unit
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def live_version(event_ts: float | None) -> Memory:
+    return Memory("m-1", "t1", "u1", "episodic", "Lives in Madrid", 5, 1.0, 1.0, 50.0,
+                  Source("s0", 0, 4, "j0", "op0", (), event_ts), slot="residence")
+
+
+def ctx(event_ts: float | None) -> Context:
+    return Context("t1", "u1", "s1", 0, 4, "j1", 100.0, seq=2, event_ts=event_ts)
+
+
+def plan(kind: OpKind, event_ts: float | None, theirs: float | None, *, new_fact=True):
+    shown, _ = IdMap.number([(live_version(theirs), 0.9)])
+    cand = Candidate("Lives in Berlin", slot="residence", new_fact=new_fact)
+    return resolve(cand, 0, shown, Decision(kind, 1, "moved"), ctx(event_ts))
+
+
+def test_an_update_from_older_messages_is_kept_as_history_never_live():
+    [op] = plan(OpKind.UPDATE, event_ts=10.0, theirs=20.0)
+    assert op.kind == OpKind.ADD and op.before is None and op.memory_id != "m-1"
+    past = op.after
+    assert past.status == Status.SUPERSEDED and past.content == "Lives in Berlin"
+    assert (past.valid_from, past.valid_to) == (10.0, 50.0)  # until the live one began
+    assert past.extra["history_of"] == "m-1" and past.source.event_ts == 10.0
+    assert "older than the live version" in op.reason
+
+
+def test_a_retraction_from_before_the_live_statement_changes_nothing():
+    assert plan(OpKind.DELETE, event_ts=10.0, theirs=20.0, new_fact=False) == []
+
+
+@pytest.mark.parametrize(("mine", "theirs"), [(30.0, 20.0), (20.0, 20.0), (None, 20.0),
+                                              (10.0, None), (None, None)])
+def test_newer_equal_or_unknown_times_update_as_before(mine, theirs):
+    [op] = plan(OpKind.UPDATE, event_ts=mine, theirs=theirs)
+    assert op.kind == OpKind.UPDATE and op.memory_id == "m-1"
+    closed, opened = op.writes
+    assert closed.status == Status.SUPERSEDED and opened.live and opened.version == 2
+    assert opened.source.event_ts == mine
+
+
+# --- through the extractor and the store -------------------------------------------------
+
+
+def job(job_id: str, texts_at: list[tuple[str, int]], *, start: int = 0, seq: int = 1):
+    msgs = [JobMessage(seq=start + i, message_id=f"{job_id}-{i}", role="user", content=t,
+                       ts=T0 + timedelta(minutes=m)) for i, (t, m) in enumerate(texts_at)]
+    return ExtractionJob(job_id=job_id, seq=seq, tenant_id="t1", user_id="u1",
+                         session_id="s1", from_seq=start, to_seq=start + len(msgs),
+                         reason=TriggerReason.THRESHOLD, messages=msgs, created_at=T0)
+
+
+@pytest.fixture
+def ex(tmp_path):
+    store = EdgeStore(tmp_path / "edge", HashingEmbedder().dim)
+    yield Extractor(RulesModel(), HashingEmbedder(), store)
+    store.close()
+
+
+def run(ex: Extractor, j: ExtractionJob, now: float) -> None:
+    out = ex.decide(j, now)
+    for op, vec in out.ops:
+        apply_change(ex.store, change_for(op, vec, j, out, ex.model, now))
+
+
+def everything(ex: Extractor) -> list[Memory]:
+    return ex.store.list(Scope("t1", "u1"), statuses=None)
+
+
+def test_a_late_job_with_older_messages_never_rolls_the_live_value_back(ex):
+    """Producers delivered the session out of order: the move to Madrid (minute 30) is
+    decided first, the older move to Berlin (minute 20) after it."""
+    run(ex, job("a", [("I live in Lisbon", 0)]), now=100.0)
+    run(ex, job("c", [("We moved from Lisbon to Madrid last week.", 30)], start=2, seq=3),
+        now=200.0)
+    run(ex, job("b", [("We moved from Lisbon to Berlin last week.", 20)], start=1, seq=4),
+        now=300.0)
+    live = [m.content for m in everything(ex) if m.live]
+    assert live == ["Lives in Madrid"]
+    late = [m for m in everything(ex) if m.content == "Lives in Berlin"]
+    assert len(late) == 1 and late[0].status == Status.SUPERSEDED
+    assert late[0].valid_to is not None and late[0].valid_to <= 200.0
+
+
+def test_within_a_job_the_newest_message_wins_whatever_the_arrival_order(ex):
+    run(ex, job("a", [("I live in Lisbon", 0)]), now=100.0)
+    # arrival (seq) order: Madrid first, then the older Berlin
+    run(ex, job("b", [("We moved from Lisbon to Madrid last week.", 30),
+                      ("We moved from Lisbon to Berlin last week.", 20)], start=1, seq=2),
+        now=200.0)
+    assert [m.content for m in everything(ex) if m.live] == ["Lives in Madrid"]
+
+
+def test_in_order_delivery_is_unchanged(ex):
+    run(ex, job("a", [("I live in Lisbon", 0)]), now=100.0)
+    run(ex, job("b", [("We moved from Lisbon to Berlin last week.", 20)], start=1, seq=2),
+        now=200.0)
+    run(ex, job("c", [("We moved from Berlin to Madrid last week.", 30)], start=2, seq=3),
+        now=300.0)
+    assert [m.content for m in everything(ex) if m.live] == ["Lives in Madrid"]
+    assert not [m for m in everything(ex) if "history_of" in m.extra]
