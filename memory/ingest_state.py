@@ -161,3 +161,18 @@ def restore(data: dict[str, object]) -> UserState:
     return UserState(str(data["tenant_id"]), str(data["user_id"]), sessions, in_flight,
                      next_seq, tools, recent,
                      float(forgotten) if isinstance(forgotten, int | float) else None)
+
+
+def overdue(snap: dict[str, object], now: float, policy: Policy, slack_s: float = 0.0) -> int:
+    """Messages of a :func:`snapshot` not yet scanned although every trigger that must take
+    them has passed: the session was quiet for longer than the idle flush plus a job's
+    timeout (``slack_s`` more), and no retry of a failed job is waiting. On a healthy
+    pipeline this is 0; a message lost on its way makes it grow (the
+    ``memstream_messages_overdue`` gauge and its alert). Read off the snapshot as it is
+    stored (no restore): it runs over every owned user on each tick."""
+    late = policy.idle_timeout_s + policy.job_timeout_s + slack_s
+    sessions = snap.get("sessions") or {}
+    assert isinstance(sessions, dict)
+    return sum(int(s["count"]) - int(s["watermark"]) for s in sessions.values()
+               if s["count"] > s["watermark"] and s.get("retry_at") is None
+               and now - float(s["last_activity"]) > late)

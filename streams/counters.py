@@ -28,6 +28,7 @@ class Counters:
     results_failed: int = 0
     results_fenced: int = 0  # re-issued under a new seq (memory.fencing)
     stale_results: int = 0
+    messages_overdue: int = 0  # a gauge: unscanned past every trigger (ingest_state.overdue)
     ticks: int = 0
     # fencing (memory.fencing): jobs not decided again, decisions refused or re-published
     jobs_skipped: int = 0

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from memstream.errors import InvalidRecord
 from memstream.memory import coalescing as machine
 from memstream.memory import metrics
-from memstream.memory.ingest_state import UserState, restore, snapshot
+from memstream.memory.ingest_state import UserState, overdue, restore, snapshot
 from memstream.streams import faust_setup, privacy, window
 from memstream.streams.app import Pipeline
 from memstream.streams.counters import add
@@ -201,9 +201,17 @@ class TickSender:
 
 
 def due_users(p: Pipeline, now: float) -> list[tuple[str, str]]:
-    """Locally owned users whose ingest deadline (idle flush, retry, timeout) has passed."""
-    return [(snap["tenant_id"], snap["user_id"]) for _key, snap in list(p.state.items())
-            if snap and snap.get("deadline") is not None and snap["deadline"] <= now]
+    """Locally owned users whose ingest deadline (idle flush, retry, timeout) has passed;
+    counts the overdue messages on the way (the detector of a lost message)."""
+    due, late = [], 0
+    for _key, snap in p.state.items():
+        if not snap:
+            continue
+        if snap.get("deadline") is not None and snap["deadline"] <= now:
+            due.append((snap["tenant_id"], snap["user_id"]))
+        late += overdue(snap, now, p.policy, p.settings.tick_interval_s)
+    p.counters.messages_overdue = late
+    return due
 
 
 def register(p: Pipeline) -> None:

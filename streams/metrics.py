@@ -162,6 +162,10 @@ class PipelineCollector(Collector):
                         "attempts)", "trigger", c.jobs_by_trigger)
         yield _counter("memstream_jobs_resent", "Jobs sent again after their timeout",
                        c.jobs_resent)
+        yield GaugeMetricFamily("memstream_messages_overdue", "Chat messages not yet "
+                                "scanned although their idle flush and a job timeout have "
+                                "passed (0 when healthy: more is a lost message or job)",
+                                value=c.messages_overdue)
         yield _counter("memstream_trivial_jobs", "Jobs resolved without an LLM call (every "
                        "user message trivial)", c.trivial_resolved)
         yield _labelled("memstream_job_results", "Job results read by the ingest stage",

@@ -282,3 +282,25 @@ def test_a_message_written_before_the_end_is_flushed_however_late_it_is_read():
     assert [(j.from_seq, j.to_seq) for j in late.jobs] == [(1, 2)]
     after = on_message(late.state, msg("new topic", minute=30), 1800.0, p)
     assert after.jobs == [] and not after.state.sessions["s1"].ended  # reopened
+
+
+# --- the overdue detector (memory/ingest_state.overdue) ---------------------------------
+
+
+def test_overdue_counts_unscanned_messages_past_their_idle_flush_and_job_timeout():
+    from memstream.memory.ingest_state import overdue
+
+    state = fresh()
+    for i in range(3):  # below the threshold (4): they wait for the idle flush (100 s)
+        state = on_message(state, msg(f"fact {i}"), 0.0, P).state
+    snap = snapshot(state)
+    assert overdue(snap, 150.0, P) == 0  # the flush and its job (50 s) may be under way
+    assert overdue(snap, 150.1, P) == 3  # both passed and nothing scanned: lost somewhere
+    assert overdue(snap, 150.1, P, slack_s=5.0) == 0
+    flushed = on_tick(state, 100.0, P)
+    [job] = flushed.jobs
+    assert overdue(snapshot(flushed.state), 10_000.0, P) == 3  # its job never answered
+    done = on_result(flushed.state, result(job), 101.0, P).state
+    assert overdue(snapshot(done), 10_000.0, P) == 0  # covered
+    failed = on_result(flushed.state, result(job, JobStatus.FAILED), 101.0, P).state
+    assert overdue(snapshot(failed), 10_000.0, P) == 0  # a retry is waiting: not lost
