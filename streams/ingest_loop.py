@@ -55,7 +55,7 @@ from memstream.retry import RetryPolicy, next_delay
 from memstream.streams import ingest
 from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
-from memstream.topics.registry import create_topics, ingest_changelogs
+from memstream.topics.registry import create_topics, table_changelogs
 
 log = logging.getLogger(__name__)
 EXIT_LOOP_FAILED = 70  # EX_SOFTWARE
@@ -117,7 +117,7 @@ class IngestLoop:
 
     async def start(self) -> None:
         s = self.p.settings
-        await create_topics(s, ingest_changelogs(s))
+        await create_topics(s, table_changelogs(s))
         instance = s.instance_id()
         self.consumer = AIOKafkaConsumer(
             **self._client_args(), group_id=self.group,

@@ -180,18 +180,24 @@ def changelog_name(settings: Settings, table: str) -> str:
     return f"{settings.app_id}-{table}-changelog"
 
 
-def ingest_changelogs(settings: Settings) -> list[TopicSpec]:
-    """The ingest loop's tables (streams.ingest_tables): compacted, co-partitioned with its
-    inputs, compacted within the erasure bound (a forget-me overwrites what they hold)."""
+def table_changelogs(settings: Settings) -> list[TopicSpec]:
+    """The worker's tables' changelogs: the ingest loop's (streams.ingest_tables) and the
+    windowed jobs' Faust table. Compacted, co-partitioned with the inputs, compacted within
+    the erasure bound (a forget-me overwrites what they hold). Created with the other
+    topics, before the worker joins its groups: a changelog Faust created itself at start
+    was not yet in its consumer's metadata when the first records came (its table writes
+    failed with ``PartitionsMismatch`` for the first seconds of a new deployment)."""
     erasable = compaction_within(settings.erasure_bound_s)
-    return [
-        TopicSpec(changelog_name(settings, "ingest-state"), BaseModel, settings.partitions,
-                  -1, "compact", doc="per-user ingest state (JSON snapshots)",
-                  extra_config={"max.message.bytes": str(SNAPSHOT_MAX_BYTES), **erasable}),
-        TopicSpec(changelog_name(settings, "session-window"), BaseModel, settings.partitions,
-                  -1, "compact", doc="the short-term window of each session",
-                  extra_config=erasable),
-    ]
+    n = settings.partitions
+
+    def spec(table: str, doc: str, **extra: str) -> TopicSpec:
+        return TopicSpec(changelog_name(settings, table), BaseModel, n, -1, "compact",
+                         doc=doc, extra_config={**extra, **erasable})
+
+    return [spec("ingest-state", "per-user ingest state (JSON snapshots)",
+                 **{"max.message.bytes": str(SNAPSHOT_MAX_BYTES)}),
+            spec("session-window", "the short-term window of each session"),
+            spec("maintenance", "the windowed jobs' per-user triggers")]
 
 
 def all_topic_names(settings: Settings) -> list[str]:
@@ -206,7 +212,7 @@ async def create_topics(settings: Settings, specs: list[TopicSpec] | None = None
     """Create the topics that do not exist yet; returns the names created."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    specs = specs if specs is not None else registry(settings).all()
+    specs = specs if specs is not None else registry(settings).all() + table_changelogs(settings)
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
     await admin.start()
     try:

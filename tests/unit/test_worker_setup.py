@@ -249,3 +249,18 @@ async def test_faust_serves_nothing_and_the_api_is_memstreams(tmp_path):
         for path in BUILTIN:
             response = await client.get(path)
             assert response.status == 404, path
+
+
+def test_every_table_changelog_is_created_with_the_topics_before_the_worker_joins(tmp_path):
+    """Faust's consumer took a changelog it created itself at start as a topic of 0
+    partitions, and the table's first writes failed (PartitionsMismatch) until its next
+    rebalance: every table's changelog is among the topics created up front, under the
+    name each table writes to, with the inputs' partition count."""
+    from memstream.topics.registry import table_changelogs
+
+    p = _pipeline(tmp_path, jobs_enabled=True, partitions=6)
+    specs = {s.name: s for s in table_changelogs(p.settings)}
+    faust_tables = {t.changelog_topic.get_topic_name() for t in p.app.tables.values()}
+    assert faust_tables <= set(specs)  # the maintenance table's, as Faust names it
+    assert {p.state.topic, p.window.topic} <= set(specs)  # the ingest loop's
+    assert all(s.partitions == 6 and s.cleanup_policy == "compact" for s in specs.values())
