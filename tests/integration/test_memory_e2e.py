@@ -224,3 +224,34 @@ async def test_http_search_needs_the_key_and_stays_in_scope(shared, tenant):
     with pytest.raises(urllib.error.HTTPError) as rejected:
         urllib.request.urlopen(bad, timeout=10)
     assert rejected.value.code in (400, 404)
+
+
+async def test_two_producers_out_of_event_time_order_leave_the_newest_value_live(
+        shared, tenant):
+    """Two producers of one user: the newer move (minute 10) is delivered and decided
+    first, the older one (minute 5) after it. The live value is the newer by event time;
+    the older one is kept as history, never live (memory/decisions.py, event time)."""
+    from datetime import UTC, datetime, timedelta
+
+    h = shared
+    at = datetime.now(UTC) - timedelta(hours=1)
+
+    def said(text: str, session: str, minute: int):
+        return chat(text, user="olga", session=session, tenant=tenant).model_copy(
+            update={"ts": at + timedelta(minutes=minute)})
+
+    await h.send(said("I live in Lisbon", "o-s0", 0), end(session="o-s0", user="olga",
+                                                          tenant=tenant))
+    await wait_covered(h, {("olga", "o-s0"): 1}, tenant=tenant)
+    await h.send(said("We moved from Lisbon to Madrid last week.", "o-s2", 10),
+                 end(session="o-s2", user="olga", tenant=tenant))
+    await wait_covered(h, {("olga", "o-s2"): 1}, tenant=tenant)
+    await h.send(said("We moved from Lisbon to Berlin last week.", "o-s1", 5),
+                 end(session="o-s1", user="olga", tenant=tenant))
+    await wait_covered(h, {("olga", "o-s1"): 1}, tenant=tenant)
+
+    store, changes = await rebuild(h, tenant)
+    assert live(store, "olga", tenant) == ["Lives in Madrid"]
+    berlin = [c for c in changes if c.user_id == "olga" and "Berlin" in c.after["content"]]
+    assert len({c.change_id for c in berlin}) == 1
+    assert berlin[0].after["status"] == "superseded" and berlin[0].after["extra"]["history_of"]
