@@ -150,6 +150,8 @@ class _Overlay:
         return sorted(hits, key=lambda h: -h[1])[:k]
 
     def record(self, op: PlannedOp, vector: list[float]) -> None:
+        if not op.after.live and op.kind == OpKind.ADD:
+            return  # a late fact kept as history (event time): never a live memory
         if op.kind == OpKind.DELETE:
             self.gone.add(op.memory_id)
             self.pending.pop(op.memory_id, None)

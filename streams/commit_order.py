@@ -181,9 +181,16 @@ def _pending_below(consumer: Any, tp: Any) -> int | None:
     """The lowest offset of ``tp`` handed to the agents (fetched, or taken by an agent)
     and not yet acked; a fetched one that was dropped on the way is fetched again."""
     committed = consumer._committed_offset[tp]
-    held = [m.offset for m in list(consumer._unacked_messages)
-            if m.tp == tp and not m.acked and (committed is None or m.offset >= committed)]
     fetched = _fetched_for(consumer.app).get(tp, {})
+    acked = consumer._acked_index[tp]
+    # taken by an agent and not acked: but not a stale copy, one a stream took before the
+    # end of a recovery whose offset was fetched again since (another object) or acked
+    # through that newer copy; counted, it passed for a later record taken and made every
+    # record queued below it look dropped (thousands handed over twice after a restart
+    # with a backlog, in the chaos runs)
+    held = [m.offset for m in list(consumer._unacked_messages)
+            if m.tp == tp and not m.acked and (committed is None or m.offset >= committed)
+            and m.offset not in acked and fetched.get(m.offset, (0.0, m))[1] is m]
     now = time.monotonic()
     # Agents take a partition's records in order: one still waiting while a later one was
     # taken (held or acked) was dropped on the way, not queued.

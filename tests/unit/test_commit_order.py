@@ -224,3 +224,37 @@ async def test_a_real_record_handed_over_again_is_acked_by_its_agent():
     assert handed == [record]
     assert record.ack(consumer) is True  # the final ack: Faust records the offset
 
+
+
+async def test_a_stale_copy_taken_before_a_recovery_seek_neither_holds_nor_hands_over():
+    """A stream took offset 5 before the end of a recovery, then Faust sought back and
+    fetched 3..5 again (new objects). The stale copy of 5 is never acked: counted as taken
+    it made 3 and 4, queued behind a busy agent, look dropped (handed over twice), and it
+    held the partition's commits at 5 after the new 5 was acked."""
+    import time
+
+    from memstream.streams import commit_order
+
+    commit_after_outputs()
+    consumer, tp, new_offset = _consumer(3, [], [5])
+    stale = consumer._unacked_messages[0]
+    delivered: list[int] = []
+
+    async def on_message(message) -> None:
+        delivered.append(message.offset)
+
+    consumer.app = SimpleNamespace(consumer_generation_id=0,
+                                   topics=SimpleNamespace(on_message=on_message))
+    consumer.assignment = lambda: {tp}
+    old = time.monotonic() - commit_order.DROPPED_AFTER_S - 1
+    fresh = {o: SimpleNamespace(tp=tp, offset=o, generation_id=0, acked=False)
+             for o in (3, 4, 5)}
+    commit_order._fetched_for(consumer.app)[tp] = {o: (old, m, 0) for o, m in fresh.items()}
+    assert new_offset(consumer, tp) is None  # 3 is queued: nothing to commit yet
+    await asyncio.sleep(0)
+    assert delivered == []  # queued, not dropped: nothing handed over again
+    # the agent takes and acks the new 3, 4 and 5; the stale 5 is still "unacked"
+    commit_order._fetched_for(consumer.app)[tp].clear()
+    consumer._acked[tp], consumer._acked_index[tp] = [3, 4, 5], {3, 4, 5}
+    assert stale in consumer._unacked_messages and not stale.acked
+    assert new_offset(consumer, tp) == 6
