@@ -55,6 +55,7 @@ from memstream.retry import RetryPolicy, next_delay
 from memstream.streams import ingest
 from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
+from memstream.streams.ingest_tables import restore
 from memstream.topics.registry import create_topics, table_changelogs
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,8 @@ REFUSED = (MessageSizeTooLargeError, RecordTooLargeError, TopicAuthorizationFail
 # Transactions of one partition failing in a row (a broker away for ~30 s with the backoff)
 # end the worker: its restart starts from a clean client and the committed state.
 MAX_FAILED_IN_ROW = 10
-TRANSACTION_TIMEOUT_S = 60.0  # one batch's transaction; past it, renewed and read again
+TRANSACTION_TIMEOUT_S = 60.0
+STOP_WAIT_S = 10.0  # one batch's transaction; past it, renewed and read again
 
 
 def halt(reason: str, code: int = EXIT_LOOP_FAILED) -> None:
@@ -132,9 +134,14 @@ class IngestLoop:
         self.task = asyncio.create_task(self._run(), name="ingest-loop")
 
     async def stop(self) -> None:
+        """After the batch in progress (at most ``STOP_WAIT_S``: a partition waiting for
+        the broker is abandoned, its open transaction aborted by the next owner)."""
         self.stopping.set()
         if self.task is not None:
-            await asyncio.gather(self.task, return_exceptions=True)
+            done, _ = await asyncio.wait({self.task}, timeout=STOP_WAIT_S)
+            if not done:
+                self.task.cancel()
+                await asyncio.gather(self.task, return_exceptions=True)
         if self.consumer is not None:
             await self.consumer.stop()
         for producer in self.producers.values():
@@ -311,32 +318,7 @@ class IngestLoop:
         return producer
 
     async def _restore(self, partitions: set[int]) -> None:
-        """Read the tables' changelogs of ``partitions`` from the beginning to their ends."""
-        if not partitions:
-            return
-        by_topic = {t.topic: t for t in self.tables}
-        tps = [TopicPartition(t, n) for t in by_topic for n in sorted(partitions)]
-        consumer = AIOKafkaConsumer(
-            **self._client_args(), group_id=None, enable_auto_commit=False,
-            isolation_level="read_committed", auto_offset_reset="earliest",
-            max_partition_fetch_bytes=MAX_BYTES, fetch_max_bytes=4 * MAX_BYTES)
-        await consumer.start()
-        try:
-            consumer.assign(tps)
-            ends = await consumer.end_offsets(tps)
-            await consumer.seek_to_beginning(*tps)
-            todo = {tp for tp in tps if ends[tp] > 0}
-            while todo:
-                got = await consumer.getmany(*todo, timeout_ms=500, max_records=10_000)
-                for tp, records in got.items():
-                    for r in records:
-                        if r.offset < ends[tp]:
-                            by_topic[tp.topic].restore(tp.partition, r.key, r.value)
-                for tp in list(todo):
-                    if await consumer.position(tp) >= ends[tp]:
-                        todo.discard(tp)
-        finally:
-            await consumer.stop()
+        await restore(self.tables, partitions, MAX_BYTES, **self._client_args())
 
     # --- metrics -------------------------------------------------------------------------
 

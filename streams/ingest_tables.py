@@ -17,8 +17,11 @@ hash of their key: a window key ``tenant/user/session#n`` lives with its user.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
 
 _GONE = object()  # a pending deletion
 
@@ -105,3 +108,34 @@ class LoopTable:
         else:
             self._data[key] = value
             self._owner[key] = partition
+
+
+async def restore(tables: Sequence[LoopTable], partitions: set[int], max_bytes: int,
+                  **client: Any) -> None:
+    """Read the tables' changelogs of ``partitions`` from the beginning to their ends (the
+    caller's producer for them has fenced every earlier writer: no transaction is open)."""
+    if not partitions:
+        return
+    by_topic = {t.topic: t for t in tables}
+    tps = [TopicPartition(t, n) for t in by_topic for n in sorted(partitions)]
+    consumer = AIOKafkaConsumer(
+        **client, group_id=None, enable_auto_commit=False, isolation_level="read_committed",
+        auto_offset_reset="earliest", max_partition_fetch_bytes=max_bytes,
+        fetch_max_bytes=4 * max_bytes)
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        await consumer.seek_to_beginning(*tps)
+        todo = {tp for tp in tps if ends[tp] > 0}
+        while todo:
+            got = await consumer.getmany(*todo, timeout_ms=500, max_records=10_000)
+            for tp, records in got.items():
+                for r in records:
+                    if r.offset < ends[tp]:
+                        by_topic[tp.topic].restore(tp.partition, r.key, r.value)
+            for tp in list(todo):
+                if await consumer.position(tp) >= ends[tp]:
+                    todo.discard(tp)
+    finally:
+        await consumer.stop()
