@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import random
 import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from statistics import median
 
 from memstream import broker as local_broker
 from memstream.kafka_io import start_producer
@@ -189,30 +192,19 @@ async def one_run(base: Settings, events: list[Event], rate: float | None, work:
         await delete_topics(settings, all_topic_names(settings))
 
 
+@contextlib.contextmanager
 def with_code(path: str | None):
     """The worker's code for one run: this checkout (None) or another (PYTHONPATH)."""
-    import contextlib
-    import os
-
-    @contextlib.contextmanager
-    def scope():
-        old = os.environ.get("PYTHONPATH")
-        if path:
-            os.environ["PYTHONPATH"] = path
-        try:
-            yield
-        finally:
-            if old is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = old
-    return scope()
-
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    old = os.environ.get("PYTHONPATH")
+    if path:
+        os.environ["PYTHONPATH"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
 
 
 def measure(base: Settings, args: argparse.Namespace, work: Path, label: str,

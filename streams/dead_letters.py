@@ -85,7 +85,7 @@ async def send_dead_letter(
     Raises :class:`DeadLetterUndeliverable` only where ``halt`` returns (tests); the
     default ``halt`` ends the process (see the module docstring for why).
     """
-    key, value = dead_letter_record(p, exc, message, count=False)
+    key, value = dead_letter_record(p, exc, message)
     where = f"{message.topic}[{message.partition}]@{message.offset}"
 
     async def deliver() -> None:
@@ -107,25 +107,25 @@ async def send_dead_letter(
             f"dead letter of {where} (kind {exc.kind}) undeliverable: {type(err).__name__}")
         halt(error)
         raise error from err
-    add(p.counters.dead_letters_by_class, bounded(exc.kind, DEAD_LETTER_CLASSES))
-    log.warning("dead letter: %s kind=%s (%d bytes)", where, exc.kind,
-                len(message.value or b""))
+    count_dead_letter(p, exc, message)
 
 
-def dead_letter_record(p: Pipeline, exc: InvalidRecord, message: Any, *,
-                       count: bool = True) -> tuple[bytes | None, bytes]:
-    """The dead letter of ``message`` as a record to send (key, value).
-    ``count``: the caller sends it in a transaction of its own (counted and logged here)."""
+def dead_letter_record(p: Pipeline, exc: InvalidRecord, message: Any,
+                       ) -> tuple[bytes | None, bytes]:
+    """The dead letter of ``message`` as a record to send (key, value)."""
     record = dead_letter(
         exc, topic=message.topic, partition=message.partition, offset=message.offset,
         key=message.key, value=message.value, now=datetime.fromtimestamp(p.clock(), UTC),
     )
     key = message.key[:DEAD_LETTER_KEY_BYTES] if message.key is not None else None
-    if count:
-        add(p.counters.dead_letters_by_class, bounded(exc.kind, DEAD_LETTER_CLASSES))
-        log.warning("dead letter: %s[%s]@%s kind=%s (%d bytes)", message.topic,
-                    message.partition, message.offset, exc.kind, record.value_length)
     return key, record.dumps()
+
+
+def count_dead_letter(p: Pipeline, exc: InvalidRecord, message: Any) -> None:
+    """Count (by reason class) and log a dead letter of ``message``."""
+    add(p.counters.dead_letters_by_class, bounded(exc.kind, DEAD_LETTER_CLASSES))
+    log.warning("dead letter: %s[%s]@%s kind=%s (%d bytes)", message.topic,
+                message.partition, message.offset, exc.kind, len(message.value or b""))
 
 
 async def decode_or_dead_letter(p: Pipeline, model: type[M], message: Any, *,

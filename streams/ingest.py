@@ -29,7 +29,7 @@ from memstream.memory.ingest_state import UserState, overdue, restore, snapshot
 from memstream.streams import faust_setup, privacy, window
 from memstream.streams.app import Pipeline
 from memstream.streams.counters import add
-from memstream.streams.dead_letters import dead_letter_record, decode_input
+from memstream.streams.dead_letters import count_dead_letter, dead_letter_record, decode_input
 from memstream.topics.schemas import (
     ChatMessage,
     JobResult,
@@ -131,7 +131,7 @@ def handle_record(p: Pipeline, batch: Batch, record: Any) -> None:
     try:
         decoded = decode_input(p, record.topic, record.key, record.value)
     except InvalidRecord as exc:
-        batch.out.append((p.topics.dead_letters.name, *dead_letter_record(p, exc, record)))
+        _set_aside(p, batch, exc, record)
         return
     if isinstance(decoded, Tick) and privacy.is_roll(decoded.tenant_id):
         privacy.roll_tables(p.state, p.window)  # segments roll: compaction drops erased data
@@ -142,8 +142,14 @@ def handle_record(p: Pipeline, batch: Batch, record: Any) -> None:
         log.exception("%s[%s]@%s: cannot be handled; set aside on the dead-letter topic",
                       record.topic, record.partition, record.offset)
         p.counters.handler_failures += 1
-        reason = InvalidRecord("internal", f"{type(exc).__name__}: {exc}"[:1000])
-        batch.out.append((p.topics.dead_letters.name, *dead_letter_record(p, reason, record)))
+        _set_aside(p, batch, InvalidRecord("internal", f"{type(exc).__name__}: {exc}"[:1000]),
+                   record)
+
+
+def _set_aside(p: Pipeline, batch: Batch, exc: InvalidRecord, record: Any) -> None:
+    """The record's dead letter, sent in the batch's transaction."""
+    batch.out.append((p.topics.dead_letters.name, *dead_letter_record(p, exc, record)))
+    count_dead_letter(p, exc, record)
 
 
 def finish(p: Pipeline, batch: Batch) -> None:

@@ -56,7 +56,6 @@ from memstream.streams import ingest
 from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
 from memstream.streams.ingest_tables import restore
-from memstream.topics.registry import create_topics, table_changelogs
 
 log = logging.getLogger(__name__)
 EXIT_LOOP_FAILED = 70  # EX_SOFTWARE
@@ -108,7 +107,6 @@ class IngestLoop:
         self.lock = asyncio.Lock()  # a batch, or a rebalance step: never both
         self.stopping = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self.batches = 0
         self.failed_commits = 0
         self.failed_in_row: dict[int, int] = {}
 
@@ -118,8 +116,7 @@ class IngestLoop:
         return {"bootstrap_servers": self.p.settings.bootstrap_servers}
 
     async def start(self) -> None:
-        s = self.p.settings
-        await create_topics(s, table_changelogs(s))
+        s = self.p.settings  # its changelogs were created with the topics (memstream worker)
         instance = s.instance_id()
         self.consumer = AIOKafkaConsumer(
             **self._client_args(), group_id=self.group,
@@ -178,7 +175,6 @@ class IngestLoop:
                    for n, lists in parts.items()}
         await asyncio.gather(*(self._commit(n, b, offsets)
                                for n, (b, offsets) in handled.items()))
-        self.batches += 1
 
     def _handle(self, partition: int, records: list[Any]
                 ) -> tuple[ingest.Batch, dict[TopicPartition, int]]:
@@ -238,8 +234,8 @@ class IngestLoop:
         self.failed_commits += 1
         self.failed_in_row[partition] = self.failed_in_row.get(partition, 0) + 1
         if self.failed_in_row[partition] > MAX_FAILED_IN_ROW:
-            self.on_fatal(f"partition {partition}: {MAX_FAILED_IN_ROW} transactions failed "
-                          f"in a row (last: {type(exc).__name__}: {exc})")
+            self.on_fatal(f"partition {partition}: more than {MAX_FAILED_IN_ROW} transactions "
+                          f"failed in a row (last: {type(exc).__name__}: {exc})")
             return
         log.warning("ingest partition %d: transaction failed (%s: %s); reading it again",
                     partition, type(exc).__name__, exc)
