@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import faust
-from faust.types import TableT
 from pydantic import BaseModel
 
 from memstream.memory.coalescing import Policy, UserState
@@ -23,7 +22,7 @@ from memstream.settings import Settings
 from memstream.streams.counters import Counters
 from memstream.streams.ingest_tables import LoopTable
 from memstream.streams.waiters import Waiters
-from memstream.topics.registry import Topics, changelog_name, compaction_within, registry
+from memstream.topics.registry import Topics, changelog_name, registry
 
 
 def policy_from(settings: Settings) -> Policy:
@@ -79,7 +78,7 @@ class Pipeline:
     job_results: faust.TopicT
     ticks: faust.TopicT
     dead_letters: faust.TopicT
-    state: LoopTable  # the ingest state per user (streams.ingest_loop owns and writes it)
+    state: LoopTable  # the ingest state per user (the ingest loop owns and writes it)
     policy: Policy
     decisions: faust.TopicT
     memory_changes: faust.TopicT
@@ -87,19 +86,17 @@ class Pipeline:
     tool_requests: faust.TopicT  # agents' writes and the windowed jobs' commands
     maintenance_ticks: faust.TopicT
     window: LoopTable  # the short-term window (streams.window), written with the state
-    maintenance: TableT[bytes, Any]  # the windowed jobs' per-user triggers (jobs.agents)
+    maintenance: LoopTable  # the windowed jobs' per-user triggers (the apply loop owns it)
     services: Services
     clock: Callable[[], float] = time.time
     counters: Counters = field(default_factory=Counters)
     restored: RestoredStates = field(default_factory=RestoredStates)
     waiters: Waiters = field(default_factory=Waiters)  # API callers waiting for tool jobs
     api: Any = None  # the HTTP API's backend when web_enabled (streams.api.WorkerBackend)
-    # the windowed jobs' fold of published changes (jobs.agents), when they run here
-    on_changes: Callable[[list[Any]], Awaitable[None]] | None = None
     # per-user data keys when MEMSTREAM_MASTER_KEY is set (memstream.user_keys)
     user_keys: Any = None
-    # the ingest loop's consumer lag per (topic, partition), when it runs here
-    ingest_lags: Callable[[], dict[tuple[str, int], int]] | None = None
+    # the owned loops' consumer lag per (topic, partition), of those that run here
+    loop_lags: list[Callable[[], dict[tuple[str, int], int]]] = field(default_factory=list)
 
     @cached_property
     def input_models(self) -> dict[str, type[BaseModel]]:
@@ -113,8 +110,17 @@ def _raw_topic(app: faust.App, *names: str) -> faust.TopicT:
 
 def build_app(settings: Settings, clock: Callable[[], float] = time.time,
               services: Services | None = None) -> Pipeline:
-    """Create the Faust app: the ingest agent and its timer, the extract and apply agents."""
-    from memstream.streams import access, extract, faust_setup, ingest, privacy, serve, store_swap
+    """Create the Faust app and the stages' loops (ingest, extract, apply) with their timers."""
+    from memstream.streams import (
+        access,
+        apply,
+        extract,
+        faust_setup,
+        ingest,
+        privacy,
+        serve,
+        store_swap,
+    )
     from memstream.streams.commit_order import commit_after_outputs
 
     commit_after_outputs()
@@ -127,8 +133,6 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
     app = faust_setup.App(settings.app_id, **settings.faust_kwargs(),
                           **faust_setup.app_options(settings))
     reg = registry(settings)
-    # compacted within the erasure bound: a forget-me overwrites the content they hold
-    erasable = compaction_within(settings.erasure_bound_s)
     pipeline = Pipeline(
         settings=settings,
         app=app,
@@ -144,8 +148,7 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
         memory_access=_raw_topic(app, reg.memory_access.name),
         tool_requests=_raw_topic(app, reg.tool_requests.name),
         maintenance_ticks=_raw_topic(app, reg.maintenance_ticks.name),
-        maintenance=app.Table("maintenance", default=None, partitions=settings.partitions,
-                              key_type=bytes, extra_topic_configs=erasable),
+        maintenance=LoopTable(changelog_name(settings, "maintenance")),
         window=LoopTable(changelog_name(settings, "session-window")),
         services=services or build_services(settings),
         clock=clock,
@@ -154,14 +157,18 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
         ingest.register(pipeline)
     if settings.extract_enabled or settings.web_enabled:
         privacy.register(pipeline)  # sealing (apply) and the forget-me fence (API reads)
-    if settings.extract_enabled:
-        extract.register(pipeline)
-        access.register(pipeline)
-        store_swap.register(pipeline)  # memstream rebuild --verify / --swap
-    if settings.web_enabled:
-        serve.register(pipeline)
+    fold = None
     if settings.jobs_enabled:
         from memstream.jobs.agents import register as register_jobs
 
-        register_jobs(pipeline)
+        fold = register_jobs(pipeline)
+    if settings.extract_enabled:
+        extract.register(pipeline)
+        apply.register(pipeline, fold)
+        access.register(pipeline)
+        store_swap.register(pipeline)  # memstream rebuild --verify / --swap
+    elif fold is not None:  # the windowed jobs alone: they read the memory-change topic
+        apply.register(pipeline, fold, decisions=False)
+    if settings.web_enabled:
+        serve.register(pipeline)
     return pipeline

@@ -121,6 +121,13 @@ def dead_letter_record(p: Pipeline, exc: InvalidRecord, message: Any,
     return key, record.dumps()
 
 
+def set_aside(p: Pipeline, work: Any, exc: InvalidRecord, record: Any) -> None:
+    """The record's dead letter into ``work.out``: sent in its batch's transaction, so it
+    is there exactly when the record counts as read (an owned loop's batch)."""
+    work.out.append((p.topics.dead_letters.name, *dead_letter_record(p, exc, record)))
+    count_dead_letter(p, exc, record)
+
+
 def count_dead_letter(p: Pipeline, exc: InvalidRecord, message: Any) -> None:
     """Count (by reason class) and log a dead letter of ``message``."""
     add(p.counters.dead_letters_by_class, bounded(exc.kind, DEAD_LETTER_CLASSES))

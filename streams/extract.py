@@ -1,45 +1,36 @@
-"""The extract and apply agents: thin shells around :mod:`memory.extraction` / :mod:`memory.apply`.
+"""The extract stage: jobs -> decisions, a thin shell around :mod:`memory.extraction`.
 
-extract (jobs -> decisions): decode the job, decide it against the store in a worker
-thread (one job per user at a time; other users concurrently), retry transient failures
-with backoff, and send one :class:`JobDecision` — ``failed`` after the last retry, with
-the job set aside on the dead-letter topic so its messages stay recoverable.
-
-apply (decisions -> store, memory-changes, job-results): apply each change idempotently
-in order, publish it on the memory-change topic, then send the job result that lets the
-ingest stage emit the user's next job. Because the result is only sent once the changes
-are in the store, the next decision for that user never works from a stale snapshot.
+It runs in its own loop (:class:`streams.owned_loop.OwnedLoop`, group ``{app_id}-extract``):
+a batch of a partition's jobs is decoded (bad records become dead letters), each user's
+jobs are decided one after another in a worker thread, users at once (at most
+``extract_concurrency`` jobs in flight over all partitions), transient failures retried
+with backoff within the job's deadline. The batch's decisions — ``failed`` after the last
+retry, with the job set aside on the dead-letter topic so its messages stay recoverable —
+and its input offsets go in one transaction: a job is decided into exactly one committed
+decision per read, and none is lost between the topics, whatever kills the worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from memstream.errors import InvalidRecord
-from memstream.memory import fencing, metrics
-from memstream.memory.apply import Applied, apply_decision, build_decision
+from memstream.memory import fencing
+from memstream.memory.apply import build_decision
 from memstream.memory.store import Scope
 from memstream.retry import RetryPolicy, retry_async
 from memstream.settings import Settings
-from memstream.streams import privacy
+from memstream.streams import faust_setup
 from memstream.streams.app import Pipeline
-from memstream.streams.counters import Counters, add
-from memstream.streams.dead_letters import decode_or_dead_letter, send_dead_letter
-from memstream.streams.guard import guarded
-from memstream.streams.waiters import Outcome
-from memstream.topics.schemas import (
-    ExtractionJob,
-    JobDecision,
-    JobRange,
-    JobResult,
-    JobStatus,
-    MemoryChange,
-)
+from memstream.streams.counters import Counters
+from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
+from memstream.streams.ingest_tables import LoopTable
+from memstream.streams.owned_loop import OwnedLoop, Work, until_handled
+from memstream.topics.codec import decode
+from memstream.topics.schemas import ExtractionJob, JobDecision, JobRange, JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -102,95 +93,6 @@ async def decide_with_retries(p: Pipeline, job: ExtractionJob) -> JobDecision:
         return failed_decision(job, reason)
 
 
-class UserLocks:
-    """One asyncio lock per user with work in progress; dropped when nobody holds it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    @asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users == 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
-
-    def __len__(self) -> int:
-        return len(self._locks)
-
-
-async def apply_with_retries(p: Pipeline, decision: JobDecision) -> Applied:
-    """The store must take the decision before the job is reported done: a transient store
-    error is retried with capped backoff and no deadline (the partition waits, so one
-    user's changes stay in order); a permanent one is raised at once."""
-
-    def logged(n: int, exc: BaseException, delay: float) -> None:
-        log.error("applying decision of job %s failed (attempt %d, %s: %s); retrying in %.1fs",
-                  decision.job_id, n, type(exc).__name__, str(exc)[:200], delay)
-
-    return await retry_async(
-        lambda: asyncio.to_thread(apply_decision, p.services.store, decision),
-        policy=store_policy(p.settings), deadline=None, clock=p.clock, on_retry=logged)
-
-
-async def apply_or_set_aside(p: Pipeline, decision: JobDecision, message: Any) -> Applied:
-    """A decision the store refuses for good is dead-lettered (``apply_failed``) and its job
-    reported failed, so the ingest stage retries it later instead of the partition
-    looping on it forever."""
-    try:
-        return await apply_with_retries(p, decision)
-    except Exception as exc:  # permanent (is_transient said no)
-        reason = f"{type(exc).__name__}: {exc}"[:500]
-        log.error("decision of job %s cannot be applied: %s", decision.job_id, reason)
-        await send_dead_letter(p, InvalidRecord("apply_failed", reason), message)
-        return Applied(fencing.Verdict.APPLY, JobStatus.FAILED, error=reason)
-
-
-async def publish(p: Pipeline, key: bytes, decision: JobDecision, applied: Applied) -> None:
-    """Change events first, delivered, then the result that lets the user's next job go:
-    a later job is never applied while an earlier one's events could still be lost."""
-    c = p.counters
-    if applied.verdict == fencing.Verdict.REPUBLISH:
-        c.decisions_republished += 1
-    elif applied.verdict == fencing.Verdict.DONE:
-        c.decisions_duplicate += 1
-    elif applied.status == JobStatus.FENCED:
-        c.decisions_fenced += 1
-    wire = await privacy.seal_all(p, applied.publish)
-    sent = [await p.memory_changes.send(key=key, value=change.dumps()) for change in wire]
-    for delivery in sent:
-        await delivery
-    result = JobResult.for_job(
-        decision, applied.status, datetime.fromtimestamp(p.clock(), UTC),
-        llm_calls=decision.llm_calls, error=applied.error, applied_seq=applied.applied_seq)
-    await p.job_results.send(key=key, value=result.dumps())
-    await privacy.after_erase(p, applied.publish)
-    if applied.publish and p.on_changes is not None:  # the windowed jobs' triggers
-        await p.on_changes(applied.publish)
-    if applied.publish and applied.verdict == fencing.Verdict.APPLY:
-        count_applied(c, decision, applied.publish)
-    if applied.status != JobStatus.FENCED:  # a fenced job goes again under the same id
-        p.waiters.resolve(decision.job_id, Outcome(
-            applied.status.value, [_summary(c) for c in applied.publish],
-            applied.error or decision.error))
-
-
-def count_applied(c: Counters, decision: JobDecision, changes: list[MemoryChange]) -> None:
-    """Write volume and the merges of SPEC §8: once per change applied now (a re-published
-    or duplicate decision is not counted again)."""
-    c.consolidation_merges += decision.decisions.get("merged", 0)
-    for change in changes:
-        add(c.changes, (metrics.bounded(change.op, metrics.CHANGE_OPS),
-                        metrics.bounded(change.lineage.kind, metrics.LINEAGE_KINDS)))
-
-
 def count_spend(c: Counters, decision: JobDecision) -> None:
     """The LLM calls and tokens a decision made here spent (applied or not later)."""
     c.llm_calls += decision.llm_calls
@@ -198,47 +100,69 @@ def count_spend(c: Counters, decision: JobDecision) -> None:
     c.completion_tokens += decision.completion_tokens
 
 
-def _summary(change: MemoryChange) -> dict[str, object]:
-    return {"op": change.op, "memory_id": change.memory_id, "version": change.version,
-            "content": change.after.get("content", "")}
+class ExtractStage:
+    """The extract stage as its loop runs it (see the module docstring)."""
 
+    name = "extract"
 
-async def extract_one(p: Pipeline, locks: UserLocks, message: Any) -> None:
-    """jobs -> decisions, for one record."""
-    job = await decode_or_dead_letter(p, ExtractionJob, message)
-    if job is None:
-        return
-    key = job.key()
-    async with locks.hold(key):
-        decision = await skip_decided(p, job) or await decide_with_retries(p, job)
-    count_spend(p.counters, decision)
-    if decision.status == JobStatus.FAILED:
-        failure = InvalidRecord("extraction_failed", decision.error or "failed")
-        await send_dead_letter(p, failure, message)
-    await p.decisions.send(key=key.encode(), value=decision.dumps())
+    def __init__(self, p: Pipeline) -> None:
+        self.p = p
+        self.inputs = [p.topics.jobs.name]
+        self.tables: tuple[LoopTable, ...] = ()
+        # a batch waits for its slowest job: a few rounds of the concurrency at most
+        self.max_records = max(16, 4 * p.settings.extract_concurrency)
+        self._slots: asyncio.Semaphore | None = None
 
+    def assigned(self, partitions: set[int]) -> None:
+        pass
 
-async def apply_one(p: Pipeline, message: Any) -> None:
-    """decisions -> store, memory-changes, job-results, for one record."""
-    decision = await decode_or_dead_letter(p, JobDecision, message)
-    if decision is None:
-        return
-    applied = await apply_or_set_aside(p, decision, message)
-    await publish(p, message.key, decision, applied)
+    async def handle(self, partition: int, records: list[Any]) -> Work:
+        work = Work()
+        users: dict[str, list[tuple[Any, ExtractionJob]]] = {}
+        for record in records:
+            try:
+                job = decode(ExtractionJob, record.value, record.key,
+                             max_bytes=INTERNAL_MAX_BYTES)
+            except InvalidRecord as exc:
+                set_aside(self.p, work, exc, record)
+                continue
+            users.setdefault(job.key(), []).append((record, job))
+        for out in await asyncio.gather(*(self._user(jobs) for jobs in users.values())):
+            work.out.extend(out.out)
+        return work
+
+    async def _user(self, jobs: list[tuple[Any, ExtractionJob]]) -> Work:
+        """One user's jobs of the batch, in order."""
+        p, work = self.p, Work()
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(p.settings.extract_concurrency)
+        for record, job in jobs:
+            async with self._slots:
+                got = await until_handled(record, self._decider(job), counters=p.counters)
+            if isinstance(got, InvalidRecord):
+                set_aside(p, work, got, record)
+                continue
+            decision: JobDecision = got
+            count_spend(p.counters, decision)
+            if decision.status == JobStatus.FAILED:
+                failure = InvalidRecord("extraction_failed", decision.error or "failed")
+                set_aside(p, work, failure, record)
+            work.out.append((p.topics.decisions.name, job.key().encode(), decision.dumps()))
+        return work
+
+    def _decider(self, job: ExtractionJob) -> Callable[[], Awaitable[JobDecision]]:
+        async def decide() -> JobDecision:
+            return await skip_decided(self.p, job) or await decide_with_retries(self.p, job)
+
+        return decide
 
 
 def register(p: Pipeline) -> None:
-    locks = UserLocks()
+    """Run the extract loop in the worker (started with the app)."""
+    loop = OwnedLoop(p.settings, ExtractStage(p))
+    p.loop_lags.append(loop.lags)
+    faust_setup.start_with_app(p.app, loop.start)
 
-    @p.app.agent(p.jobs, name="extract", concurrency=p.settings.extract_concurrency)
-    async def extract(stream: Any) -> None:
-        async for event in stream.events():
-            message = event.message
-            await guarded(p, message, lambda: extract_one(p, locks, message),  # noqa: B023
-                          atomic=False)  # one output per record; LLM calls would hold commits
-
-    @p.app.agent(p.decisions, name="apply")
-    async def apply(stream: Any) -> None:
-        async for event in stream.events():
-            message = event.message
-            await guarded(p, message, lambda: apply_one(p, message))  # noqa: B023
+    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def on_shutdown(app: Any, **_: Any) -> None:
+        await loop.stop()

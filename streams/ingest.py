@@ -1,7 +1,7 @@
 """The ingest stage: a thin shell around :mod:`memory.coalescing`.
 
 The co-partitioned messages, session-event, job-result, tick and tool-request topics are
-read as one stream per partition by :mod:`streams.ingest_loop`, so every event of a user
+read as one stream per partition by :mod:`streams.owned_loop`, so every event of a user
 is handled in order. Records come in batches; per record this module decodes (bad records
 become dead letters), calls the pure machine with the user's state (loaded once per batch
 from the changelog-backed table) and collects the emitted jobs / trivial results; at the
@@ -29,7 +29,9 @@ from memstream.memory.ingest_state import UserState, overdue, restore, snapshot
 from memstream.streams import faust_setup, privacy, window
 from memstream.streams.app import Pipeline
 from memstream.streams.counters import add
-from memstream.streams.dead_letters import count_dead_letter, dead_letter_record, decode_input
+from memstream.streams.dead_letters import decode_input, set_aside
+from memstream.streams.ingest_tables import LoopTable
+from memstream.streams.owned_loop import OwnedLoop, Work
 from memstream.topics.schemas import (
     ChatMessage,
     JobResult,
@@ -78,12 +80,11 @@ def step_for(p: Pipeline, state: machine.UserState, event: BaseModel, now: float
 
 
 @dataclass
-class Batch:
+class Batch(Work):
     """What one batch of one partition produced: the records to send in its transaction
     (topic, key, value), and each user's state as the batch found and leaves it (written
     to the table once per batch, not once per record)."""
 
-    out: list[tuple[str, bytes | None, bytes | None]] = field(default_factory=list)
     users: dict[bytes, tuple[Any, UserState, UserState]] = field(default_factory=dict)
 
 
@@ -131,7 +132,7 @@ def handle_record(p: Pipeline, batch: Batch, record: Any) -> None:
     try:
         decoded = decode_input(p, record.topic, record.key, record.value)
     except InvalidRecord as exc:
-        _set_aside(p, batch, exc, record)
+        set_aside(p, batch, exc, record)
         return
     if isinstance(decoded, Tick) and privacy.is_roll(decoded.tenant_id):
         privacy.roll_tables(p.state, p.window)  # segments roll: compaction drops erased data
@@ -142,14 +143,8 @@ def handle_record(p: Pipeline, batch: Batch, record: Any) -> None:
         log.exception("%s[%s]@%s: cannot be handled; set aside on the dead-letter topic",
                       record.topic, record.partition, record.offset)
         p.counters.handler_failures += 1
-        _set_aside(p, batch, InvalidRecord("internal", f"{type(exc).__name__}: {exc}"[:1000]),
+        set_aside(p, batch, InvalidRecord("internal", f"{type(exc).__name__}: {exc}"[:1000]),
                    record)
-
-
-def _set_aside(p: Pipeline, batch: Batch, exc: InvalidRecord, record: Any) -> None:
-    """The record's dead letter, sent in the batch's transaction."""
-    batch.out.append((p.topics.dead_letters.name, *dead_letter_record(p, exc, record)))
-    count_dead_letter(p, exc, record)
 
 
 def finish(p: Pipeline, batch: Batch) -> None:
@@ -220,12 +215,44 @@ def due_users(p: Pipeline, now: float) -> list[tuple[str, str]]:
     return due
 
 
-def register(p: Pipeline) -> None:
-    """Run the ingest loop (:mod:`streams.ingest_loop`) in the worker, and its ticker."""
-    from memstream.streams.ingest_loop import IngestLoop
+class IngestStage:
+    """The ingest stage as its loop (:class:`streams.owned_loop.OwnedLoop`) runs it."""
 
-    loop = IngestLoop(p)
-    p.ingest_lags = loop.lags
+    name = "ingest"
+
+    def __init__(self, p: Pipeline) -> None:
+        self.p = p
+        self.inputs = [t.name for t in p.topics.ingest_inputs()]
+        self.tables: tuple[LoopTable, ...] = (p.state, p.window)
+        self.max_records = p.settings.ingest_batch_records
+
+    async def handle(self, partition: int, records: list[Any]) -> Work:
+        """The whole batch without an await: no other partition's batch runs meanwhile,
+        so the tables' pending writes go to this one."""
+        batch = Batch()
+        for table in self.tables:
+            table.partition = partition
+        try:
+            for record in records:
+                handle_record(self.p, batch, record)
+            finish(self.p, batch)
+        finally:
+            for table in self.tables:
+                table.partition = None
+        return batch
+
+    def assigned(self, partitions: set[int]) -> None:
+        log.info("ingest: %d users restored", len(self.p.state))
+
+
+def ingest_loop(p: Pipeline, **kwargs: Any) -> OwnedLoop:
+    return OwnedLoop(p.settings, IngestStage(p), **kwargs)
+
+
+def register(p: Pipeline) -> None:
+    """Run the ingest loop (:mod:`streams.owned_loop`) in the worker, and its ticker."""
+    loop = ingest_loop(p)
+    p.loop_lags.append(loop.lags)
     rolls = privacy.RollSchedule(p)
     ticks = TickSender(p, p.topics.ticks.name,
                        lambda now: due_users(p, now) + rolls.due(now))

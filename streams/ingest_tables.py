@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -62,6 +63,16 @@ class LoopTable:
         return len(self._data)
 
     # --- writing (inside a batch of ``self.partition``) -------------------------------
+
+    @contextmanager
+    def writing(self, partition: int) -> Iterator[None]:
+        """Writes in the block are pending in ``partition`` (keep the block free of awaits:
+        another partition's batch may run meanwhile)."""
+        self.partition = partition
+        try:
+            yield
+        finally:
+            self.partition = None
 
     def _write(self, key: bytes, value: Any) -> None:
         if self.partition is None:

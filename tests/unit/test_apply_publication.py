@@ -22,7 +22,9 @@ from memstream.memory.fencing import Cursor, Verdict, decision_id, timeless
 from memstream.memory.rebuild import rebuild
 from memstream.memory.store import Scope
 from memstream.streams.counters import Counters
-from memstream.streams.extract import failed_decision, publish, skip_decided
+from memstream.streams.apply import publish
+from memstream.streams.extract import failed_decision, skip_decided
+from memstream.streams.owned_loop import Work
 from memstream.topics.schemas import JobResult, JobStatus, MemoryChange
 from tests.unit.helpers import make_store
 from tests.unit.test_forget import forget_request
@@ -151,24 +153,13 @@ def test_a_forget_me_erases_the_kept_events_and_keeps_only_its_audit_record(stor
     assert not any("Oslo" in str(payload) for _, payload, _ in store.scan("t1", "u1"))
 
 
-# --- the agents: the extract agent's skip, the result after the delivered events ------------
+# --- the stages: the extract stage's skip, the events before the result --------------------
 
-def pipeline(store, log: list[tuple[str, bytes]]) -> SimpleNamespace:
-    async def send_change(key: bytes, value: bytes):
-        log.append(("sent", value))
-
-        async def delivered() -> None:
-            log.append(("delivered", value))
-
-        return delivered()
-
-    async def send_result(key: bytes, value: bytes) -> None:
-        log.append(("result", value))
-
+def pipeline(store) -> SimpleNamespace:
     return SimpleNamespace(
         services=SimpleNamespace(store=store), counters=Counters(), user_keys=None,
-        memory_changes=SimpleNamespace(send=send_change),
-        job_results=SimpleNamespace(send=send_result), on_changes=None,
+        topics=SimpleNamespace(memory_changes=SimpleNamespace(name="changes"),
+                               job_results=SimpleNamespace(name="results")),
         waiters=SimpleNamespace(resolve=lambda *_: None), clock=lambda: 100.0)
 
 
@@ -176,15 +167,18 @@ async def test_the_extract_skip_of_the_applied_job_republishes_then_sends_the_re
     store = make_store("server", tmp_path, HashingEmbedder().dim)
     ex = Extractor(RulesModel(), HashingEmbedder(), store)
     first = apply_decision(store, decide(ex, TEXTS, 10.0, 1))
-    log: list[tuple[str, bytes]] = []
-    p = pipeline(store, log)
+    p = pipeline(store)
     skipped = await skip_decided(p, job(TEXTS).model_copy(update={"seq": 1}))  # no LLM call
     assert skipped is not None and p.counters.jobs_skipped == 1
     applied = apply_decision(store, skipped)
-    await publish(p, b"t1/u1", skipped, applied)
+    work = Work()
+    await publish(p, work, b"t1/u1", skipped, applied)
     lost = wire(first.publish)
-    assert log[:-1] == [("sent", v) for v in lost] + [("delivered", v) for v in lost]
-    kind, value = log[-1]
-    assert kind == "result" and JobResult.model_validate_json(value).status == JobStatus.DONE
+    assert work.out[:-1] == [("changes", b"t1/u1", v) for v in lost]
+    topic, _, value = work.out[-1]
+    assert topic == "results" and JobResult.model_validate_json(value).status == JobStatus.DONE
+    assert p.counters.decisions_duplicate == 0  # counted once the transaction is committed
+    for step in work.after:
+        await step()
     assert p.counters.decisions_duplicate == 1
     store.close()

@@ -1,4 +1,4 @@
-"""The ingest loop's exactly-once bookkeeping (streams/ingest_loop.py, streams/ingest_tables.py)
+"""The ingest loop's exactly-once bookkeeping (streams/owned_loop.py, streams/ingest_tables.py)
 without a broker: a batch's table writes are the table's only once its transaction is
 committed, a failed transaction is read again from the committed offsets, a record below
 the partition's next offset is never handled twice, one fetched before the partition was
@@ -19,10 +19,10 @@ from pydantic import SecretStr
 
 from memstream.retry import RetryPolicy
 from memstream.settings import Settings
-from memstream.streams import ingest_loop
+from memstream.streams import owned_loop
 from memstream.streams.app import build_app
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
-from memstream.streams.ingest_loop import IngestLoop
+from memstream.streams.ingest import ingest_loop
 from memstream.streams.ingest_tables import LoopTable
 from memstream.topics.schemas import (
     ChatMessage,
@@ -129,7 +129,7 @@ def _loop(tmp_path):
     p = build_app(settings)
     p.clock = lambda: T0.timestamp() + 10
     fatal: list[tuple[str, int]] = []
-    loop = IngestLoop(p, on_fatal=lambda reason, code=70: fatal.append((reason, code)))
+    loop = ingest_loop(p, on_fatal=lambda reason, code=70: fatal.append((reason, code)))
     inputs = {TopicPartition(t, 0) for t in loop.inputs}
     loop.consumer = FakeConsumer(inputs)  # type: ignore[assignment]
     loop.producers = {0: FakeProducer()}  # type: ignore[dict-item]
@@ -215,14 +215,14 @@ async def test_a_transaction_the_broker_refuses_for_good_stops_the_worker(tmp_pa
 
 async def test_transactions_failing_again_and_again_end_the_worker(tmp_path, monkeypatch):
     p, loop, fatal = _loop(tmp_path)
-    monkeypatch.setattr(ingest_loop, "RETRY", RetryPolicy(0.0, 0.0))
+    monkeypatch.setattr(owned_loop, "RETRY", RetryPolicy(0.0, 0.0))
 
     async def producer(n: int):
         return FakeProducer(fail=KafkaConnectionError())
 
     loop._producer = producer  # type: ignore[method-assign]
     loop.producers[0] = await producer(0)  # type: ignore[assignment]
-    for _ in range(ingest_loop.MAX_FAILED_IN_ROW):
+    for _ in range(owned_loop.MAX_FAILED_IN_ROW):
         await loop.process(_batch(_msg(p, 1, offset=0)))
     assert not fatal  # a broker away for a while: read again, and again
     await loop.process(_batch(_msg(p, 1, offset=0)))

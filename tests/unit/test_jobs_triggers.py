@@ -114,5 +114,23 @@ def test_jobs_run_builds_a_triggers_only_worker(tmp_path):
     own = jobs_only(base, ("decay",))
     assert (own.app_id, own.jobs, own.ingest_enabled, own.extract_enabled, own.web_enabled) == (
         "memstream-jobs", ("decay",), False, False, False)
-    agents = {a.name.rsplit(".", 1)[-1] for a in build_app(own).app.agents.values()}
-    assert agents == {"jobs"}
+    p = build_app(own)
+    assert not p.app.agents  # no Faust agent: one owned loop
+    loops = [(lags.__self__.group, lags.__self__.inputs) for lags in p.loop_lags]
+    assert loops == [("memstream-jobs-jobs",
+                      [p.topics.memory_changes.name, p.topics.maintenance_ticks.name])]
+
+
+def test_the_worker_runs_its_stages_in_owned_loops(tmp_path):
+    from memstream.settings import Settings
+    from memstream.streams.app import build_app
+
+    p = build_app(Settings(data_dir=tmp_path, embedder="hashing", web_enabled=False))
+    loops = {lags.__self__.group: lags.__self__.inputs for lags in p.loop_lags}
+    t = p.topics
+    assert loops == {
+        "memstream-ingest": [x.name for x in t.ingest_inputs()],
+        "memstream-extract": [t.jobs.name],
+        "memstream-apply": [t.decisions.name, t.maintenance_ticks.name]}
+    agents = {a.name.rsplit(".", 1)[-1] for a in p.app.agents.values()}
+    assert not agents & {"extract", "apply", "jobs", "ingest"}

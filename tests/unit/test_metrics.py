@@ -20,7 +20,8 @@ from memstream.memory.ingest_state import Policy, UserState
 from memstream.streams import metrics as sm
 from memstream.streams.counters import Counters
 from memstream.streams.dead_letters import send_dead_letter
-from memstream.streams.extract import count_applied, count_spend
+from memstream.streams.apply import count_applied
+from memstream.streams.extract import count_spend
 from memstream.streams.http import build_http_app
 from memstream.streams.metrics import METRICS, MetricsDeps
 from memstream.topics.api import Principal

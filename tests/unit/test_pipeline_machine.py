@@ -85,7 +85,9 @@ from memstream.memory.ingest_state import Policy, Step, UserState
 from memstream.memory.model import Memory
 from memstream.memory.store import Scope
 from memstream.streams.counters import Counters
-from memstream.streams.extract import decide_with_retries, failed_decision, publish, skip_decided
+from memstream.streams.apply import publish
+from memstream.streams.extract import decide_with_retries, failed_decision, skip_decided
+from memstream.streams.owned_loop import Work
 from memstream.topics.schemas import (
     ChatMessage,
     ExtractionJob,
@@ -224,7 +226,6 @@ class PipelineMachine(RuleBasedStateMachine):
         self.results: list[JobResult] = []  # job-results, not yet taken by the ingest stage
         self.topic: list[bytes] = []  # memory-changes: committed events, in order
         self.payloads: dict[str, bytes] = {}  # change id -> its one payload
-        self.txn: list[tuple[str, bytes]] | None = None  # the apply step's open transaction
         # what happened, for the checks
         self.sent: dict[tuple[str, int], ExtractionJob] = {}  # (job id, seq) -> job as sent
         self.max_seq = dict.fromkeys(USERS, 0)
@@ -241,28 +242,15 @@ class PipelineMachine(RuleBasedStateMachine):
         self.p: Any = SimpleNamespace(  # what the agents' functions use of a Pipeline
             services=SimpleNamespace(store=env.live, extractor=self.extractor,
                                      model=self.extractor.model),
-            settings=SETTINGS, counters=Counters(), user_keys=None, on_changes=None,
-            memory_changes=SimpleNamespace(send=self._send_change),
-            job_results=SimpleNamespace(send=self._send_result),
+            settings=SETTINGS, counters=Counters(), user_keys=None,
+            topics=SimpleNamespace(memory_changes=SimpleNamespace(name="changes"),
+                                   job_results=SimpleNamespace(name="results")),
             waiters=SimpleNamespace(resolve=lambda *_: None), clock=lambda: self.now)
 
     # --- plumbing --------------------------------------------------------------------------
 
     def run(self, coro: Any) -> Any:
         return self.env.loop.run_until_complete(coro)
-
-    async def _send_change(self, key: bytes, value: bytes) -> Any:
-        assert self.txn is not None
-        self.txn.append(("change", value))
-
-        async def delivered() -> None:
-            return None
-
-        return delivered()
-
-    async def _send_result(self, key: bytes, value: bytes) -> None:
-        assert self.txn is not None
-        self.txn.append(("result", value))
 
     def scope(self, user: str) -> Scope:
         return Scope(self.tenant, user)
@@ -315,11 +303,9 @@ class PipelineMachine(RuleBasedStateMachine):
             index = next(i for i, d in enumerate(self.decisions[user]) if d is half)
         decision = self.decisions[user][index]
         store = Killable(self.store, budget) if how == "killed_mid_write" else self.store
-        self.txn = []
         try:
             applied = apply_decision(store, decision)
         except Crash:
-            self.txn = None
             if isinstance(store, Killable) and store.writes:
                 event("apply killed between two store writes")
                 self.half_applied[user] = decision
@@ -329,12 +315,13 @@ class PipelineMachine(RuleBasedStateMachine):
         event(f"apply {how}: {applied.verdict.value} -> {applied.status.value}")
         self.note_applied(decision, applied)
         key = f"{self.tenant}/{user}".encode()
-        self.run(publish(self.p, key, decision, applied))
-        txn, self.txn = self.txn, None
+        work = Work()
+        self.run(publish(self.p, work, key, decision, applied))
         if how in ("killed_after_write", "killed_mid_write"):
             return  # the transaction is aborted: its events and its result are lost
-        for kind, value in txn:
-            if kind == "change":
+        for topic, _, value in work.out:
+            assert value is not None
+            if topic == "changes":
                 change = MemoryChange.model_validate_json(value)
                 first = self.payloads.setdefault(change.change_id, value)
                 assert first == value, f"change {change.change_id} published with two payloads"

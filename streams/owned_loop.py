@@ -1,23 +1,26 @@
-"""The ingest stage's own consume-process-produce loop: exactly once by Kafka transactions.
+"""A stage's own consume-process-produce loop: exactly once by Kafka transactions.
 
-The ingest stage decides *when* a user's messages become a job; its input order is the
-product's first promise (an older message handled after a newer one turns a newer fact
-into an older one). Run as a Faust agent it depended on Faust delivering every record: it
-can drop fetched records around a recovery (faust-streaming #596), commit past a record
-still in progress (#606), and it groups the offsets of partition *p* of every input topic
-into one transaction, so a record held back on one topic did not hold back the effects of
-later records read from another. This loop owns what those depend on:
+Every stage of the pipeline that turns records into records runs in one of these loops:
+ingest (:mod:`streams.ingest`: messages, session events, results, ticks, tool writes ->
+jobs), extract (:mod:`streams.extract`: jobs -> decisions) and apply (:mod:`streams.apply`:
+decisions and maintenance ticks -> store, memory changes, results, tool requests). Run as
+Faust agents, their effects depended on Faust delivering every record: it can drop fetched
+records around a recovery (faust-streaming #596), commit past a record still in progress
+(#606), and it groups the offsets of partition *p* of every input topic into one
+transaction. The chaos benchmark found each of those as lost, stale or re-sent work. A loop
+owns what those depend on:
 
-- **One consumer** (group ``{app_id}-ingest``, static member, ``read_committed``, no auto
-  commit, the range assignor: partition *p* of every input topic comes to one worker).
-- **One transactional producer per owned partition** (``{app_id}-ingest-{p}``). A new
+- **One consumer per stage** (group ``{app_id}-{stage}``, static member,
+  ``read_committed``, no auto commit, the range assignor: partition *p* of every input
+  topic of the stage comes to one worker).
+- **One transactional producer per owned partition** (``{app_id}-{stage}-{p}``). A new
   owner's ``init_transactions`` fences the previous one and aborts its open transaction
   before anything of *p* is read (exactly once as Kafka Streams' first design did it).
 - **Batches.** The records of *p* from every input topic are merged by timestamp without
-  reordering any topic, handled by :mod:`streams.ingest` (the pure machine per record,
-  each user's state written once per batch), and the batch's outputs (jobs, trivial
-  results, dead letters), its table writes and its input offsets go in one transaction.
-  The tables take the writes only once it is committed (:mod:`streams.ingest_tables`).
+  reordering any topic and handed to the stage, which returns what they produce; the
+  batch's outputs, its table writes and its input offsets go in one transaction. The
+  tables take the writes only once it is committed (:mod:`streams.ingest_tables`), and the
+  stage's after-commit work (waking API callers, counting) runs only then.
 - **A failed transaction** drops the batch's writes, renews the producer and reads the
   partition again from its committed offsets. Fenced (another worker owns it): the
   worker exits, and its restart rejoins the group.
@@ -38,8 +41,9 @@ import heapq
 import logging
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
@@ -51,15 +55,16 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from memstream.retry import RetryPolicy, next_delay
-from memstream.streams import ingest
-from memstream.streams.app import Pipeline
+from memstream.errors import InvalidRecord
+from memstream.retry import RetryPolicy, is_transient, next_delay
+from memstream.settings import Settings
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
-from memstream.streams.ingest_tables import restore
+from memstream.streams.ingest_tables import LoopTable, restore
 
 log = logging.getLogger(__name__)
 EXIT_LOOP_FAILED = 70  # EX_SOFTWARE
 RETRY = RetryPolicy(first_delay_s=0.2, max_delay_s=5.0)
+HANDLER_RETRY = RetryPolicy(first_delay_s=0.5, max_delay_s=30.0)
 MAX_BYTES = 16 * 1024 * 1024
 # A transaction the broker refuses for good: the worker stops rather than pass the records.
 REFUSED = (MessageSizeTooLargeError, RecordTooLargeError, TopicAuthorizationFailedError)
@@ -69,18 +74,80 @@ MAX_FAILED_IN_ROW = 10
 TRANSACTION_TIMEOUT_S = 60.0
 STOP_WAIT_S = 10.0  # one batch's transaction; past it, renewed and read again
 
+Record = tuple[str, bytes | None, bytes | None]  # topic, key, value
+
+
+@dataclass
+class Work:
+    """What one batch of one partition produced: the records to send in its transaction,
+    and what to do once that transaction is committed (never before: a caller woken
+    early could read what an aborted transaction then takes back)."""
+
+    out: list[Record] = field(default_factory=list)
+    after: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # how many of the records it was given the stage took (None: all); the rest go into
+    # the next transaction
+    handled: int | None = None
+
+
+class Stage(Protocol):
+    """What a loop runs: its name (the group ``{app_id}-{name}``), its co-partitioned input
+    topics, the tables it owns, and the handling of one partition's batch."""
+
+    name: str
+    inputs: list[str]
+    tables: tuple[LoopTable, ...]
+    max_records: int
+
+    async def handle(self, partition: int, records: list[Any]) -> Work:
+        """The batch's outputs; a record it cannot handle is a dead letter in them."""
+        ...
+
+    def assigned(self, partitions: set[int]) -> None:
+        """The owned partitions changed (their tables are restored)."""
+        ...
+
 
 def halt(reason: str, code: int = EXIT_LOOP_FAILED) -> None:
     """End the worker now: nothing more is committed, the restart reads again."""
-    log.critical("ingest loop: %s; exiting (code %d)", reason, code)
+    log.critical("owned loop: %s; exiting (code %d)", reason, code)
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
+async def until_handled(record: Any, handle: Callable[[], Awaitable[Any]], *,
+                        counters: Any = None,
+                        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> Any:
+    """``handle()`` for one record, a transient failure (broker, store, LLM outage) tried
+    again in place with capped backoff (the partition waits, so a user's records keep their
+    order). Anything else is returned as the :class:`InvalidRecord` to set it aside with."""
+    attempt = 0
+    while True:
+        try:
+            return await handle()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            attempt += 1
+            where = f"{record.topic}[{record.partition}]@{record.offset}"
+            if is_transient(exc):
+                delay = next_delay(HANDLER_RETRY, attempt)
+                if counters is not None:
+                    counters.handler_retries += 1
+                log.warning("%s: %s (transient, attempt %d); retrying in %.1fs",
+                            where, type(exc).__name__, attempt, delay)
+                await sleep(delay)
+                continue
+            log.exception("%s: cannot be handled; set aside on the dead-letter topic", where)
+            if counters is not None:
+                counters.handler_failures += 1
+            return InvalidRecord("internal", f"{type(exc).__name__}: {exc}"[:1000])
+
+
 class _Listener(ConsumerRebalanceListener):
-    def __init__(self, loop: IngestLoop) -> None:
+    def __init__(self, loop: OwnedLoop) -> None:
         self.loop = loop
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
@@ -90,14 +157,16 @@ class _Listener(ConsumerRebalanceListener):
         await self.loop.assigned(assigned)
 
 
-class IngestLoop:
+class OwnedLoop:
     """See the module docstring. ``start()`` / ``stop()`` from the worker's lifecycle."""
 
-    def __init__(self, p: Pipeline, *, on_fatal: Callable[..., None] = halt) -> None:
-        self.p = p
-        self.inputs = [t.name for t in p.topics.ingest_inputs()]
-        self.group = f"{p.settings.app_id}-ingest"
-        self.tables = (p.state, p.window)
+    def __init__(self, settings: Settings, stage: Stage, *,
+                 on_fatal: Callable[..., None] = halt) -> None:
+        self.settings = settings
+        self.stage = stage
+        self.inputs = list(stage.inputs)
+        self.group = f"{settings.app_id}-{stage.name}"
+        self.tables = stage.tables
         self.on_fatal = on_fatal
         self.consumer: AIOKafkaConsumer | None = None
         self.producers: dict[int, AIOKafkaProducer] = {}
@@ -113,14 +182,14 @@ class IngestLoop:
     # --- lifecycle -----------------------------------------------------------------------
 
     def _client_args(self) -> dict[str, Any]:
-        return {"bootstrap_servers": self.p.settings.bootstrap_servers}
+        return {"bootstrap_servers": self.settings.bootstrap_servers}
 
     async def start(self) -> None:
-        s = self.p.settings  # its changelogs were created with the topics (memstream worker)
+        s = self.settings  # its changelogs were created with the topics (memstream worker)
         instance = s.instance_id()
         self.consumer = AIOKafkaConsumer(
             **self._client_args(), group_id=self.group,
-            group_instance_id=f"{instance}-ingest" if instance else None,
+            group_instance_id=f"{instance}-{self.stage.name}" if instance else None,
             enable_auto_commit=False, isolation_level="read_committed",
             auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
             session_timeout_ms=int(s.session_timeout_s * 1000),
@@ -128,7 +197,7 @@ class IngestLoop:
             max_partition_fetch_bytes=MAX_BYTES, fetch_max_bytes=4 * MAX_BYTES)
         self.consumer.subscribe(self.inputs, listener=_Listener(self))
         await self.consumer.start()
-        self.task = asyncio.create_task(self._run(), name="ingest-loop")
+        self.task = asyncio.create_task(self._run(), name=f"{self.stage.name}-loop")
 
     async def stop(self) -> None:
         """After the batch in progress (at most ``STOP_WAIT_S``: a partition waiting for
@@ -150,20 +219,20 @@ class IngestLoop:
         try:
             while not self.stopping.is_set():
                 batch = await self.consumer.getmany(
-                    timeout_ms=100, max_records=self.p.settings.ingest_batch_records)
+                    timeout_ms=100, max_records=self.stage.max_records)
                 if batch:
                     async with self.lock:
                         await self.process(batch)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("ingest loop failed")
-            self.on_fatal(f"{type(exc).__name__}: {exc}")
+            log.exception("%s loop failed", self.stage.name)
+            self.on_fatal(f"{self.stage.name}: {type(exc).__name__}: {exc}")
 
     # --- a batch -------------------------------------------------------------------------
 
     async def process(self, batch: dict[TopicPartition, list[Any]]) -> None:
-        """Handle one poll's records, one transaction per partition."""
+        """Handle one poll's records, one transaction per partition (partitions at once)."""
         parts: dict[int, list[list[Any]]] = {}
         for tp, records in batch.items():
             if tp.partition not in self.ready or tp not in self.next:
@@ -171,48 +240,42 @@ class IngestLoop:
             fresh = [r for r in records if r.offset >= self.next[tp]]
             if fresh:
                 parts.setdefault(tp.partition, []).append(fresh)
-        handled = {n: self._handle(n, list(heapq.merge(*lists, key=_timestamp)))
-                   for n, lists in parts.items()}
-        await asyncio.gather(*(self._commit(n, b, offsets)
-                               for n, (b, offsets) in handled.items()))
+        await asyncio.gather(*(self._partition(n, list(heapq.merge(*lists, key=_timestamp)))
+                               for n, lists in parts.items()))
 
-    def _handle(self, partition: int, records: list[Any]
-                ) -> tuple[ingest.Batch, dict[TopicPartition, int]]:
-        batch = ingest.Batch()
-        offsets: dict[TopicPartition, int] = {}
-        for table in self.tables:
-            table.partition = partition
-        try:
-            for record in records:
-                ingest.handle_record(self.p, batch, record)
-                offsets[TopicPartition(record.topic, record.partition)] = record.offset + 1
-            ingest.finish(self.p, batch)
-        finally:
-            for table in self.tables:
-                table.partition = None
-        return batch, offsets
+    async def _partition(self, partition: int, records: list[Any]) -> None:
+        while records:
+            work = await self.stage.handle(partition, records)
+            taken = len(records) if work.handled is None else max(1, work.handled)
+            done, records = records[:taken], records[taken:]
+            offsets = {TopicPartition(r.topic, r.partition): r.offset + 1 for r in done}
+            if not await self._commit(partition, work, offsets):
+                return  # read again from the committed offsets
+            for step in work.after:
+                await step()
 
-    async def _commit(self, partition: int, batch: ingest.Batch,
-                      offsets: dict[TopicPartition, int]) -> None:
+    async def _commit(self, partition: int, work: Work,
+                      offsets: dict[TopicPartition, int]) -> bool:
         producer = self.producers[partition]
         try:
-            await asyncio.wait_for(self._transaction(producer, partition, batch, offsets),
+            await asyncio.wait_for(self._transaction(producer, partition, work, offsets),
                                    TRANSACTION_TIMEOUT_S)
         except Exception as exc:
             for table in self.tables:
                 table.discard(partition)
             await self._recover(partition, exc)
-            return
+            return False
         for table in self.tables:
             table.commit(partition)
         self.next.update(offsets)
         self.failed_in_row.pop(partition, None)
+        return True
 
     async def _transaction(self, producer: AIOKafkaProducer, partition: int,
-                           batch: ingest.Batch, offsets: dict[TopicPartition, int]) -> None:
+                           work: Work, offsets: dict[TopicPartition, int]) -> None:
         await producer.begin_transaction()
         sent = [await producer.send(topic, key=key, value=value)
-                for topic, key, value in batch.out]
+                for topic, key, value in work.out]
         for table in self.tables:
             sent += [await producer.send(table.topic, key=key, value=value, partition=partition)
                      for key, value in table.changelog(partition)]
@@ -237,8 +300,8 @@ class IngestLoop:
             self.on_fatal(f"partition {partition}: more than {MAX_FAILED_IN_ROW} transactions "
                           f"failed in a row (last: {type(exc).__name__}: {exc})")
             return
-        log.warning("ingest partition %d: transaction failed (%s: %s); reading it again",
-                    partition, type(exc).__name__, exc)
+        log.warning("%s partition %d: transaction failed (%s: %s); reading it again",
+                    self.stage.name, partition, type(exc).__name__, exc)
         old = self.producers.pop(partition)
         await _quietly(old.stop())
         attempt = 0
@@ -248,8 +311,8 @@ class IngestLoop:
             try:
                 self.producers[partition] = await self._producer(partition)
             except Exception as err:
-                log.warning("ingest partition %d: producer not started (%s)", partition,
-                            type(err).__name__)
+                log.warning("%s partition %d: producer not started (%s)", self.stage.name,
+                            partition, type(err).__name__)
         self._seek(partition)
 
     def _seek(self, partition: int) -> None:
@@ -270,7 +333,8 @@ class IngestLoop:
             async with self.lock:
                 await self._assign(assigned)
         except Exception as exc:
-            log.exception("ingest loop: taking partitions %s failed", sorted(assigned))
+            log.exception("%s loop: taking partitions %s failed", self.stage.name,
+                          sorted(assigned))
             self.on_fatal(f"partitions not taken: {type(exc).__name__}: {exc}")
 
     async def _assign(self, assigned: set[TopicPartition]) -> None:
@@ -299,8 +363,8 @@ class IngestLoop:
             self.consumer.seek(tp, self.next[tp])
         self.owned = parts
         self.ready = set(parts)
-        log.info("ingest loop: partitions %s (new %s, restored %d users)", sorted(parts),
-                 sorted(new), len(self.p.state))
+        self.stage.assigned(parts)
+        log.info("%s loop: partitions %s (new %s)", self.stage.name, sorted(parts), sorted(new))
 
     async def _producer(self, partition: int) -> AIOKafkaProducer:
         producer = AIOKafkaProducer(

@@ -1,0 +1,224 @@
+"""The apply stage: decisions -> store, memory changes, job results (and the windowed jobs'
+triggers), a thin shell around :mod:`memory.apply`.
+
+It runs in its own loop (:class:`streams.owned_loop.OwnedLoop`, group ``{app_id}-apply``).
+Each decision of a partition's batch is applied to the store in order (idempotent and
+fenced: :mod:`memory.fencing`), and its change events, as the store keeps them for the job,
+then the job result, go out in the batch's transaction with the input offsets. The result
+lets the ingest stage emit the user's next job, so that job is only decided once the
+changes are in the store and their events committed. A transaction that fails is read
+again: the store answers the decisions it holds with their kept events (DONE /
+REPUBLISH), so every change has its event on the topic exactly when its decision counts
+as read.
+
+One decision per user per transaction: the store keeps the events of the user's last job
+only, so a second decision of the user applied before the first's events are committed
+could leave them unpublished if that transaction aborted; the batch is cut before it.
+
+With the windowed jobs here (``jobs_enabled``), the loop also reads the maintenance ticks
+and owns the ``maintenance`` table: each change applied and each tick is folded into it
+(:class:`jobs.agents.MaintenanceFold`) in the same transaction. A process that runs only
+the windowed jobs (``memstream jobs run``) reads the memory-change topic instead of the
+decisions (group ``{app_id}-jobs``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from memstream.errors import InvalidRecord
+from memstream.memory import fencing, metrics
+from memstream.memory.apply import Applied, apply_decision
+from memstream.retry import retry_async
+from memstream.streams import faust_setup, privacy
+from memstream.streams.app import Pipeline
+from memstream.streams.counters import Counters, add
+from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
+from memstream.streams.extract import store_policy
+from memstream.streams.ingest_tables import LoopTable
+from memstream.streams.owned_loop import OwnedLoop, Record, Work, until_handled
+from memstream.streams.waiters import Outcome
+from memstream.topics.codec import decode
+from memstream.topics.schemas import JobDecision, JobResult, JobStatus, MemoryChange, Tick
+
+log = logging.getLogger(__name__)
+
+
+class Fold(Protocol):
+    """The windowed jobs' triggers (:class:`jobs.agents.MaintenanceFold`)."""
+
+    table: LoopTable
+
+    def fold(self, event: Tick | MemoryChange) -> list[Record]: ...
+
+    def assigned(self) -> None: ...
+
+
+async def apply_with_retries(p: Pipeline, decision: JobDecision) -> Applied:
+    """The store must take the decision before the job is reported done: a transient store
+    error is retried with capped backoff and no deadline (the partition waits, so one
+    user's changes stay in order); a permanent one is raised at once."""
+
+    def logged(n: int, exc: BaseException, delay: float) -> None:
+        log.error("applying decision of job %s failed (attempt %d, %s: %s); retrying in %.1fs",
+                  decision.job_id, n, type(exc).__name__, str(exc)[:200], delay)
+
+    return await retry_async(
+        lambda: asyncio.to_thread(apply_decision, p.services.store, decision),
+        policy=store_policy(p.settings), deadline=None, clock=p.clock, on_retry=logged)
+
+
+async def apply_or_set_aside(p: Pipeline, work: Work, decision: JobDecision,
+                             record: Any) -> Applied:
+    """A decision the store refuses for good is dead-lettered (``apply_failed``) and its job
+    reported failed, so the ingest stage retries it later instead of the partition
+    looping on it forever."""
+    try:
+        return await apply_with_retries(p, decision)
+    except Exception as exc:  # permanent (is_transient said no)
+        reason = f"{type(exc).__name__}: {exc}"[:500]
+        log.error("decision of job %s cannot be applied: %s", decision.job_id, reason)
+        set_aside(p, work, InvalidRecord("apply_failed", reason), record)
+        return Applied(fencing.Verdict.APPLY, JobStatus.FAILED, error=reason)
+
+
+async def publish(p: Pipeline, work: Work, key: bytes, decision: JobDecision,
+                  applied: Applied) -> None:
+    """The change events first, then the result that lets the user's next job go, into the
+    batch's transaction; callers woken and counts taken once it is committed."""
+    wire = await privacy.seal_all(p, applied.publish)
+    work.out += [(p.topics.memory_changes.name, key, change.dumps()) for change in wire]
+    result = JobResult.for_job(
+        decision, applied.status, datetime.fromtimestamp(p.clock(), UTC),
+        llm_calls=decision.llm_calls, error=applied.error, applied_seq=applied.applied_seq)
+    work.out.append((p.topics.job_results.name, key, result.dumps()))
+
+    async def committed() -> None:
+        await privacy.after_erase(p, applied.publish)
+        count_outcome(p.counters, decision, applied)
+        if applied.status != JobStatus.FENCED:  # a fenced job goes again under the same id
+            p.waiters.resolve(decision.job_id, Outcome(
+                applied.status.value, [_summary(c) for c in applied.publish],
+                applied.error or decision.error))
+
+    work.after.append(committed)
+
+
+def count_outcome(c: Counters, decision: JobDecision, applied: Applied) -> None:
+    if applied.verdict == fencing.Verdict.REPUBLISH:
+        c.decisions_republished += 1
+    elif applied.verdict == fencing.Verdict.DONE:
+        c.decisions_duplicate += 1
+    elif applied.status == JobStatus.FENCED:
+        c.decisions_fenced += 1
+    if applied.publish and applied.verdict == fencing.Verdict.APPLY:
+        count_applied(c, decision, applied.publish)
+
+
+def count_applied(c: Counters, decision: JobDecision, changes: list[MemoryChange]) -> None:
+    """Write volume and the merges of SPEC §8: once per change applied now (a re-published
+    or duplicate decision is not counted again)."""
+    c.consolidation_merges += decision.decisions.get("merged", 0)
+    for change in changes:
+        add(c.changes, (metrics.bounded(change.op, metrics.CHANGE_OPS),
+                        metrics.bounded(change.lineage.kind, metrics.LINEAGE_KINDS)))
+
+
+def _summary(change: MemoryChange) -> dict[str, object]:
+    return {"op": change.op, "memory_id": change.memory_id, "version": change.version,
+            "content": change.after.get("content", "")}
+
+
+class ApplyStage:
+    """The apply stage as its loop runs it (see the module docstring). ``fold``: the
+    windowed jobs' triggers, when they run in this process; ``decisions`` False: only
+    those (the memory-change topic folded instead of decisions applied)."""
+
+    def __init__(self, p: Pipeline, fold: Fold | None, *, decisions: bool = True) -> None:
+        self.p = p
+        self.fold = fold
+        t = p.topics
+        self.decisions = t.decisions.name if decisions else None
+        self.name = "apply" if decisions else "jobs"
+        self.inputs = [t.decisions.name if decisions else t.memory_changes.name]
+        if fold is not None:
+            self.inputs.append(t.maintenance_ticks.name)
+        self.tables: tuple[LoopTable, ...] = (fold.table,) if fold is not None else ()
+        self.max_records = p.settings.ingest_batch_records
+
+    def assigned(self, partitions: set[int]) -> None:
+        if self.fold is not None:
+            self.fold.assigned()
+
+    async def handle(self, partition: int, records: list[Any]) -> Work:
+        work, users = Work(), set()
+        for n, record in enumerate(records):
+            if record.topic == self.decisions:
+                if record.key in users:  # the user's second decision: next transaction
+                    work.handled = n
+                    break
+                users.add(record.key)
+                step = self._decision
+            else:
+                step = self._event
+            mark = len(work.out), len(work.after)
+
+            async def attempt(r: Any = record, step: Any = step,
+                              mark: tuple[int, int] = mark) -> None:
+                del work.out[mark[0]:], work.after[mark[1]:]  # a failed attempt's part
+                await step(partition, work, r)
+
+            got = await until_handled(record, attempt, counters=self.p.counters)
+            if isinstance(got, InvalidRecord):
+                set_aside(self.p, work, got, record)
+        return work
+
+    async def _decision(self, partition: int, work: Work, record: Any) -> None:
+        p = self.p
+        try:
+            decision = decode(JobDecision, record.value, record.key, max_bytes=INTERNAL_MAX_BYTES)
+        except InvalidRecord as exc:
+            set_aside(p, work, exc, record)
+            return
+        applied = await apply_or_set_aside(p, work, decision, record)
+        await publish(p, work, record.key, decision, applied)
+        if self.fold is not None:
+            for change in applied.publish:
+                self._fold(partition, work, change)
+
+    async def _event(self, partition: int, work: Work, record: Any) -> None:
+        """A maintenance tick, or (the jobs-only process) a published change."""
+        p = self.p
+        model: type[Tick] | type[MemoryChange] = (
+            Tick if record.topic == p.topics.maintenance_ticks.name else MemoryChange)
+        try:
+            event = decode(model, record.value, record.key, max_bytes=INTERNAL_MAX_BYTES)
+        except InvalidRecord as exc:
+            set_aside(p, work, exc, record)
+            return
+        assert self.fold is not None
+        if isinstance(event, Tick) and privacy.is_roll(event.tenant_id):
+            with self.fold.table.writing(partition):  # segments roll: compaction drops data
+                privacy.roll_tables(self.fold.table)
+            return
+        self._fold(partition, work, event)
+
+    def _fold(self, partition: int, work: Work, event: Tick | MemoryChange) -> None:
+        assert self.fold is not None
+        with self.fold.table.writing(partition):
+            work.out += self.fold.fold(event)
+
+
+def register(p: Pipeline, fold: Fold | None, *, decisions: bool = True) -> None:
+    """Run the apply loop (or the jobs-only loop) in the worker, started with the app."""
+    loop = OwnedLoop(p.settings, ApplyStage(p, fold, decisions=decisions))
+    p.loop_lags.append(loop.lags)
+    faust_setup.start_with_app(p.app, loop.start)
+
+    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def on_shutdown(app: Any, **_: Any) -> None:
+        await loop.stop()
+
