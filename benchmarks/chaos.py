@@ -1,7 +1,7 @@
 """Chaos benchmark: do users' memories survive crashed workers and a broker restart? (not a test)
 
     .venv/bin/python benchmarks/chaos.py [--users 40] [--kills 6] [--rate 100]
-        [--guarantee exactly_once|at_least_once] [--seed 7] [--no-broker-restart] [--port 29092]
+        [--seed 7] [--no-broker-restart] [--port 29092]
         [--job-timeout 60] [--settle-timeout 900] [--keep-broker] [--reuse-broker]
         [--seeds 1-10]   # one run per seed, a table of the runs and one JSON line
         [--shuffle-producers]   # each user's messages delivered out of event-time order
@@ -860,7 +860,7 @@ def print_report(outcome: Outcome, meta: Mapping[str, Any]) -> None:
     rows = [
         ("users / messages / sessions", f"{meta['users']} / {meta['messages']} / "
                                         f"{f['sessions']} ({f['sessions_covered']} covered)"),
-        ("guarantee, rate", f"{meta['guarantee']}, {meta['rate']:.0f} msg/s"),
+        ("rate", f"{meta['rate']:.0f} msg/s"),
         ("kills (moment/state at kill)", f"{f['kills_done']} {f['kills_by_moment']}"),
         ("broker restarted (out, s)", f.get("broker_out_s", "no")),
         ("worker self-exits / stall restarts", f"{f['worker_self_exits']} / "
@@ -949,8 +949,6 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=40)
     ap.add_argument("--kills", type=int, default=6)
     ap.add_argument("--rate", type=float, default=100.0, help="messages per second")
-    ap.add_argument("--guarantee", default="exactly_once",
-                    choices=["exactly_once", "at_least_once"])
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--shuffle-producers", action="store_true",
                     help="each user's messages delivered out of event-time order")
@@ -981,11 +979,10 @@ def main() -> None:
             work = Path(tempfile.mkdtemp(prefix=f"memstream-chaos-{seed}-"))
             events, truth = scenario(args.users, seed)
             settings = bench_settings(f"127.0.0.1:{args.port}", work,
-                                      processing_guarantee=args.guarantee,
                                       job_timeout_s=args.job_timeout)
             meta = {"users": args.users,
                     "messages": sum(isinstance(e, ChatMessage) for e in events),
-                    "kills": args.kills, "guarantee": args.guarantee, "rate": args.rate,
+                    "kills": args.kills, "rate": args.rate,
                     "seed": seed, "broker_restart": not args.no_broker_restart,
                     "shuffle_producers": args.shuffle_producers,
                     "job_timeout_s": args.job_timeout, "work": str(work)}

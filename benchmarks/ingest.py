@@ -218,7 +218,7 @@ def measure(base: Settings, args: argparse.Namespace, work: Path, label: str,
     by_reason = delays(lat_run, ends)
     every = [d for ds in by_reason.values() for d in ds]
     return {
-        "code": label, "messages": n, "users": args.users, "guarantee": args.guarantee,
+        "code": label, "messages": n, "users": args.users,
         "throughput_msg_per_s": round(n / seconds, 1),
         "jobs_per_100_messages": round(100 * len(run.jobs) / n, 2),
         "trivial_resolved_per_100_messages": round(100 * len(run.trivial) / n, 2),
@@ -239,14 +239,11 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=1000.0, help="msg/s in the latency phase")
     ap.add_argument("--latency-messages", type=int, default=20_000)
-    ap.add_argument("--guarantee", default="exactly_once",
-                    choices=["exactly_once", "at_least_once"])
     ap.add_argument("--runs", type=int, default=1, help="runs per code (median reported)")
     ap.add_argument("--compare", action="append", default=[], metavar="LABEL=DIR",
                     help="also run the worker from another checkout, side by side")
     args = ap.parse_args()
-    base = Settings(idle_timeout_s=5.0, tick_interval_s=1.0, partitions=4, extract_enabled=False,
-                    processing_guarantee=args.guarantee)
+    base = Settings(idle_timeout_s=5.0, tick_interval_s=1.0, partitions=4, extract_enabled=False)
     if local_broker.read_pid(local_broker.paths_for(base)) is None:
         local_broker.start(base)
     work = Path(tempfile.mkdtemp(prefix="memstream-bench-"))

@@ -27,10 +27,6 @@ class Settings(BaseSettings):
     app_id: str = Field("memstream", description="Faust app id (consumer group, table names)")
     topic_prefix: str = Field("memstream", description="Prefix of every topic memstream owns")
     partitions: int = Field(4, ge=1, description="Partitions of the co-partitioned topics")
-    processing_guarantee: Literal["exactly_once", "at_least_once"] = Field(
-        "exactly_once", description="Faust processing guarantee (exactly_once uses transactions)"
-    )
-    commit_every: int = Field(1000, ge=1, description="Commit (a transaction) every N events")
     ingest_batch_records: int = Field(
         1000, ge=1, description="The ingest loop's batch: at most this many records per poll, "
         "handled and committed in one transaction per partition")
@@ -222,14 +218,15 @@ class Settings(BaseSettings):
             "store": "memory://",
             "topic_partitions": self.partitions,
             "topic_replication_factor": 1,
-            "processing_guarantee": self.processing_guarantee,
+            # Faust reads no topic of the pipeline: every stage runs in its own transactional
+            # loop (streams.owned_loop); Faust's consumer only takes part in its group.
+            "processing_guarantee": "at_least_once",
             "datadir": str(self.data_dir / "faust"),
             # Faust's own web server stays off: the API is memstream's (streams.serve).
             "web_enabled": False,
             "table_standby_replicas": 0,
             "broker_session_timeout": self.session_timeout_s,
             "broker_heartbeat_interval": self.heartbeat_interval_s,
-            "broker_commit_every": self.commit_every,
             "producer_max_request_size": 16 * 1024 * 1024,
             "broker_commit_interval": 1.0,
             "stream_wait_empty": False,

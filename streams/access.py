@@ -6,7 +6,8 @@ in-memory queue; a background task sends what waits every ``access_flush_s`` (or
 (up to ``MAX_PENDING``, then the oldest are dropped and counted: hit statistics are a
 ranking signal, not a ledger, and reads must not fail for them).
 
-The ``fold`` agent consumes the memory-access topic and folds each event into the
+The access loop (:class:`AccessStage`) consumes the memory-access topic and folds each event
+into the
 statistics records of :mod:`memory.access` (idempotent by event id), so the store's hit
 counts are a function of the topic: a rebuild folds it again.
 """
@@ -22,10 +23,14 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from memstream.errors import InvalidRecord
 from memstream.memory.rebuild import fold_access
+from memstream.streams import faust_setup
 from memstream.streams.app import Pipeline
-from memstream.streams.dead_letters import decode_or_dead_letter
-from memstream.streams.guard import guarded
+from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
+from memstream.streams.ingest_tables import LoopTable
+from memstream.streams.owned_loop import OwnedLoop, Work, until_handled
+from memstream.topics.codec import decode
 from memstream.topics.schemas import AccessEvent
 
 log = logging.getLogger(__name__)
@@ -124,17 +129,49 @@ def access_event(tenant: str, user: str, kind: str, memory_ids: list[str], query
                        ts=datetime.fromtimestamp(now, UTC))
 
 
-async def fold_one(p: Pipeline, message: Any) -> None:
-    event = await decode_or_dead_letter(p, AccessEvent, message)
-    if event is None:
-        return
-    await asyncio.to_thread(fold_access, p.services.store, [event])
-    p.counters.access_events_folded += 1
+class AccessStage:
+    """The fold of the memory-access topic into the store, in its own loop (group
+    ``{app_id}-access``): a batch's events are folded in one store call (idempotent by
+    event id: a batch read again after a failed transaction changes nothing twice)."""
+
+    name = "access"
+
+    def __init__(self, p: Pipeline) -> None:
+        self.p = p
+        self.inputs = [p.topics.memory_access.name]
+        self.tables: tuple[LoopTable, ...] = ()
+        self.max_records = p.settings.ingest_batch_records
+
+    def assigned(self, partitions: set[int]) -> None:
+        pass
+
+    async def handle(self, partition: int, records: list[Any]) -> Work:
+        p, work = self.p, Work()
+        events = []
+        for record in records:
+            try:
+                events.append(decode(AccessEvent, record.value, record.key,
+                                     max_bytes=INTERNAL_MAX_BYTES))
+            except InvalidRecord as exc:
+                set_aside(p, work, exc, record)
+        if events:
+            got = await until_handled(
+                records[-1], lambda: asyncio.to_thread(fold_access, p.services.store, events),
+                counters=p.counters)
+            if isinstance(got, InvalidRecord):  # a bug: the batch's events set aside
+                for record in records:
+                    set_aside(p, work, got, record)
+                return work
+            p.counters.access_events_folded += len(events)
+        return work
 
 
 def register(p: Pipeline) -> None:
-    @p.app.agent(p.memory_access, name="fold-access")
-    async def fold(stream: Any) -> None:
-        async for event in stream.events():
-            message = event.message
-            await guarded(p, message, lambda: fold_one(p, message))  # noqa: B023
+    """Run the access fold's loop in the worker (started with the app)."""
+    loop = OwnedLoop(p.settings, AccessStage(p))
+    p.loop_lags.append(loop.lags)
+    faust_setup.start_with_app(p.app, loop.start)
+
+    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def on_shutdown(app: Any, **_: Any) -> None:
+        await loop.stop()

@@ -125,7 +125,7 @@ async def restore(tables: Sequence[LoopTable], partitions: set[int], max_bytes: 
                   **client: Any) -> None:
     """Read the tables' changelogs of ``partitions`` from the beginning to their ends (the
     caller's producer for them has fenced every earlier writer: no transaction is open)."""
-    if not partitions:
+    if not partitions or not tables:
         return
     by_topic = {t.topic: t for t in tables}
     tps = [TopicPartition(t, n) for t in by_topic for n in sorted(partitions)]

@@ -65,11 +65,8 @@ def assert_jobs_cover_all_four(h: Harness, users: list[str], prefix: str) -> Non
         assert [m.content for m in j.messages] == [f"{prefix} fact {i} of {u}" for i in range(4)]
 
 
-@pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
-async def test_sigkilled_worker_rejoins_as_the_same_member_and_restores_its_state(
-        harness, guarantee):
-    h = await harness(processing_guarantee=guarantee, session_timeout_s=30.0,
-                      heartbeat_interval_s=3.0)
+async def test_sigkilled_worker_rejoins_as_the_same_member_and_restores_its_state(harness):
+    h = await harness(session_timeout_s=30.0, heartbeat_interval_s=3.0)
     w = h.worker()
     await three_each(h, USERS, "a")
     await asyncio.sleep(2.5)  # past the commit interval

@@ -21,8 +21,8 @@ from memstream.memory.extraction import Extractor, RulesModel
 from memstream.memory.fencing import Cursor, Verdict, decision_id, timeless
 from memstream.memory.rebuild import rebuild
 from memstream.memory.store import Scope
-from memstream.streams.counters import Counters
 from memstream.streams.apply import publish
+from memstream.streams.counters import Counters
 from memstream.streams.extract import failed_decision, skip_decided
 from memstream.streams.owned_loop import Work
 from memstream.topics.schemas import JobResult, JobStatus, MemoryChange

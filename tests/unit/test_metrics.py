@@ -18,9 +18,9 @@ from memstream.memory import coalescing as machine
 from memstream.memory import metrics as m
 from memstream.memory.ingest_state import Policy, UserState
 from memstream.streams import metrics as sm
+from memstream.streams.apply import count_applied
 from memstream.streams.counters import Counters
 from memstream.streams.dead_letters import send_dead_letter
-from memstream.streams.apply import count_applied
 from memstream.streams.extract import count_spend
 from memstream.streams.http import build_http_app
 from memstream.streams.metrics import METRICS, MetricsDeps

@@ -84,8 +84,8 @@ from memstream.memory.fencing import Verdict
 from memstream.memory.ingest_state import Policy, Step, UserState
 from memstream.memory.model import Memory
 from memstream.memory.store import Scope
-from memstream.streams.counters import Counters
 from memstream.streams.apply import publish
+from memstream.streams.counters import Counters
 from memstream.streams.extract import decide_with_retries, failed_decision, skip_decided
 from memstream.streams.owned_loop import Work
 from memstream.topics.schemas import (

@@ -1,0 +1,192 @@
+"""The extract and apply stages in their owned loops (streams/extract.py, streams/apply.py,
+streams/owned_loop.py) without a broker: a batch's decisions / events / results go in one
+transaction with its offsets, a user's second decision waits for the next transaction, a
+transaction that fails is read again and the store answers with the events it kept, a
+bad record is a dead letter in its batch, and the windowed jobs' table is written only
+with a committed transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka.errors import KafkaConnectionError
+from aiokafka.structs import TopicPartition
+from pydantic import SecretStr
+
+from memstream.settings import Settings
+from memstream.streams.app import Pipeline, build_app
+from memstream.streams.owned_loop import OwnedLoop
+from memstream.topics.schemas import JobDecision, JobResult, JobStatus, MemoryChange, Tick
+from tests.unit.test_ingest_loop import FakeConsumer, FakeProducer
+from tests.unit.test_memory_core import job
+
+pytestmark = pytest.mark.unit
+NOW = 1_780_000_000.0
+
+
+@pytest.fixture
+def p(tmp_path):
+    settings = Settings(data_dir=tmp_path, embedder="hashing", web_enabled=False,
+                        ingest_enabled=False, admin_key=SecretStr("k"),
+                        reflection_threshold=1.0)
+    pipeline = build_app(settings)
+    pipeline.clock = lambda: NOW
+    yield pipeline
+    pipeline.services.store.close()
+
+
+def loop_of(p: Pipeline, name: str) -> tuple[OwnedLoop, list[tuple[str, int]]]:
+    (loop,) = [lags.__self__ for lags in p.loop_lags if lags.__self__.stage.name == name]
+    fatal: list[tuple[str, int]] = []
+    loop.on_fatal = lambda reason, code=70: fatal.append((reason, code))
+    inputs = {TopicPartition(t, 0) for t in loop.inputs}
+    loop.consumer = FakeConsumer(inputs)
+    loop.producers = {0: FakeProducer()}
+    loop.owned = loop.ready = {0}
+    loop.next = dict.fromkeys(inputs, 0)
+    return loop, fatal
+
+
+def record(topic: str, offset: int, key: bytes, value: bytes, ts: int | None = None) -> Any:
+    return SimpleNamespace(topic=topic, partition=0, offset=offset, key=key, value=value,
+                           timestamp=offset if ts is None else ts)
+
+
+def batch(*records: Any) -> dict[TopicPartition, list[Any]]:
+    out: dict[TopicPartition, list[Any]] = {}
+    for r in records:
+        out.setdefault(TopicPartition(r.topic, r.partition), []).append(r)
+    return out
+
+
+def sent(producer: FakeProducer, topic: str, txn: int | None = None) -> list[bytes]:
+    txns = producer.committed if txn is None else [producer.committed[txn]]
+    return [r[2] for t in txns for r in t if r[0] == topic]
+
+
+def job_record(p: Pipeline, offset: int, texts: list[str], *, user: str = "u1",
+               seq: int = 1, job_id: str | None = None) -> Any:
+    j = job(texts, user=user, job_id=job_id or f"job-{user}-{seq}").model_copy(
+        update={"seq": seq})
+    return record(p.topics.jobs.name, offset, j.key().encode(), j.dumps())
+
+
+async def decided(p: Pipeline, *jobs: Any) -> list[Any]:
+    """The jobs through the extract loop: their decisions, as records of the topic."""
+    loop, _ = loop_of(p, "extract")
+    await loop.process(batch(*jobs))
+    values = sent(loop.producers[0], p.topics.decisions.name)
+    return [record(p.topics.decisions.name, n, JobDecision.model_validate_json(v).key().encode(),
+                   v) for n, v in enumerate(values)]
+
+
+async def test_extract_commits_a_batch_of_decisions_with_its_offsets(p):
+    loop, fatal = loop_of(p, "extract")
+    bad = record(p.topics.jobs.name, 1, b"t1/u2", b"{not json")
+    await loop.process(batch(job_record(p, 0, ["I live in Oslo"]), bad,
+                             job_record(p, 2, ["I am allergic to nuts"], user="u3")))
+    producer = loop.producers[0]
+    assert len(producer.committed) == 1 and not fatal
+    decisions = [JobDecision.model_validate_json(v)
+                 for v in sent(producer, p.topics.decisions.name)]
+    assert sorted(d.user_id for d in decisions) == ["u1", "u3"]
+    assert all(d.status == JobStatus.DONE and d.changes for d in decisions)
+    (dead,) = sent(producer, p.topics.dead_letters.name)
+    assert json.loads(dead)["kind"] == "not_json"
+    assert producer.offsets == [{TopicPartition(p.topics.jobs.name, 0): 3}]
+    assert p.services.store.count() == 0  # deciding writes nothing to the store
+
+
+async def test_apply_sends_events_then_the_result_and_one_decision_per_user_per_txn(p):
+    first, second = await decided(p, job_record(p, 0, ["I live in Oslo"]),
+                                  job_record(p, 1, ["I am allergic to nuts"], seq=2))
+    loop, fatal = loop_of(p, "apply")
+    await loop.process(batch(first, second))
+    producer = loop.producers[0]
+    assert len(producer.committed) == 2 and not fatal  # the user's second: its own txn
+    for txn in (0, 1):
+        kinds = [r[0] for r in producer.committed[txn]
+                 if r[0] in (p.topics.memory_changes.name, p.topics.job_results.name)]
+        assert kinds[-1] == p.topics.job_results.name and len(kinds) >= 2  # events first
+        (result,) = sent(producer, p.topics.job_results.name, txn)
+        assert JobResult.model_validate_json(result).status == JobStatus.DONE
+    changes = [MemoryChange.model_validate_json(v)
+               for v in sent(producer, p.topics.memory_changes.name)]
+    assert sorted(c.after["content"] for c in changes) == [
+        "Allergic to nuts", "Lives in Oslo"]
+    dtp = TopicPartition(p.topics.decisions.name, 0)
+    assert [o[dtp] for o in producer.offsets] == [1, 2] and loop.next[dtp] == 2
+    assert p.services.store.count() == 2
+
+
+async def test_a_failed_apply_transaction_is_read_again_and_republishes_the_kept_events(p):
+    (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo"]))
+    loop, fatal = loop_of(p, "apply")
+    loop.producers[0] = FakeProducer(fail=KafkaConnectionError())
+    renewed = FakeProducer()
+
+    async def producer(n: int) -> FakeProducer:
+        return renewed
+
+    loop._producer = producer  # type: ignore[method-assign]
+    resolved: list[str] = []
+    p.waiters.resolve = lambda job_id, outcome: resolved.append(job_id)  # type: ignore
+    await loop.process(batch(rec))
+    dtp = TopicPartition(p.topics.decisions.name, 0)
+    assert loop.next[dtp] == 0 and (dtp, 0) in loop.consumer.seeks and not fatal
+    assert p.services.store.count() == 1 and resolved == []  # in the store, nobody woken
+    assert p.counters.changes == {}  # counted only once committed
+    await loop.process(batch(rec))  # read again: the store answers DONE with its events
+    (change,) = [MemoryChange.model_validate_json(v)
+                 for v in sent(renewed, p.topics.memory_changes.name)]
+    assert change.after["content"] == "Lives in Oslo" and p.services.store.count() == 1
+    (result,) = sent(renewed, p.topics.job_results.name)
+    assert JobResult.model_validate_json(result).status == JobStatus.DONE
+    assert resolved and p.counters.decisions_republished == 1  # this very decision again
+
+
+async def test_a_bad_decision_is_a_dead_letter_and_the_batch_goes_on(p):
+    (good,) = await decided(p, job_record(p, 1, ["I live in Oslo"]))
+    good.offset = 1
+    bad = record(p.topics.decisions.name, 0, b"t1/u9", b'{"job_id": 3}')
+    loop, _ = loop_of(p, "apply")
+    await loop.process(batch(bad, good))
+    producer = loop.producers[0]
+    (dead,) = sent(producer, p.topics.dead_letters.name)
+    assert json.loads(dead)["kind"] == "schema"
+    assert len(sent(producer, p.topics.job_results.name)) == 1
+    assert loop.next[TopicPartition(p.topics.decisions.name, 0)] == 2
+
+
+async def test_the_maintenance_table_takes_folds_only_with_a_committed_transaction(p):
+    (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo", "I work at Acme"]))
+    loop, _ = loop_of(p, "apply")
+    loop.producers[0] = FakeProducer(fail=KafkaConnectionError())
+
+    async def producer(n: int) -> FakeProducer:
+        return FakeProducer()
+
+    loop._producer = producer  # type: ignore[method-assign]
+    await loop.process(batch(rec))
+    assert p.maintenance.get(b"t1/u1") is None and len(p.maintenance) == 0
+    await loop.process(batch(rec))  # again: the republished events are folded now
+    folded = p.maintenance.get(b"t1/u1")
+    assert folded is not None and len(p.maintenance) == 1
+    (state,) = sent(loop.producers[0], p.maintenance.topic)
+    assert json.loads(state) == folded
+    requests = [json.loads(v) for v in sent(loop.producers[0], p.topics.tool_requests.name)]
+    assert requests and {r["write"]["name"] for r in requests} == {"reflect"}  # threshold 1
+    tick = Tick(tenant_id="t1", user_id="u1", now=folded_time())
+    ticks = p.topics.maintenance_ticks.name
+    await loop.process(batch(record(ticks, 0, b"t1/u1", tick.dumps(), ts=10**13)))
+    assert loop.next[TopicPartition(ticks, 0)] == 1
+
+
+def folded_time() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(NOW, UTC)
