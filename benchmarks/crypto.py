@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/crypto.py [--changes 5000] [--repeats 5]
 
 Builds ``--changes`` realistic change events (a 512-dim embedding, before/after/records,
-a reason) and times, in one run, what the apply agent does per published change with
+a reason) and times, in one run, what the apply stage does per published change with
 sealing off and on (serialise; or seal with the user's data key and serialise), what a
 reader does (parse; or parse and open), and one change applied to an embedded Qdrant Edge
 store for scale (the work a published change rides on). Prints a table of medians per

@@ -222,7 +222,7 @@ def table_of(users: int, now: float, seed: int) -> dict[bytes, dict[str, Any]]:
 
 def _handle(table: dict[bytes, dict[str, Any]], key: bytes, now: float,
             policy: triggers.JobsPolicy) -> triggers.UserJobs:
-    """The agent's work for one due user's tick, minus Kafka: restore, step, write."""
+    """The fold's work for one due user's tick, minus Kafka: restore, step, write."""
     new, _ = triggers.on_tick(triggers.UserJobs.restore(table[key]), now, policy)
     table[key] = new.snapshot()
     return new

@@ -3,19 +3,20 @@
     .venv/bin/python benchmarks/restart.py [--kills 5] [--rate 20] [--configs before,after]
         [--bootstrap 127.0.0.1:19092] [--extract] [--workdir DIR]
 
-For each configuration a fresh app (own topics, group and data dir) runs one worker with the
-default settings (session timeout 30 s, heartbeat 3 s, exactly-once, commit every 1000 /
-1 s) while messages arrive at a steady ``--rate`` (each from a new user and saying "remember
-this", so every message processed makes a job at once). ``--kills`` times, a few seconds
-into the load, the worker is SIGKILLed and started again 0.5 s later on the same data dir.
+For each configuration a fresh app (own topics, groups and data dir) runs one worker with the
+default settings (session timeout 30 s, heartbeat 3 s, each stage's batches committed in
+Kafka transactions) while messages arrive at a steady ``--rate`` (each from a new user and
+saying "remember this", so every message processed makes a job at once). ``--kills``
+times, a few seconds into the load, the worker is SIGKILLed and started again 0.5 s later
+on the same data dir.
 Restart-to-processing = the producer timestamp of the first job the new process sends,
 minus the moment it was started; restart-to-ready = its "Worker: Ready" log line.
 
-- ``before``: stock Faust behaviour (dynamic group membership, Faust's own changelog
-  recovery: ``MEMSTREAM_GROUP_INSTANCE_ID=''``, ``MEMSTREAM_EXACT_RECOVERY=false``);
-- ``after``: the defaults (static membership, exact recovery; streams/faust_setup.py).
+- ``before``: dynamic group membership (``MEMSTREAM_GROUP_INSTANCE_ID=''``): a restarted
+  worker gets its partitions once the dead member's session has timed out;
+- ``after``: the defaults (static membership: it takes them back at once).
 
-Ingest stage only unless ``--extract`` (the extract/apply agents add CPU load per job, not
+Ingest stage only unless ``--extract`` (the extract/apply stages add CPU load per job, not
 restart work). Prints a table and, last, one JSON line with p50/max per configuration.
 """
 
@@ -46,7 +47,7 @@ from memstream.topics.schemas import ChatMessage
 READY = "[^Worker]: Ready"
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 CONFIGS: dict[str, dict[str, object]] = {
-    "before": {"group_instance_id": "", "exact_recovery": False},
+    "before": {"group_instance_id": ""},
     "after": {},
 }
 
@@ -202,7 +203,7 @@ async def main() -> None:
     ap.add_argument("--uptime", type=float, default=3.0, help="s of processing between kills")
     ap.add_argument("--configs", default="before,after")
     ap.add_argument("--bootstrap", default="127.0.0.1:19092")
-    ap.add_argument("--extract", action="store_true", help="run the extract/apply agents too")
+    ap.add_argument("--extract", action="store_true", help="run the extract/apply stages too")
     ap.add_argument("--workdir", type=Path, default=None, help="keep data and logs here")
     args = ap.parse_args()
     results: dict[str, dict[str, object]] = {}

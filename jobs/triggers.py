@@ -4,7 +4,7 @@ The maintenance agent (:mod:`jobs.agents`) folds the memory-change topic and a t
 into one :class:`UserJobs` per ``tenant/user`` and turns what is due into commands. A
 command is not the work: it becomes a write request of its own kind on the tool-requests
 topic, so the ingest stage runs it as a job of the user (serialised with extraction, fenced
-by the user's seq) and the extract / apply agents decide and apply it like any other job.
+by the user's seq) and the extract / apply stages decide and apply it like any other job.
 
 - **Reflection** (Generative Agents): the importance of every new memory written by
   extraction or an agent's tool call is added to ``importance_sum`` (reflections and the

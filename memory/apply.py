@@ -172,7 +172,7 @@ def _touch(change: MemoryChange) -> Touch:
 
 @dataclass(frozen=True)
 class Applied:
-    """What applying one decision did, and what the apply agent must send."""
+    """What applying one decision did, and what the apply stage must send."""
 
     verdict: Verdict
     status: JobStatus  # the status of the job result to send

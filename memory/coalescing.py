@@ -318,7 +318,7 @@ def on_result(state: UserState, result: JobResult, now: float, policy: Policy) -
 
 def _on_tool_result(state: UserState, flight: InFlight, result: JobResult, now: float,
                     policy: Policy) -> Step:
-    """A tool job is done (or failed for good: the extract agent retried it and set it
+    """A tool job is done (or failed for good: the extract stage retried it and set it
     aside) and leaves the queue; a fenced one goes again under a seq above the store's."""
     if result.status == JobStatus.FENCED:
         state = replace(state, next_seq=max(state.next_seq, (result.applied_seq or 0) + 1))

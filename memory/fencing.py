@@ -3,7 +3,7 @@
 Every extraction job of a user carries a strictly increasing ``seq`` (assigned by the ingest
 stage, kept by a re-sent job). The store keeps, per user, a :class:`Cursor`: the last job it
 applied and which decision of that job it applied. With it, whatever a crash, a restart or a
-replayed topic hands the apply agent, one rule decides (:func:`verdict`):
+replayed topic hands the apply stage, one rule decides (:func:`verdict`):
 
 - a job above the cursor is new: it is applied (if the memories it read have not moved on);
 - the very decision the cursor names is being seen again (the worker died after the store
@@ -18,7 +18,7 @@ replayed topic hands the apply agent, one rule decides (:func:`verdict`):
   waiting for it (its state was rolled back or forgotten), it re-issues the range under a seq
   above the cursor.
 
-The extract agent asks the same question before it pays for an LLM call
+The extract stage asks the same question before it pays for an LLM call
 (:func:`decide_or_skip`). Why a cursor and not only per-op idempotency: an old job decided
 again against a newer store produces *new* ops (the Dublin -> Buenos Aires -> Dublin rollback
 of the issue); op ids cannot recognise it, the job's position in the user's order can.

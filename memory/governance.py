@@ -3,7 +3,7 @@ undo a job.
 
 They are jobs of the user like any other (``ToolWrite`` names ``delete`` / ``rollback`` /
 ``undo_job``): queued by the ingest stage, decided here into a :class:`maintenance.Plan`,
-fenced by the versions it read and applied by the apply agent, so each correction is a
+fenced by the versions it read and applied by the apply stage, so each correction is a
 change event with lineage (``kind`` deletion / rollback, ``actor`` the key that asked) and
 a rebuild from the memory-change topic replays it. No store, no I/O, no clock.
 

@@ -1,8 +1,8 @@
 """The work of the windowed jobs (SPEC §6), decided like any job of the user.
 
 A ``reflect`` / ``consolidate`` / ``decay`` command (:mod:`jobs.triggers`) reaches the
-extract agent as a job of its own kind; here it becomes a :class:`JobOutcome` over the
-user's live memories, with the versions it read (so the apply agent fences it like an
+extract stage as a job of its own kind; here it becomes a :class:`JobOutcome` over the
+user's live memories, with the versions it read (so the apply stage fences it like an
 extraction job: a memory that moved on since refuses the whole decision and the job runs
 again). The plans themselves are pure (:mod:`memory.maintenance`).
 

@@ -143,7 +143,7 @@ def quantile(q: float, cumulative: Sequence[tuple[float, float]]) -> float | Non
 # --- extraction lag -----------------------------------------------------------------------
 def extraction_lag(state: UserState, result: JobResult) -> float | None:
     """Seconds from the newest message of the job ``result`` closes (its ``ts``, set by the
-    producer) to ``result.finished_at`` (stamped by the apply agent once the job's changes
+    producer) to ``result.finished_at`` (stamped by the apply stage once the job's changes
     are in the store and published). None when the result is not the user's job in flight
     (stale, replayed), not done, a tool job, or its messages are no longer buffered."""
     flight = state.in_flight

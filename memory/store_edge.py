@@ -42,7 +42,7 @@ class EdgeStore:
         import qdrant_edge as qe
 
         self._qe = qe
-        self._lock = threading.Lock()  # the shard is shared by the agent's threads
+        self._lock = threading.Lock()  # the shard is shared by the worker's threads
         self._dim = dim
         path.mkdir(parents=True, exist_ok=True)
         shard_dir = path / "shard"

@@ -3,7 +3,7 @@
 An agent's ``memory_insert`` / ``core_memory_replace`` (SPEC §5, MemGPT style) is not
 written around the pipeline: the ingest stage queues it as a job of the user (serialised
 with extraction jobs, fenced by the same per-user seq), and here it is decided like a
-candidate fact, into the same :class:`JobOutcome` the apply agent applies:
+candidate fact, into the same :class:`JobOutcome` the apply stage applies:
 
 - ``memory_insert``: the content is a candidate; the configured decision maker (rules or
   LLM) sees the user's most similar memories and answers ADD / UPDATE / NOOP, so an agent

@@ -1,6 +1,6 @@
 """The short-term window (SPEC §5): a session's recent messages, in fixed chunks, pure.
 
-The ingest agent keeps every session's last messages in a changelog-backed table (it
+The ingest stage keeps every session's last messages in a changelog-backed table (it
 survives restarts). A table value is rewritten on every change and written to the
 changelog whole, so one value per session holding 200 messages would cost ~40 KB of
 changelog per message. Messages are kept in chunks of ``CHUNK`` instead (key

@@ -6,7 +6,7 @@ An entry carries the op, the user, the memory and version, the lineage kind (ext
 tool, reflection, consolidation, decay, deletion, rollback, forget), the actor (the API key
 that asked, or the windowed job), the job, the time. The decision's reason is kept only
 for a forget-me (the operator's "why"): other reasons may quote what the user said.
-Change events are read with a plain consumer (not a Faust agent), so following the topic
+Change events are read with a plain consumer (not a stage's loop), so following the topic
 changes nothing in the worker's transactions.
 """
 

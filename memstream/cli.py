@@ -232,9 +232,8 @@ def _run_worker(settings: Settings, loglevel: str) -> None:
                             deadline=time.time() + 60.0, clock=time.time))
     pipeline = build_app(settings)
     if settings.extract_enabled:
-        # Load the embedder model now, not on the first job: while the agents waited
-        # seconds for it, records fetched at start-up piled up in Faust's queues, which
-        # its start-up (recovery done, seek to committed offsets) can drop unprocessed.
+        # Load the embedder model now, not on the first job: it takes seconds, which the
+        # extract and apply loops' first batches after every start would wait for.
         pipeline.services.embedder.embed(["warm-up"])
     Worker(pipeline.app, loglevel=loglevel, quiet=True,
            log_throttle_s=settings.log_throttle_s).execute_from_commandline()

@@ -33,7 +33,8 @@ class InvalidRecord(MemstreamError):
     - ``date``: a datetime that cannot be converted to UTC or falls outside 1970..9999;
     - ``key``: a keyed event whose record key is missing or not ``tenant/user``;
     - ``extraction_failed``: a valid job whose extraction failed after its retries;
-    - ``internal``: a valid record the worker could not handle (a bug; ``streams.guard``).
+    - ``internal``: a valid record the worker could not handle (a bug;
+      ``streams.owned_loop.until_handled``).
     """
 
     def __init__(self, kind: str, message: str) -> None:

@@ -24,7 +24,8 @@ class Settings(BaseSettings):
 
     # --- Kafka and the Faust app ------------------------------------------------------
     bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers")
-    app_id: str = Field("memstream", description="Faust app id (consumer group, table names)")
+    app_id: str = Field("memstream", description="App id: prefix of the stages' consumer "
+                        "groups, transactional ids and table changelogs (and Faust's group)")
     topic_prefix: str = Field("memstream", description="Prefix of every topic memstream owns")
     partitions: int = Field(4, ge=1, description="Partitions of the co-partitioned topics")
     ingest_batch_records: int = Field(
@@ -35,9 +36,6 @@ class Settings(BaseSettings):
     group_instance_id: str | None = Field(
         None, description="Static group membership: a restarted worker takes its partitions "
         "back at once; None: '<host>-<hash of data_dir>', '': off (dynamic membership)")
-    exact_recovery: bool = Field(
-        True, description="Restore tables up to the last changelog record, read once "
-        "(false: stock Faust, which waits 2x5 s for transaction markers under exactly-once)")
     log_throttle_s: float = Field(
         10.0, ge=0, description="Repeated Kafka client log lines: one per this many s (0: all)")
     data_dir: Path = Field(Path(".memstream"), description="Local state (tables, store)")
@@ -99,8 +97,8 @@ class Settings(BaseSettings):
     similarity_threshold: float | None = Field(
         None, description="'About the same thing' cosine; None: the embedder's calibrated default"
     )
-    extract_enabled: bool = Field(True, description="Run the extract/apply agents here")
-    ingest_enabled: bool = Field(True, description="Run the ingest agent here")
+    extract_enabled: bool = Field(True, description="Run the extract/apply stages here")
+    ingest_enabled: bool = Field(True, description="Run the ingest stage here")
     clock_offset_s: float = Field(
         0.0, description="Added to the worker's clock (tests and drills: time travel for TTL "
         "and decay without waiting); 0 in production")

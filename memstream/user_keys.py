@@ -8,7 +8,7 @@ and the marker: compaction then removes the wrapped keys from the log
 it is copied, no longer opens. Each key id is its own record, so two workers that create
 a first key for a user at the same moment both keep theirs readable.
 
-Every worker follows the topic (:class:`UserKeys`): the apply agent seals change events
+Every worker follows the topic (:class:`UserKeys`): the apply stage seals change events
 with the user's key (creating one on first use), readers open them, and the marker fences
 the user's older memories out of every read until the erasure job has run.
 """

@@ -1,11 +1,11 @@
 """The worker's side of the HTTP API: the :class:`~memstream.streams.http.Backend` that
 answers from the store, the window table and the pipeline, and its start / stop.
 
-Reads run in a worker thread against the store the agents write (the embedded store
+Reads run in a worker thread against the store the stages write (the embedded store
 lives in this process); they never wait on Kafka: hits go to the
 :class:`~memstream.streams.access.AccessRecorder` queue. Tool writes are sent to the
 tool-requests topic and become jobs of the user (see :mod:`memory.toolwrite`); the call
-waits (``wait_s``) for the apply agent to report the job's changes.
+waits (``wait_s``) for the apply stage to report the job's changes.
 """
 
 from __future__ import annotations

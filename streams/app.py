@@ -1,7 +1,8 @@
-"""The composition root: one Faust app, its topics, tables and agents, built from settings.
+"""The composition root: one Faust app (lifecycle, timers), the topic handles, and the
+stages' loops with their tables, built from settings.
 
 Nothing here runs at import time; ``build_app(settings)`` wires everything once and the
-agents receive what they need from the :class:`Pipeline` bundle.
+stages receive what they need from the :class:`Pipeline` bundle.
 """
 
 from __future__ import annotations
@@ -69,22 +70,13 @@ class RestoredStates:
 
 @dataclass
 class Pipeline:
-    """What the agents share: the app, topic handles, the state table, policy and clock."""
+    """What the stages share: the app, the topics, the loops' tables, policy and clock."""
 
     settings: Settings
     app: faust.App
     topics: Topics
-    jobs: faust.TopicT
-    job_results: faust.TopicT
-    ticks: faust.TopicT
-    dead_letters: faust.TopicT
     state: LoopTable  # the ingest state per user (the ingest loop owns and writes it)
     policy: Policy
-    decisions: faust.TopicT
-    memory_changes: faust.TopicT
-    memory_access: faust.TopicT
-    tool_requests: faust.TopicT  # agents' writes and the windowed jobs' commands
-    maintenance_ticks: faust.TopicT
     window: LoopTable  # the short-term window (streams.window), written with the state
     maintenance: LoopTable  # the windowed jobs' per-user triggers (the apply loop owns it)
     services: Services
@@ -104,10 +96,6 @@ class Pipeline:
         return {t.name: t.schema for t in self.topics.ingest_inputs()}
 
 
-def _raw_topic(app: faust.App, *names: str) -> faust.TopicT:
-    return app.topic(*names, key_serializer="raw", value_serializer="raw")
-
-
 def build_app(settings: Settings, clock: Callable[[], float] = time.time,
               services: Services | None = None) -> Pipeline:
     """Create the Faust app and the stages' loops (ingest, extract, apply) with their timers."""
@@ -121,33 +109,21 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
         serve,
         store_swap,
     )
-    from memstream.streams.commit_order import commit_after_outputs
 
-    commit_after_outputs()
     if settings.clock_offset_s and clock is time.time:
         offset = settings.clock_offset_s
 
         def clock() -> float:
             return time.time() + offset
 
-    app = faust_setup.App(settings.app_id, **settings.faust_kwargs(),
-                          **faust_setup.app_options(settings))
+    app = faust_setup.App(settings.app_id, **settings.faust_kwargs())
     reg = registry(settings)
     pipeline = Pipeline(
         settings=settings,
         app=app,
         topics=reg,
-        jobs=_raw_topic(app, reg.jobs.name),
-        job_results=_raw_topic(app, reg.job_results.name),
-        ticks=_raw_topic(app, reg.ticks.name),
-        dead_letters=_raw_topic(app, reg.dead_letters.name),
         state=LoopTable(changelog_name(settings, "ingest-state")),
         policy=policy_from(settings),
-        decisions=_raw_topic(app, reg.decisions.name),
-        memory_changes=_raw_topic(app, reg.memory_changes.name),
-        memory_access=_raw_topic(app, reg.memory_access.name),
-        tool_requests=_raw_topic(app, reg.tool_requests.name),
-        maintenance_ticks=_raw_topic(app, reg.maintenance_ticks.name),
         maintenance=LoopTable(changelog_name(settings, "maintenance")),
         window=LoopTable(changelog_name(settings, "session-window")),
         services=services or build_services(settings),

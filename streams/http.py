@@ -2,7 +2,7 @@
 one JSON error shape, all driven by one route table (:data:`ROUTES`), which
 :mod:`memstream.streams.openapi` documents too, so the app and its document cannot drift apart.
 
-It runs in the worker's own event loop next to the Faust agents (the embedded store and the
+It runs in the worker's own event loop next to the stages' loops (the embedded store and the
 tables live in that process); Faust's web views are not used, so this layer has no Faust
 dependency and is tested with aiohttp's test server alone. What a call *does* is the
 :class:`Backend`'s business; this module only turns HTTP into typed calls and back.

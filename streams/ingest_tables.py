@@ -37,7 +37,7 @@ class LoopTable:
         self._pending: dict[int, dict[bytes, Any]] = {}  # partition -> key -> value | _GONE
         self.partition: int | None = None  # the partition being handled (writes go there)
 
-    # --- reading (the agents' code and the HTTP API) ---------------------------------
+    # --- reading (the stages' code and the HTTP API) ---------------------------------
 
     def get(self, key: bytes, default: Any = None) -> Any:
         for pending in self._pending.values():  # a key is pending in one partition at most

@@ -241,7 +241,7 @@ def attach(app: web.Application, p: Any) -> MetricsDeps:
     # looked up at each count: follows a store the worker switched to (a rebuild)
     store = StoreSize(lambda: p.services.store.count(), p.settings.metrics_store_count_s)
 
-    def lags() -> dict[tuple[str, int], int]:  # Faust's agents' inputs and the owned loops'
+    def lags() -> dict[tuple[str, int], int]:  # Faust's consumer's and the owned loops'
         found = consumer_lags(p.app)
         for loop_lags in p.loop_lags:
             found.update(loop_lags())

@@ -1,12 +1,12 @@
 """Forget-me in the worker (SPEC §7): sealing change events, the read fence, the erasure.
 
 With ``MEMSTREAM_MASTER_KEY`` set, the worker follows the user-keys topic
-(:class:`memstream.user_keys.UserKeys`); the apply agent seals every change event with the
+(:class:`memstream.user_keys.UserKeys`); the apply stage seals every change event with the
 user's data key before publishing it (:func:`seal_all`). A forget-me request
 (:func:`forget`) first shreds the user's keys and sets the marker (from then on no read
 returns a memory of the user created before it, on any worker following the topic), then
 sends the erasure as a job of the user: the ingest stage drops the buffered messages, the
-apply agent deletes every record of the user from the store (:meth:`MemoryStore.erase`),
+apply stage deletes every record of the user from the store (:meth:`MemoryStore.erase`),
 publishes the audit record (op ``erase``: who, when, why, how many; never content) and
 shreds any key created meanwhile (:func:`after_erase`).
 """
@@ -88,8 +88,8 @@ def visible(p: Pipeline, tenant: str, user: str, memories: Sequence[Memory]) -> 
 # Kafka compacts or deletes only closed segments, and a segment closes (rolls) on the next
 # append after segment.ms: a quiet partition would keep a forgotten user's overwritten
 # records in its open segment indefinitely. Every half bound, the worker appends to every
-# partition of the tables' changelogs (a roll tick, handled by the ingest loop and the jobs
-# agent: a value then a tombstone under a key no user has) and to the user-keys topic.
+# partition of the tables' changelogs (a roll tick, handled by the ingest and apply loops:
+# a value then a tombstone under a key no user has) and to the user-keys topic.
 
 ROLL_TENANT = "memstream-internal"
 ROLL_KEY = b"\x00roll"
@@ -116,9 +116,9 @@ def is_roll(tenant: str) -> bool:
 
 
 def roll_tables(*tables: Any) -> None:
-    """For a roll tick (in the ingest loop: its two tables; in the jobs agent: the
-    maintenance table): one append and its tombstone per table on this partition; nothing
-    stays in the tables."""
+    """For a roll tick (in the ingest loop: its two tables; in the apply loop, or the
+    jobs-only worker's: the maintenance table): one append and its tombstone per table on
+    this partition; nothing stays in the tables."""
     for table in tables:
         table[ROLL_KEY] = 1
         del table[ROLL_KEY]

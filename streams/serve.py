@@ -1,7 +1,7 @@
 """Start and stop the HTTP API inside the worker (``web_enabled``).
 
 One aiohttp server (:mod:`memstream.streams.http`) in the worker's event loop, next to the
-agents: the embedded store, the window table and the tool waiters live in this process.
+stages' loops: the embedded store, the window table and the tool waiters live in this process.
 Keys come from the keys topic (:class:`memstream.keys_topic.KeyFollower`) plus the admin key of the
 settings; hits go out through the :class:`~memstream.streams.access.AccessRecorder`.
 """

@@ -1,6 +1,6 @@
 """Callers waiting for a job's outcome in this process (an agent's tool write).
 
-The API registers a waiter before it sends the tool request; the apply agent resolves it
+The API registers a waiter before it sends the tool request; the apply stage resolves it
 once the job's changes are in the store and on the memory-change topic. A job applied by
 another worker (or a request taken before) leaves the waiter to time out: the caller is
 told the write is queued, which is true.

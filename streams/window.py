@@ -1,7 +1,7 @@
-"""The short-term window table (see :mod:`memory.window`), written by the ingest agent.
+"""The short-term window table (see :mod:`memory.window`), written by the ingest stage.
 
 Keys: ``tenant/user/session`` holds the session's message count (the head), and
-``tenant/user/session#n`` its chunks. Written in the ingest agent, next to the ingest state,
+``tenant/user/session#n`` its chunks. Written in the ingest loop, next to the ingest state,
 so both live in changelogs of the same partition and come back together after a restart.
 Read by the HTTP API in the same process (the worker owning the user's partition).
 """

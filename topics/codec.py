@@ -201,7 +201,7 @@ def decode(
 
     ``max_bytes`` bounds the (decompressed) value; None means no limit. Raises only
     :class:`InvalidRecord`: an unexpected error while validating is reported as kind
-    ``schema`` naming the exception, so that no input can crash an agent.
+    ``schema`` naming the exception, so that no input can crash a stage.
     """
     try:
         return _decode(model, value, key, max_bytes)

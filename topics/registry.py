@@ -1,8 +1,8 @@
 """Every topic memstream owns: name, partitions, cleanup policy, retention, schema.
 
 The co-partitioned topics (messages, session events, job results, ticks) share one key
-(``tenant/user``) and one partition count, so one ingest agent instance sees all of one
-user's events in order. ``create_topics`` is idempotent.
+(``tenant/user``) and one partition count, so the ingest loop that owns a partition sees all
+of one user's events in order. ``create_topics`` is idempotent.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Topics:
         ]
 
     def ingest_inputs(self) -> list[TopicSpec]:
-        """What the ingest agent consumes, in one co-partitioned stream."""
+        """What the ingest stage consumes, in one co-partitioned stream."""
         return [self.messages, self.session_events, self.job_results, self.ticks,
                 self.tool_requests]
 
@@ -128,7 +128,7 @@ def registry(settings: Settings) -> Topics:
         ),
         decisions=TopicSpec(
             settings.topic("decisions"), JobDecision, n, keep,
-            doc="Internal: a job's decided changes, applied in order by the apply agent.",
+            doc="Internal: a job's decided changes, applied in order by the apply stage.",
             extra_config=rolled,
         ),
         memory_changes=TopicSpec(
@@ -181,12 +181,11 @@ def changelog_name(settings: Settings, table: str) -> str:
 
 
 def table_changelogs(settings: Settings) -> list[TopicSpec]:
-    """The worker's tables' changelogs: the ingest loop's (streams.ingest_tables) and the
-    windowed jobs' Faust table. Compacted, co-partitioned with the inputs, compacted within
-    the erasure bound (a forget-me overwrites what they hold). Created with the other
-    topics, before the worker joins its groups: a changelog Faust created itself at start
-    was not yet in its consumer's metadata when the first records came (its table writes
-    failed with ``PartitionsMismatch`` for the first seconds of a new deployment)."""
+    """The worker's tables' changelogs (streams.ingest_tables): the ingest loop's two and
+    the apply loop's (the windowed jobs' triggers; in a jobs-only worker, its one loop's).
+    Compacted, co-partitioned with the inputs, compacted within the erasure bound (a
+    forget-me overwrites what they hold). Created with the other topics, before the worker
+    joins its groups: the loops create none themselves."""
     erasable = compaction_within(settings.erasure_bound_s)
     n = settings.partitions
 

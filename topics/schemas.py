@@ -228,7 +228,7 @@ class JobResult(JobRange):
 
 
 class Tick(Event):
-    """Internal: asks the ingest agent to look at one user's timers (idle, retry, timeout)."""
+    """Internal: asks the ingest stage to look at one user's timers (idle, retry, timeout)."""
 
     tenant_id: str
     user_id: str
@@ -332,10 +332,10 @@ class MemoryChange(Event):
 
 
 class JobDecision(JobRange):
-    """Internal: what the extract agent decided for one job, for the apply agent.
+    """Internal: what the extract stage decided for one job, for the apply stage.
 
     ``read_versions`` maps every stored memory the decision read to the live version it saw:
-    the apply agent refuses the whole decision (FENCED: decided again) if one of them moved on.
+    the apply stage refuses the whole decision (FENCED: decided again) if one of them moved on.
     ``decision_id`` names this very decision by what it does, wall clock left out: a job
     decided twice (a re-sent or re-consumed job) to other ops has two; only the changes of
     the one the store recorded are ever published (the store keeps them with its cursor and
@@ -345,7 +345,7 @@ class JobDecision(JobRange):
     status: JobStatus
     decision_id: str = ""
     read_versions: dict[str, int] = Field(default_factory=dict)
-    applied_seq: int | None = None  # FENCED by the extract agent: the store's last seq
+    applied_seq: int | None = None  # FENCED by the extract stage: the store's last seq
     changes: list[MemoryChange] = Field(default_factory=list)
     decisions: dict[str, int] = Field(default_factory=dict)
     llm_calls: int = 0

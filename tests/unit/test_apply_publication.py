@@ -2,7 +2,7 @@
 
 A SIGKILL can abort the Kafka transaction that held a job's change events after the store
 took the job. Whichever decision of that job is seen next (the same one, a twin decided at
-another time, one decided against the newer store, the extract agent's skip, a failed
+another time, one decided against the newer store, the extract stage's skip, a failed
 attempt), the events of the decision the store applied are published again, byte for byte
 (one change id, one payload ever), then the job's result. Decision ids carry no wall clock.
 """

@@ -131,6 +131,7 @@ def test_the_worker_runs_its_stages_in_owned_loops(tmp_path):
     assert loops == {
         "memstream-ingest": [x.name for x in t.ingest_inputs()],
         "memstream-extract": [t.jobs.name],
-        "memstream-apply": [t.decisions.name, t.maintenance_ticks.name]}
+        "memstream-apply": [t.decisions.name, t.maintenance_ticks.name],
+        "memstream-access": [t.memory_access.name]}
     agents = {a.name.rsplit(".", 1)[-1] for a in p.app.agents.values()}
     assert not agents & {"extract", "apply", "jobs", "ingest"}

@@ -119,7 +119,7 @@ def job(texts, *, job_id="job-1", user="u1", tenant="t1", session="s1", start=0)
 
 
 def run(ex: Extractor, j: ExtractionJob, now: float) -> tuple[JobOutcome, list]:
-    """Decide, then apply every change like the apply agent does; returns applied ops."""
+    """Decide, then apply every change like the apply stage does; returns applied ops."""
     out = ex.decide(j, now)
     changes = [change_for(op, vec, j, out, ex.model, now) for op, vec in out.ops]
     applied = [op for (op, _), ch in zip(out.ops, changes, strict=True)

@@ -1,5 +1,5 @@
 """The metrics of SPEC §8: the pure computations (memory.metrics), the counting done by the
-agents, the Prometheus collector (names, labels, values) and the two HTTP routes."""
+stages, the Prometheus collector (names, labels, values) and the two HTTP routes."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ from memstream.memory.ingest_state import Policy, UserState
 from memstream.streams import metrics as sm
 from memstream.streams.apply import count_applied
 from memstream.streams.counters import Counters
-from memstream.streams.dead_letters import send_dead_letter
+from memstream.streams.dead_letters import set_aside
 from memstream.streams.extract import count_spend
 from memstream.streams.http import build_http_app
 from memstream.streams.metrics import METRICS, MetricsDeps
+from memstream.streams.owned_loop import Work
 from memstream.topics.api import Principal
 from memstream.topics.schemas import JobDecision, JobStatus, Lineage, MemoryChange
 from tests.unit.helpers import msg, result
@@ -139,7 +140,7 @@ def test_extraction_lag_only_for_the_job_in_flight_and_done():
     assert m.extraction_lag(done, result(job, now=1e9)) is None  # replayed: none in flight
 
 
-# --- counting in the agents ------------------------------------------------------------
+# --- counting in the stages ------------------------------------------------------------
 def change(op: str, kind: str, n: int = 0) -> MemoryChange:
     return MemoryChange(
         change_id=f"c{op}{kind}{n}", op=op, tenant_id="acme", user_id="u1", memory_id="m",
@@ -165,21 +166,15 @@ def test_applied_changes_merges_and_spend_are_counted():
     assert (c.llm_calls, c.prompt_tokens, c.completion_tokens) == (3, 100, 20)
 
 
-class Delivered:
-    def as_future_message(self, *, key: bytes | None, value: bytes) -> tuple:
-        return key, value
-
-    async def publish_message(self, pending: tuple, wait: bool = False) -> None:
-        return None
-
-
-async def test_dead_letters_are_counted_by_a_bounded_reason_class():
-    p = SimpleNamespace(dead_letters=Delivered(), counters=Counters(), clock=lambda: 1e9)
+def test_dead_letters_are_counted_by_a_bounded_reason_class():
+    p = SimpleNamespace(topics=SimpleNamespace(dead_letters=SimpleNamespace(name="t.dlq")),
+                        counters=Counters(), clock=lambda: 1e9)
     record = SimpleNamespace(topic="t.messages", partition=0, offset=1, key=b"a/b", value=b"")
+    work = Work()
     for kind in ("schema", "schema", "the user's secret text"):
-        await send_dead_letter(p, InvalidRecord(kind, "bad"), record, halt=pytest.fail)
+        set_aside(p, work, InvalidRecord(kind, "bad"), record)
     assert p.counters.dead_letters_by_class == {"schema": 2, "other": 1}
-    assert p.counters.dead_letters == 3
+    assert p.counters.dead_letters == 3 and len(work.out) == 3
 
 
 # --- the collector -----------------------------------------------------------------------

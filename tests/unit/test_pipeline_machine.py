@@ -1,9 +1,9 @@
 """The whole pure pipeline as one hypothesis state machine, driven through faults.
 
 What runs is production code end to end, minus Kafka: the ingest machine
-(``memory.coalescing``, one ``UserState`` per user, an injected clock), the extract agent's
+(``memory.coalescing``, one ``UserState`` per user, an injected clock), the extract stage's
 ``skip_decided`` / ``decide_with_retries`` (``Extractor`` with the rules model, the hashing
-embedder and a Qdrant Edge store), the apply agent's ``apply_decision`` and ``publish``. The
+embedder and a Qdrant Edge store), the apply stage's ``apply_decision`` and ``publish``. The
 topics are modelled: a pool of extraction jobs and of job results (delivered, duplicated,
 reordered or dropped), one decision queue per user (a partition: read in order, a record
 is read again after a crash), and the memory-change topic, which only receives the events
@@ -14,13 +14,14 @@ of a *committed* apply step. Faults:
 - the clock moving on and ticks (idle flush, job-timeout re-sends, retry backoff);
 - jobs and results duplicated, delayed / reordered or dropped (a dropped job comes back
   only through the ingest stage's job-timeout re-send); extraction failing;
-- the extract agent's check-then-decide race (the cursor is read, the apply agent moves
+- the extract stage's check-then-decide race (the cursor is read, the apply stage moves
   on, the job is decided against the newer store: a job decided twice to other ops);
 - the apply step killed after its store write but before its transaction commits (its
   events and result are lost, the decision is read again), killed between two of its store
   writes (a half-applied decision), or run twice (at-least-once: committed, read again);
-- a later decision of a partition handed to the apply agent before an earlier one (Faust
-  drops a fetched record around a recovery; memstream hands it over again late).
+- a later decision of a partition handed to the apply stage before an earlier one (as when
+  Faust read the decisions: it dropped a fetched record around a recovery, and memstream
+  handed it over again late).
 
 Checked after every step: one change id, one payload on the topic; the cursor never moves
 back; job seqs strictly increase and a re-sent job keeps its seq and range; no job
@@ -124,8 +125,8 @@ ISSUE_2_FAILED_COPY = True
 # 3. A half-applied decision overtaken by another decision of its job loses its events.
 #    Decision D1 of job s is killed between its change writes and the cursor write; a copy
 #    of the job is decided against that half-applied store (D2: its memory already there,
-#    NOOP) and handed to the apply agent before D1 (Faust re-hands a dropped record late,
-#    README "No commit passes a record still being handled"): D2 is applied (cursor = D2,
+#    NOOP) and handed to the apply stage before D1 (as when Faust read the decisions and
+#    re-handed a dropped record late): D2 is applied (cursor = D2,
 #    kept events: none), D1 comes back DONE and only D2's kept events are published. The
 #    record D1 wrote has no event on the topic (I3); a rebuild loses it. The machine hands
 #    a half-applied decision over before any other decision of its partition.
@@ -239,7 +240,7 @@ class PipelineMachine(RuleBasedStateMachine):
         # per user: a decision killed between its store writes, until it is applied again
         self.half_applied: dict[str, JobDecision | None] = dict.fromkeys(USERS)
         self.cursor_seq = dict.fromkeys(USERS, 0)
-        self.p: Any = SimpleNamespace(  # what the agents' functions use of a Pipeline
+        self.p: Any = SimpleNamespace(  # what the stages' functions use of a Pipeline
             services=SimpleNamespace(store=env.live, extractor=self.extractor,
                                      model=self.extractor.model),
             settings=SETTINGS, counters=Counters(), user_keys=None,
@@ -286,7 +287,7 @@ class PipelineMachine(RuleBasedStateMachine):
         self.decisions[decision.user_id].append(JobDecision.model_validate_json(decision.dumps()))
 
     def extract(self, job: ExtractionJob, fail: bool = False) -> None:
-        """The extract agent, one job: the cursor check, then decide (or fail)."""
+        """The extract stage, one job: the cursor check, then decide (or fail)."""
         skipped = self.run(skip_decided(self.p, job))
         if skipped is not None:
             event("extract: at or below the cursor, not decided")
@@ -297,7 +298,7 @@ class PipelineMachine(RuleBasedStateMachine):
             self.send_decision(self.run(decide_with_retries(self.p, job)))
 
     def apply(self, user: str, index: int, how: str, budget: int = 0) -> None:
-        """The apply agent, one decision of the user's partition, as one transaction."""
+        """The apply stage, one decision of the user's partition, as one transaction."""
         half = self.half_applied[user]
         if ISSUE_3_HALF_APPLIED_OVERTAKEN and half is not None:  # it goes first
             index = next(i for i, d in enumerate(self.decisions[user]) if d is half)
@@ -415,7 +416,7 @@ class PipelineMachine(RuleBasedStateMachine):
         for user in USERS:
             self.absorb(user, on_tick(self.ingest[user], self.now, P))
 
-    # --- rules: the extract agent ----------------------------------------------------------
+    # --- rules: the extract stage ----------------------------------------------------------
 
     @precondition(lambda self: self.jobs)
     @rule(i=st.integers(0, 7), how=st.sampled_from(
@@ -460,11 +461,11 @@ class PipelineMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 3))
     def decide_late(self, i: int) -> None:
         """A job whose cursor check passed earlier is decided against the store as it is now
-        (the apply agent may have applied another decision of it meanwhile)."""
+        (the apply stage may have applied another decision of it meanwhile)."""
         job = self.deciding.pop(i % len(self.deciding))
         self.send_decision(self.run(decide_with_retries(self.p, job)))
 
-    # --- rules: the apply agent ------------------------------------------------------------
+    # --- rules: the apply stage ------------------------------------------------------------
 
     @precondition(lambda self: any(self.decisions.values()))
     @rule(i=st.integers(0, 1), how=st.sampled_from(
@@ -640,7 +641,7 @@ class PipelineMachine(RuleBasedStateMachine):
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     """One store for every example (each gets a tenant of its own: an empty scope), one for
-    the replays, one event loop (the agents' functions are async)."""
+    the replays, one event loop (the stages' functions are async)."""
     base = tmp_path_factory.mktemp("pipeline")
     dim = HashingEmbedder().dim
     live, replay = make_store("edge", base / "live", dim), make_store("edge", base / "replay", dim)

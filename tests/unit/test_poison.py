@@ -1,9 +1,9 @@
 """Poison input: every hostile record becomes an InvalidRecord of the right kind, and its
-dead letter always fits the dead-letter topic; the send path awaits delivery."""
+dead letter always fits the dead-letter topic; set aside, it goes out in its record's batch
+and is counted."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from memstream.errors import InvalidRecord
 from memstream.streams.counters import Counters
-from memstream.streams.dead_letters import DeadLetterUndeliverable, send_dead_letter
+from memstream.streams.dead_letters import dead_letter_record, set_aside
+from memstream.streams.owned_loop import Work
 from memstream.topics.codec import MAX_DEPTH, check_datetimes, dead_letter, decode
 from memstream.topics.registry import KAFKA_MAX_MESSAGE_BYTES
 from memstream.topics.schemas import (
@@ -271,82 +272,27 @@ def test_fuzz_splices_into_a_good_message(chunk, at):
     decodes_or_invalid(ChatMessage, raw[:at] + chunk + raw[at:])
 
 
-# --- the send path: delivered, retried, or the record is not passed ----------------------
-class FakeTopic:
-    """A dead-letter topic handle: ``publish_message(wait=True)`` returns once delivered or
-    raises that attempt's error, like Faust's."""
-
-    def __init__(self, outcomes: list[BaseException | None]) -> None:
-        self.outcomes = outcomes  # per attempt: None = delivered, else the delivery error
-        self.sent: list[tuple[bytes | None, bytes]] = []
-
-    def as_future_message(self, *, key: bytes | None, value: bytes) -> tuple:
-        return key, value
-
-    async def publish_message(self, pending: tuple, wait: bool = False) -> str:
-        assert wait, "the send must wait for the broker"
-        self.sent.append(pending)
-        await asyncio.sleep(0)
-        outcome = self.outcomes.pop(0) if self.outcomes else None
-        if outcome is not None:
-            raise outcome
-        return "metadata"
-
-
-def pipeline(outcomes: list[BaseException | None]) -> SimpleNamespace:
-    return SimpleNamespace(dead_letters=FakeTopic(outcomes), counters=Counters(),
-                           clock=lambda: 1_800_000_000.0)
+# --- setting a record aside: its dead letter goes out in the record's batch ---------------
+def pipeline() -> SimpleNamespace:
+    return SimpleNamespace(topics=SimpleNamespace(dead_letters=SimpleNamespace(name="t.dlq")),
+                           counters=Counters(), clock=lambda: 1_800_000_000.0)
 
 
 def record(value: bytes, key: bytes | None = KEY) -> SimpleNamespace:
     return SimpleNamespace(topic="t.messages", partition=1, offset=42, key=key, value=value)
 
 
-async def no_sleep(_: float) -> None:
-    return None
-
-
-async def test_send_waits_for_delivery_and_counts():
-    p = pipeline([None])
-    await send_dead_letter(p, InvalidRecord("depth", "deep"), record(b"[" * 5_000_000),
-                           halt=pytest.fail, sleep=no_sleep)
-    (key, value), = p.dead_letters.sent
+def test_a_hostile_record_set_aside_fits_the_topic_and_is_counted():
+    p, work = pipeline(), Work()
+    set_aside(p, work, InvalidRecord("depth", "deep"), record(b"[" * 5_000_000))
+    (topic, key, value), = work.out  # sent in the batch's transaction, with its offsets
     dl = DeadLetter.model_validate_json(value)
-    assert key == KEY and len(value) < 1_000_000 and dl.truncated and dl.offset == 42
+    assert topic == "t.dlq" and key == KEY
+    assert len(value) < 1_000_000 and dl.truncated and dl.offset == 42
     assert p.counters.dead_letters == 1
 
 
-async def test_send_bounds_the_record_key():
-    p = pipeline([None])
-    await send_dead_letter(p, InvalidRecord("key", "bad key"), record(b"{}", b"k" * 900_000),
-                           halt=pytest.fail, sleep=no_sleep)
-    (key, _), = p.dead_letters.sent
+def test_the_dead_letter_bounds_the_record_key():
+    key, _ = dead_letter_record(pipeline(), InvalidRecord("key", "bad key"),
+                                record(b"{}", b"k" * 900_000))
     assert key is not None and 0 < len(key) <= 1024
-
-
-async def test_transient_failures_are_retried():
-    from aiokafka.errors import KafkaConnectionError, RequestTimedOutError
-
-    p = pipeline([KafkaConnectionError("down"), RequestTimedOutError(), None])
-    slept: list[float] = []
-
-    async def sleep(s: float) -> None:
-        slept.append(s)
-
-    await send_dead_letter(p, InvalidRecord("not_json", "x"), record(b"x"), halt=pytest.fail,
-                           sleep=sleep)
-    assert len(p.dead_letters.sent) == 3 and len(slept) == 2 and slept[1] > slept[0] * 1.5
-    assert p.counters.dead_letters == 1
-
-
-async def test_undeliverable_dead_letter_halts_and_is_not_counted():
-    from aiokafka.errors import MessageSizeTooLargeError
-
-    p = pipeline([MessageSizeTooLargeError()])
-    halted: list[DeadLetterUndeliverable] = []
-    with pytest.raises(DeadLetterUndeliverable) as err:
-        await send_dead_letter(p, InvalidRecord("schema", "x"), record(b"{}"),
-                               halt=halted.append, sleep=no_sleep)
-    assert halted == [err.value] and "t.messages[1]@42" in str(err.value)
-    assert len(p.dead_letters.sent) == 1  # a permanent error is not retried
-    assert p.counters.dead_letters == 0

@@ -74,7 +74,7 @@ def test_a_request_retried_after_its_job_finished_is_taken_once_until_forgotten(
     p = replace(P, forget_after_s=1000.0)
     step = on_tool(fresh(), tool_request(rid="c1"), 0.0, p)
     state = on_result(step.state, result(step.jobs[0]), 1.0, p).state
-    assert not state.idle  # the ingest agent keeps it: the id taken is still remembered
+    assert not state.idle  # the ingest stage keeps it: the id taken is still remembered
     assert on_tool(state, tool_request(rid="c1"), 2.0, p).duplicate
     assert next_deadline(state, p) == 1000.0
     assert on_tick(state, 999.0, p).state == state
@@ -99,7 +99,7 @@ def test_tool_and_extraction_jobs_of_a_user_are_never_in_flight_together():
 
 
 def answer(state, status=JobStatus.DONE) -> JobResult:
-    """The result of the job in flight, as the apply agent sends it."""
+    """The result of the job in flight, as the apply stage sends it."""
     f = state.in_flight
     return JobResult(job_id=f.job_id, seq=f.seq, tenant_id="t1", user_id="u1",
                      session_id=f.session_id, from_seq=f.from_seq, to_seq=f.to_seq,

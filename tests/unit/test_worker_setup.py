@@ -1,103 +1,21 @@
-"""How the worker runs Faust (streams/faust_setup.py, Settings.faust_kwargs): the changelog
-tail search of exact recovery, the log throttle, static membership ids, and a web server
-that serves memstream's key-protected views and none of Faust's own."""
+"""How the worker runs Faust (streams/faust_setup.py, Settings.faust_kwargs): the log
+throttle, static membership ids, a web server that serves memstream's key-protected views
+and none of Faust's own, and the tables' changelogs created up front."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
 from memstream.settings import Settings
-from memstream.streams import faust_setup
 from memstream.streams.app import build_app
-from memstream.streams.faust_setup import (
-    ExactRecovery,
-    ExactTableManager,
-    ThrottleFilter,
-    install_throttle,
-    last_record_offsets,
-    tail_window,
-)
+from memstream.streams.faust_setup import ThrottleFilter, install_throttle
 
 pytestmark = pytest.mark.unit
-
-# --- the changelog tail --------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("begin", "end", "previous", "size", "expected"), [
-    (0, 100, None, 16, (84, 100)),   # the last 16 offsets first
-    (0, 100, 84, 128, (0, 84)),      # then further back, never past the beginning
-    (90, 100, None, 16, (90, 100)),  # compacted/deleted head
-    (0, 10, 2, 16, (0, 2)),
-])
-def test_tail_window(begin, end, previous, size, expected):
-    assert tail_window(begin, end, previous, size) == expected
-
-
-class FakeLog:
-    """A consumer over partitions given as strings: ``r`` a record the consumer is given,
-    ``m`` a transaction marker or an aborted record (skipped, but the position passes it)."""
-
-    def __init__(self, logs: dict[str, str], begin: int = 0, per_fetch: int = 3) -> None:
-        self.logs, self.begin, self.per_fetch = logs, begin, per_fetch
-        self.pos: dict[str, int] = {}
-        self.fetched = 0  # offsets read, to see that the search reads the tail only
-
-    async def beginning_offsets(self, tps):
-        return dict.fromkeys(tps, self.begin)
-
-    async def end_offsets(self, tps):
-        return {tp: len(self.logs[tp]) for tp in tps}
-
-    def seek(self, tp, offset):
-        self.pos[tp] = offset
-
-    async def getmany(self, *tps, timeout_ms):
-        out = {}
-        for tp in tps:
-            start = self.pos[tp]
-            stop = min(len(self.logs[tp]), start + self.per_fetch)
-            self.fetched += stop - start
-            records = [SimpleNamespace(offset=o) for o in range(start, stop)
-                       if self.logs[tp][o] == "r"]
-            self.pos[tp] = stop
-            if records:
-                out[tp] = records
-        return out
-
-    async def position(self, tp):
-        return self.pos[tp]
-
-
-@pytest.mark.parametrize(("log", "expected"), [
-    ("rrrrm", 3),                     # a committed transaction: the record before its marker
-    ("rrrrrrrrrrrrrrrrrrrrrrrrrrrr", 27),   # at-least-once: no markers
-    ("rm" + "rrm" * 10 + "m" * 40, 30),      # an aborted tail longer than the first window
-    ("m" * 100, -1),                  # markers / aborted records only
-    ("", -1),                         # empty partition
-])
-async def test_last_record_offset_is_the_last_record_the_consumer_will_be_given(log, expected):
-    fake = FakeLog({"p": log})
-    found = await last_record_offsets(fake, ["p"], timeout=5, window=4)
-    assert found == {"p": expected}
-
-
-async def test_the_search_reads_the_tail_not_the_whole_partition():
-    fake = FakeLog({"a": "r" * 10_000 + "m", "b": "rm" * 5_000}, per_fetch=50)
-    found = await last_record_offsets(fake, ["a", "b"], timeout=5, window=16)
-    assert found == {"a": 9_999, "b": 9_998}
-    assert fake.fetched <= 2 * 16
-
-
-async def test_compacted_head_is_respected():
-    fake = FakeLog({"p": "mmmmmmrrmm"}, begin=5)
-    assert await last_record_offsets(fake, ["p"], timeout=5, window=2) == {"p": 7}
-
 
 # --- the log throttle ------------------------------------------------------------------
 
@@ -196,41 +114,6 @@ def _pipeline(tmp_path: Path, **overrides: object):
     return build_app(settings)
 
 
-def test_exact_recovery_is_the_default_and_can_be_turned_off(tmp_path):
-    tables = _pipeline(tmp_path / "on").app.tables
-    assert isinstance(tables, ExactTableManager)
-    assert isinstance(tables.recovery, ExactRecovery)
-    off = _pipeline(tmp_path / "off", exact_recovery=False).app.tables
-    assert not isinstance(off, ExactTableManager)
-    assert not isinstance(off.recovery, ExactRecovery)
-    assert faust_setup.app_options(Settings(exact_recovery=False)) == {}
-
-
-async def test_reading_the_changelog_ends_is_retried_then_crashes_recovery(tmp_path):
-    recovery = _pipeline(tmp_path).app.tables.recovery
-    recovery.retry_pause_s = 0.0
-    calls = []
-
-    async def flaky(tps, timeout):
-        calls.append(timeout)
-        if len(calls) < 3:
-            raise OSError("broker went away")
-        return dict.fromkeys(tps, 7)
-
-    recovery._read_ends = flaky
-    tp = faust_setup.TP("t-changelog", 0)
-    assert await recovery._last_offsets({tp}) == {tp: 7}
-    assert len(calls) == 3 and all(0 < t < recovery.app.conf.broker_request_timeout
-                                   for t in calls)
-
-    async def down(tps, timeout):
-        raise OSError("broker down")
-
-    recovery._read_ends = down
-    with pytest.raises(faust_setup.RecoveryError):  # not -1: that would skip the restore
-        await recovery._last_offsets({tp})
-
-
 # --- the web server ----------------------------------------------------------------------
 
 BUILTIN = ["/", "/router/", "/router/topics", "/table/", "/table/ingest-state/",
@@ -252,15 +135,12 @@ async def test_faust_serves_nothing_and_the_api_is_memstreams(tmp_path):
 
 
 def test_every_table_changelog_is_created_with_the_topics_before_the_worker_joins(tmp_path):
-    """Faust's consumer took a changelog it created itself at start as a topic of 0
-    partitions, and the table's first writes failed (PartitionsMismatch) until its next
-    rebalance: every table's changelog is among the topics created up front, under the
-    name each table writes to, with the inputs' partition count."""
+    """The loops create no topic: every table's changelog is among the topics created up
+    front, under the name each table writes to, with the inputs' partition count."""
     from memstream.topics.registry import table_changelogs
 
     p = _pipeline(tmp_path, jobs_enabled=True, partitions=6)
     specs = {s.name: s for s in table_changelogs(p.settings)}
-    faust_tables = {t.changelog_topic.get_topic_name() for t in p.app.tables.values()}
-    assert faust_tables <= set(specs)  # the maintenance table's, as Faust names it
-    assert {p.state.topic, p.window.topic} <= set(specs)  # the ingest loop's
+    assert not p.app.tables  # Faust holds no table: the loops own them
+    assert {p.state.topic, p.window.topic, p.maintenance.topic} == set(specs)
     assert all(s.partitions == 6 and s.cleanup_policy == "compact" for s in specs.values())
