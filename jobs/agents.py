@@ -128,8 +128,12 @@ def register(p: Pipeline) -> MaintenanceFold:
     that sends the due users' ticks."""
     fold = MaintenanceFold(p)
     rolls = privacy.RollSchedule(p)
+    def not_sent() -> None:  # the due users are taken from the table again
+        fold.assigned()
+        rolls.again()
+
     ticks = TickSender(p, p.topics.maintenance_ticks.name,
-                       lambda now: fold.due_users(now) + rolls.due(now))
+                       lambda now: fold.due_users(now) + rolls.due(now), on_failed=not_sent)
 
     @p.app.timer(p.settings.tick_interval_s, name="jobs-ticker")
     async def ticker() -> None:

@@ -172,27 +172,45 @@ class TickSender:
     """
 
     def __init__(self, p: Pipeline, topic: str,
-                 due: Callable[[float], list[tuple[str, str]]]) -> None:
+                 due: Callable[[float], list[tuple[str, str]]],
+                 on_failed: Callable[[], None] | None = None) -> None:
         self.p = p
         self.topic = topic
         self.due = due
+        self.on_failed = on_failed  # the users ``due`` named were not ticked
         self.producer: AIOKafkaProducer | None = None
 
     async def send_due(self) -> int:
-        """Send a tick for each user ``due`` names now."""
+        """Send a tick for each user ``due`` names now. With the broker away the round is
+        dropped (logged, ``on_failed`` called) and the timer goes on: a timer that raises
+        would crash the Faust app."""
         p = self.p
         now = p.clock()
         users = self.due(now)
         if not users:
             return 0
-        if self.producer is None:
-            self.producer = AIOKafkaProducer(bootstrap_servers=p.settings.bootstrap_servers)
-            await self.producer.start()
-        stamp = datetime.fromtimestamp(now, UTC)
-        for tenant, user in users:
-            tick = Tick(tenant_id=tenant, user_id=user, now=stamp)
-            await self.producer.send(self.topic, key=tick.key().encode(), value=tick.dumps())
-        await self.producer.flush()
+        try:
+            if self.producer is None:
+                self.producer = AIOKafkaProducer(bootstrap_servers=p.settings.bootstrap_servers)
+                await self.producer.start()
+            stamp = datetime.fromtimestamp(now, UTC)
+            for tenant, user in users:
+                tick = Tick(tenant_id=tenant, user_id=user, now=stamp)
+                await self.producer.send(self.topic, key=tick.key().encode(),
+                                         value=tick.dumps())
+            await self.producer.flush()
+        except Exception as exc:
+            log.warning("%d ticks of %s not sent (%s: %s); next round", len(users), self.topic,
+                        type(exc).__name__, exc)
+            producer, self.producer = self.producer, None
+            if producer is not None:
+                try:
+                    await producer.stop()
+                except Exception as err:  # closing a client that already failed
+                    log.debug("closing the tick producer: %s", err)
+            if self.on_failed is not None:
+                self.on_failed()
+            return 0
         return len(users)
 
     async def close(self) -> None:
@@ -255,7 +273,7 @@ def register(p: Pipeline) -> None:
     p.loop_lags.append(loop.lags)
     rolls = privacy.RollSchedule(p)
     ticks = TickSender(p, p.topics.ticks.name,
-                       lambda now: due_users(p, now) + rolls.due(now))
+                       lambda now: due_users(p, now) + rolls.due(now), on_failed=rolls.again)
 
     # started with the app, not after Faust's table recovery: the loop has its own tables
     faust_setup.start_with_app(p.app, loop.start)

@@ -137,3 +137,7 @@ class RollSchedule:
             return []
         self.next = now + self.every
         return [(ROLL_TENANT, u) for u in self.users]
+
+    def again(self) -> None:
+        """The last round was not sent: due at the next one."""
+        self.next = 0.0

@@ -190,3 +190,19 @@ def folded_time() -> Any:
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(NOW, UTC)
+
+
+async def test_a_tick_round_without_a_broker_is_dropped_and_the_timer_goes_on(tmp_path):
+    """A timer that raises crashes the Faust app: with the broker away the round's ticks
+    are not sent, the failure is reported, and the next round tries again."""
+    from memstream.streams.ingest import TickSender
+
+    settings = Settings(data_dir=tmp_path, embedder="hashing", web_enabled=False,
+                        bootstrap_servers="127.0.0.1:1", admin_key=SecretStr("k"))
+    p = build_app(settings)
+    failed: list[int] = []
+    sender = TickSender(p, p.topics.ticks.name, lambda now: [("t1", "u1")],
+                        on_failed=lambda: failed.append(1))
+    assert await sender.send_due() == 0 and failed == [1] and sender.producer is None
+    assert await sender.send_due() == 0 and failed == [1, 1]
+    p.services.store.close()
