@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from memstream.errors import InvalidRecord
 from memstream.memory import fencing, metrics
 from memstream.memory.apply import Applied, apply_decision
-from memstream.retry import retry_async
+from memstream.retry import is_transient, retry_async
 from memstream.streams import faust_setup, privacy
 from memstream.streams.app import Pipeline
 from memstream.streams.counters import Counters, add
@@ -85,11 +85,19 @@ async def apply_or_set_aside(p: Pipeline, work: Work, decision: JobDecision,
         return Applied(fencing.Verdict.APPLY, JobStatus.FAILED, error=reason)
 
 
+class Unpublished(Exception):
+    """The store took a decision, and its events or result could not be made: the worker
+    must stop (the restart reads the decision again and the store answers it from its kept
+    events), never set the decision aside as a dead letter."""
+
+
 async def publish(p: Pipeline, work: Work, key: bytes, decision: JobDecision,
                   applied: Applied) -> None:
     """The change events first, then the result that lets the user's next job go, into the
-    batch's transaction; callers woken and counts taken once it is committed."""
+    batch's transaction; a forget-me's keys shredded before it (idempotent: a decision read
+    again shreds again); callers woken and counts taken once it is committed."""
     wire = await privacy.seal_all(p, applied.publish)
+    await privacy.after_erase(p, applied.publish)
     work.out += [(p.topics.memory_changes.name, key, change.dumps()) for change in wire]
     result = JobResult.for_job(
         decision, applied.status, datetime.fromtimestamp(p.clock(), UTC),
@@ -97,7 +105,6 @@ async def publish(p: Pipeline, work: Work, key: bytes, decision: JobDecision,
     work.out.append((p.topics.job_results.name, key, result.dumps()))
 
     async def committed() -> None:
-        await privacy.after_erase(p, applied.publish)
         count_outcome(p.counters, decision, applied)
         if applied.status != JobStatus.FENCED:  # a fenced job goes again under the same id
             p.waiters.resolve(decision.job_id, Outcome(
@@ -171,7 +178,8 @@ class ApplyStage:
                 del work.out[mark[0]:], work.after[mark[1]:]  # a failed attempt's part
                 await step(partition, work, r)
 
-            got = await until_handled(record, attempt, counters=self.p.counters)
+            got = await until_handled(record, attempt, counters=self.p.counters,
+                                      fatal=(Unpublished,))
             if isinstance(got, InvalidRecord):
                 set_aside(self.p, work, got, record)
         return work
@@ -184,10 +192,17 @@ class ApplyStage:
             set_aside(p, work, exc, record)
             return
         applied = await apply_or_set_aside(p, work, decision, record)
-        await publish(p, work, record.key, decision, applied)
-        if self.fold is not None:
-            for change in applied.publish:
-                self._fold(partition, work, change)
+        try:
+            await publish(p, work, record.key, decision, applied)
+            # DONE: another decision of the job was applied, and folded in its committed
+            # transaction (REPUBLISH: this one's transaction, fold included, was not)
+            if self.fold is not None and applied.verdict != fencing.Verdict.DONE:
+                for change in applied.publish:
+                    self._fold(partition, work, change)
+        except Exception as exc:
+            if is_transient(exc):
+                raise  # tried again in place; the store answers with its kept events
+            raise Unpublished(f"job {decision.job_id}: {type(exc).__name__}: {exc}") from exc
 
     async def _event(self, partition: int, work: Work, record: Any) -> None:
         """A maintenance tick, or (the jobs-only process) a published change."""

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import (
     MessageSizeTooLargeError,
@@ -118,11 +119,13 @@ def halt(reason: str, code: int = EXIT_LOOP_FAILED) -> None:
 
 
 async def until_handled(record: Any, handle: Callable[[], Awaitable[Any]], *,
-                        counters: Any = None,
+                        counters: Any = None, fatal: tuple[type[Exception], ...] = (),
                         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> Any:
     """``handle()`` for one record, a transient failure (broker, store, LLM outage) tried
     again in place with capped backoff (the partition waits, so a user's records keep their
-    order). Anything else is returned as the :class:`InvalidRecord` to set it aside with."""
+    order). A ``fatal`` error is raised (the loop ends the worker: nothing of the batch is
+    committed). Anything else is returned as the :class:`InvalidRecord` to set the record
+    aside with."""
     attempt = 0
     while True:
         try:
@@ -130,6 +133,8 @@ async def until_handled(record: Any, handle: Callable[[], Awaitable[Any]], *,
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if isinstance(exc, fatal):
+                raise
             attempt += 1
             where = f"{record.topic}[{record.partition}]@{record.offset}"
             if is_transient(exc):
@@ -178,6 +183,7 @@ class OwnedLoop:
         self.task: asyncio.Task[None] | None = None
         self.failed_commits = 0
         self.failed_in_row: dict[int, int] = {}
+        self._legacy: dict[TopicPartition, int] | None = None  # the Faust group's offsets
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -187,6 +193,7 @@ class OwnedLoop:
     async def start(self) -> None:
         s = self.settings  # its changelogs were created with the topics (memstream worker)
         instance = s.instance_id()
+        poll_ms = int(max(300.0, 3 * s.job_timeout_s) * 1000)
         self.consumer = AIOKafkaConsumer(
             **self._client_args(), group_id=self.group,
             group_instance_id=f"{instance}-{self.stage.name}" if instance else None,
@@ -194,6 +201,9 @@ class OwnedLoop:
             auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
             session_timeout_ms=int(s.session_timeout_s * 1000),
             heartbeat_interval_ms=int(s.heartbeat_interval_s * 1000),
+            # a batch may wait for LLM calls up to a job's deadline, and a rebalance for the
+            # batch in progress: neither may cost the partitions
+            max_poll_interval_ms=poll_ms, rebalance_timeout_ms=poll_ms,
             max_partition_fetch_bytes=MAX_BYTES, fetch_max_bytes=4 * MAX_BYTES)
         self.consumer.subscribe(self.inputs, listener=_Listener(self))
         await self.consumer.start()
@@ -261,14 +271,32 @@ class OwnedLoop:
             await asyncio.wait_for(self._transaction(producer, partition, work, offsets),
                                    TRANSACTION_TIMEOUT_S)
         except Exception as exc:
-            for table in self.tables:
-                table.discard(partition)
-            await self._recover(partition, exc)
-            return False
+            if not await self._recover(partition, exc) or not await self._landed(offsets):
+                for table in self.tables:
+                    table.discard(partition)
+                self._seek(partition)
+                return False
+            log.warning("%s partition %d: the transaction was committed after all",
+                        self.stage.name, partition)
         for table in self.tables:
             table.commit(partition)
         self.next.update(offsets)
         self.failed_in_row.pop(partition, None)
+        return True
+
+    async def _landed(self, offsets: dict[TopicPartition, int]) -> bool:
+        """Whether a transaction that failed as far as we saw was committed all the same
+        (a commit request the broker took before a timeout): the group's committed offsets,
+        read after the new producer completed what the old one left, are the batch's."""
+        assert self.consumer is not None
+        try:
+            for tp, offset in offsets.items():
+                if await self.consumer.committed(tp) != offset:
+                    return False
+        except Exception as exc:
+            log.warning("%s: committed offsets not read (%s); reading the batch again",
+                        self.stage.name, type(exc).__name__)
+            return False
         return True
 
     async def _transaction(self, producer: AIOKafkaProducer, partition: int,
@@ -284,23 +312,23 @@ class OwnedLoop:
             {tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()}, self.group)
         await producer.commit_transaction()
 
-    async def _recover(self, partition: int, exc: Exception) -> None:
-        """After a failed transaction: a new producer (its start aborts what is open), and
-        the partition read again from its committed offsets."""
+    async def _recover(self, partition: int, exc: Exception) -> bool:
+        """After a failed transaction: a new producer (its start completes or aborts what
+        the old one left open). False when the worker must stop instead."""
         if isinstance(exc, ProducerFenced):
             self.on_fatal(f"partition {partition} is owned by another worker ({exc})")
-            return
+            return False
         if isinstance(exc, REFUSED):  # e.g. a dead letter its topic does not take
             self.on_fatal(f"partition {partition}: transaction undeliverable "
                           f"({type(exc).__name__}: {exc})", EXIT_UNDELIVERABLE)
-            return
+            return False
         self.failed_commits += 1
         self.failed_in_row[partition] = self.failed_in_row.get(partition, 0) + 1
         if self.failed_in_row[partition] > MAX_FAILED_IN_ROW:
             self.on_fatal(f"partition {partition}: more than {MAX_FAILED_IN_ROW} transactions "
                           f"failed in a row (last: {type(exc).__name__}: {exc})")
-            return
-        log.warning("%s partition %d: transaction failed (%s: %s); reading it again",
+            return False
+        log.warning("%s partition %d: transaction failed (%s: %s); renewing its producer",
                     self.stage.name, partition, type(exc).__name__, exc)
         old = self.producers.pop(partition)
         await _quietly(old.stop())
@@ -313,7 +341,7 @@ class OwnedLoop:
             except Exception as err:
                 log.warning("%s partition %d: producer not started (%s)", self.stage.name,
                             partition, type(err).__name__)
-        self._seek(partition)
+        return True
 
     def _seek(self, partition: int) -> None:
         assert self.consumer is not None
@@ -358,13 +386,35 @@ class OwnedLoop:
             if tp.partition in new or tp not in self.next:
                 committed = await self.consumer.committed(tp)  # after the fence
                 if committed is None:
-                    committed = (await self.consumer.beginning_offsets([tp]))[tp]
+                    committed = await self._first_offset(tp)
                 self.next[tp] = committed
             self.consumer.seek(tp, self.next[tp])
         self.owned = parts
         self.ready = set(parts)
         self.stage.assigned(parts)
         log.info("%s loop: partitions %s (new %s)", self.stage.name, sorted(parts), sorted(new))
+
+    async def _first_offset(self, tp: TopicPartition) -> int:
+        """Where a partition this group never committed starts: where the Faust agents of
+        an earlier version had got (its group ``{app_id}``: an upgrade neither reads
+        everything again nor skips anything), else the beginning."""
+        if self._legacy is None:
+            self._legacy = {}
+            admin = AIOKafkaAdminClient(**self._client_args())
+            try:
+                await admin.start()
+                found = await admin.list_consumer_group_offsets(self.settings.app_id)
+                self._legacy = {t: o.offset for t, o in found.items() if o.offset >= 0}
+            except Exception as exc:  # no such group: a new deployment
+                log.debug("no offsets of group %s (%s)", self.settings.app_id, exc)
+            finally:
+                await _quietly(admin.close())
+        if tp in self._legacy:
+            log.info("%s: %s starts where the Faust agents were (%d)", self.stage.name,
+                     tp, self._legacy[tp])
+            return self._legacy[tp]
+        assert self.consumer is not None
+        return int((await self.consumer.beginning_offsets([tp]))[tp])
 
     async def _producer(self, partition: int) -> AIOKafkaProducer:
         producer = AIOKafkaProducer(

@@ -206,3 +206,101 @@ async def test_a_tick_round_without_a_broker_is_dropped_and_the_timer_goes_on(tm
     assert await sender.send_due() == 0 and failed == [1] and sender.producer is None
     assert await sender.send_due() == 0 and failed == [1, 1]
     p.services.store.close()
+
+
+async def test_a_commit_that_timed_out_but_landed_counts_as_committed(p):
+    """The broker took the commit before the client gave up: the batch is not read and
+    handled again (its outputs would be there twice)."""
+    from aiokafka.errors import KafkaTimeoutError
+
+    (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo"]))
+    loop, fatal = loop_of(p, "apply")
+    dtp = TopicPartition(p.topics.decisions.name, 0)
+    loop.producers[0] = FakeProducer(fail=KafkaTimeoutError())
+
+    async def producer(n: int) -> FakeProducer:
+        return FakeProducer()
+
+    async def committed(tp: TopicPartition) -> int:
+        return {dtp: 1}[tp]  # what the broker has: the batch's offsets
+
+    loop._producer = producer  # type: ignore[method-assign]
+    loop.consumer.committed = committed  # type: ignore[attr-defined]
+    resolved: list[str] = []
+    p.waiters.resolve = lambda job_id, outcome: resolved.append(job_id)  # type: ignore
+    await loop.process(batch(rec))
+    assert loop.next[dtp] == 1 and loop.consumer.seeks == [] and not fatal
+    assert resolved == ["job-u1-1"] and p.counters.changes  # the after-commit steps ran
+
+
+async def test_a_decision_the_store_took_is_never_set_aside(p, monkeypatch):
+    """Its events cannot be made (a bug): the worker stops with nothing of the batch
+    committed, instead of a dead letter that would leave the change without its event."""
+    from memstream.streams import apply, privacy
+
+    (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo"]))
+    loop, _ = loop_of(p, "apply")
+
+    async def broken(p: Any, changes: Any) -> Any:
+        raise ValueError("cannot seal")
+
+    monkeypatch.setattr(privacy, "seal_all", broken)
+    with pytest.raises(apply.Unpublished):
+        await loop.process(batch(rec))
+    assert loop.producers[0].committed == [] and p.services.store.count() == 1
+    assert loop.next[TopicPartition(p.topics.decisions.name, 0)] == 0
+
+
+async def test_a_new_group_starts_where_the_faust_agents_were(p, monkeypatch):
+    """An upgrade from the Faust agents: a partition the loop's group never committed
+    starts at the Faust group's offset, not at the beginning of the topic."""
+    from aiokafka.structs import OffsetAndMetadata
+
+    from memstream.streams import owned_loop
+
+    jobs = TopicPartition(p.topics.jobs.name, 0)
+    other = TopicPartition(p.topics.jobs.name, 1)
+    asked: list[str] = []
+
+    class Admin:
+        def __init__(self, **kwargs: Any) -> None:
+            pass
+
+        async def start(self) -> None:
+            pass
+
+        async def close(self) -> None:
+            pass
+
+        async def list_consumer_group_offsets(self, group: str) -> dict:
+            asked.append(group)
+            return {jobs: OffsetAndMetadata(42, ""), other: OffsetAndMetadata(-1, "")}
+
+    monkeypatch.setattr(owned_loop, "AIOKafkaAdminClient", Admin)
+    loop, _ = loop_of(p, "extract")
+
+    async def beginning(tps: list[TopicPartition]) -> dict:
+        return dict.fromkeys(tps, 7)
+
+    loop.consumer.beginning_offsets = beginning  # type: ignore[attr-defined]
+    assert await loop._first_offset(jobs) == 42 and await loop._first_offset(other) == 7
+    assert asked == ["memstream"]  # the Faust app's group, read once
+
+
+async def test_another_decision_of_an_applied_job_is_not_folded_twice(p):
+    """A job decided twice (a copy re-sent after its timeout): the second decision comes
+    back DONE with the first's events, which were folded already; the reflection sum must
+    not count them again."""
+    from memstream.streams.extract import decide_with_retries
+
+    j = job(["I live in Oslo"], user="u1", job_id="job-u1-1").model_copy(update={"seq": 1})
+    (first,) = await decided(p, record(p.topics.jobs.name, 0, j.key().encode(), j.dumps()))
+    loop, _ = loop_of(p, "apply")
+    await loop.process(batch(first))
+    folded = p.maintenance.get(b"t1/u1")
+    again = await decide_with_retries(p, j)  # the copy, decided against the store as it is
+    second = record(p.topics.decisions.name, 1, b"t1/u1", again.dumps())
+    await loop.process(batch(second))
+    assert p.counters.decisions_duplicate == 1  # DONE
+    assert p.maintenance.get(b"t1/u1") == folded
+    assert len(sent(loop.producers[0], p.topics.memory_changes.name)) == 2  # republished
