@@ -51,7 +51,7 @@ async def seal_all(p: Pipeline, changes: Sequence[MemoryChange]) -> list[MemoryC
     audit record stays plain: it holds no content)."""
     if p.user_keys is None:
         return list(changes)
-    if not p.user_keys.ready() and not await p.user_keys.wait_ready(READY_S):
+    if not p.user_keys.ready and not await p.user_keys.wait_ready(READY_S):
         # a key made before the topic is read could be a user's second: tried again later
         raise TimeoutError("the user-keys topic is not read to its end yet")
     out = []

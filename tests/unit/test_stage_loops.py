@@ -304,3 +304,37 @@ async def test_another_decision_of_an_applied_job_is_not_folded_twice(p):
     assert p.counters.decisions_duplicate == 1  # DONE
     assert p.maintenance.get(b"t1/u1") == folded
     assert len(sent(loop.producers[0], p.topics.memory_changes.name)) == 2  # republished
+
+
+async def test_sealing_waits_until_the_user_keys_are_read(p, monkeypatch):
+    """Apply starts with the worker, the user-keys follower in a task: a key made before
+    the topic is read could be a user's second one. Not read in time: a transient error
+    (the decision is tried again in place), never a key made blind."""
+    from memstream.retry import is_transient
+    from memstream.streams import privacy
+
+    (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo"]))
+    loop, _ = loop_of(p, "apply")
+    await loop.process(batch(rec))
+    (value,) = sent(loop.producers[0], p.topics.memory_changes.name)
+    change = MemoryChange.model_validate_json(value)
+    monkeypatch.setattr(privacy, "READY_S", 0.01)
+    made: list[str] = []
+
+    class Keys:
+        ready = False
+
+        async def wait_ready(self, timeout: float) -> bool:
+            return self.ready
+
+        async def key_for_write(self, tenant: str, user: str) -> tuple[str, bytes]:
+            made.append(user)
+            return "k1", b"k" * 32
+
+    keys = Keys()
+    with pytest.raises(TimeoutError) as err:
+        await privacy.seal_all(SimpleNamespace(user_keys=keys), [change])  # type: ignore
+    assert is_transient(err.value) and made == []
+    keys.ready = True
+    (sealed,) = await privacy.seal_all(SimpleNamespace(user_keys=keys), [change])  # type: ignore
+    assert made == ["u1"] and sealed.sealed
