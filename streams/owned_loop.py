@@ -184,6 +184,7 @@ class OwnedLoop:
         self.failed_commits = 0
         self.failed_in_row: dict[int, int] = {}
         self._legacy: dict[TopicPartition, int] | None = None  # the Faust group's offsets
+        self.caught_up: dict[TopicPartition, int] = {}  # read to this highwater, when idle
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -233,6 +234,8 @@ class OwnedLoop:
                 if batch:
                     async with self.lock:
                         await self.process(batch)
+                else:
+                    await self._note_caught_up()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -432,18 +435,40 @@ class OwnedLoop:
 
     # --- metrics -------------------------------------------------------------------------
 
+    async def _note_caught_up(self) -> None:
+        """A poll found nothing: the partitions whose position reached their highwater are
+        done up to it (what lies between the next offset and it are transaction markers)."""
+        assert self.consumer is not None
+        found = {}
+        for tp in [tp for tp in self.next if tp in self.consumer.assignment()]:
+            high = self._highwater(tp)
+            try:
+                if high is not None and await self.consumer.position(tp) >= high:
+                    found[tp] = high
+            except Exception:  # a partition leaving in a rebalance
+                continue
+        self.caught_up = found
+
+    def _highwater(self, tp: TopicPartition) -> int | None:
+        assert self.consumer is not None
+        try:
+            high = self.consumer.highwater(tp)
+        except Exception:
+            return None
+        return high if isinstance(high, int) else None
+
     def lags(self) -> dict[tuple[str, int], int]:
-        """(topic, partition) -> records not yet committed, for the owned inputs."""
+        """(topic, partition) -> records not yet handled and committed, for the owned
+        inputs (0 where the last idle poll found the position at the highwater and no
+        record arrived since: a transaction's marker is not a record)."""
         found: dict[tuple[str, int], int] = {}
         if self.consumer is None:
             return found
         for tp, offset in list(self.next.items()):
-            try:
-                high = self.consumer.highwater(tp)
-            except Exception:
-                continue
-            if isinstance(high, int):
-                found[(tp.topic, tp.partition)] = max(0, high - offset)
+            high = self._highwater(tp)
+            if high is not None:
+                idle = self.caught_up.get(tp) == high
+                found[(tp.topic, tp.partition)] = 0 if idle else max(0, high - offset)
         return found
 
 

@@ -338,3 +338,28 @@ async def test_sealing_waits_until_the_user_keys_are_read(p, monkeypatch):
     keys.ready = True
     (sealed,) = await privacy.seal_all(SimpleNamespace(user_keys=keys), [change])  # type: ignore
     assert made == ["u1"] and sealed.sealed
+
+
+async def test_a_transaction_marker_is_no_lag(p):
+    """A partition written in transactions ends with a marker: at rest its highwater is one
+    past the last record. Lag counts records, so an idle loop read to the end shows 0."""
+    loop, _ = loop_of(p, "extract")
+    tp = TopicPartition(p.topics.jobs.name, 0)
+    loop.next = {tp: 10}
+    high = {tp: 11}  # record 9 handled, offset 10 is its transaction's marker
+    position = {tp: 11}
+    loop.consumer.highwater = high.get  # type: ignore[attr-defined]
+
+    async def at(tp: TopicPartition) -> int:
+        return position[tp]
+
+    loop.consumer.position = at  # type: ignore[attr-defined]
+    loop.consumer.assigned = {tp}
+    assert loop.lags() == {(tp.topic, 0): 1}  # not known to be idle yet
+    await loop._note_caught_up()
+    assert loop.lags() == {(tp.topic, 0): 0}
+    high[tp] = 14  # new records arrive: counted again
+    assert loop.lags() == {(tp.topic, 0): 4}
+    position[tp] = 12  # fetching, not at the end: not idle
+    await loop._note_caught_up()
+    assert loop.lags() == {(tp.topic, 0): 4}
