@@ -8,8 +8,10 @@ The broker, in order of preference:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
@@ -118,6 +120,27 @@ class Harness:
         assert self.jobs is not None
         await self.jobs.wait_for(lambda rs: len(self.job_list(tenant)) >= n, timeout)
         return self.job_list(tenant)
+
+    async def ingested(self, messages: int, timeout: float = 30.0) -> None:
+        """Barrier: the ingest loop has committed ``messages`` chat messages (its group's
+        offsets on the messages topic, summed), state and outputs in the same transactions."""
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap_servers)
+        await admin.start()
+        group, topic = f"{self.settings.app_id}-ingest", self.topics.messages.name
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                found = await admin.list_consumer_group_offsets(group)
+                done = sum(max(0, o.offset) for tp, o in found.items() if tp.topic == topic)
+                if done >= messages:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{done} of {messages} messages committed")
+                await asyncio.sleep(0.1)
+        finally:
+            await admin.close()
 
     def job_list(self, tenant: str | None = None) -> list[ExtractionJob]:
         """Every job seen so far (of one tenant: tests sharing a worker keep apart)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 from functools import partial
@@ -183,7 +182,7 @@ async def test_worker_restart_recovers_state_from_changelog(harness, crash):
     await h.send(*[chat(t) for t in FACTS[:4]])
     first = (await h.wait_jobs(1))[0]
     await h.send(*[chat(t) for t in FACTS[4:7]])  # 3 more while the job is in flight
-    await asyncio.sleep(2.5)  # past the commit interval
+    await h.ingested(7)
     w.stop(kill=crash)
     h.worker()
     await h.send(chat(FACTS[7]))

@@ -1,5 +1,6 @@
-"""A crashed worker comes back: static membership, exact changelog recovery, no crash when a
-rebalance follows a recovery, and only memstream's own HTTP views (streams/faust_setup.py).
+"""A crashed worker comes back: static membership, its tables restored from their
+changelogs, no crash when a rebalance follows a recovery, and only memstream's own HTTP
+views (streams/faust_setup.py).
 
 Restart times are measured by ``benchmarks/restart.py``; these tests assert behaviour only.
 """
@@ -38,6 +39,14 @@ def log_of(w: WorkerProcess) -> str:
     return w.log_path.read_text(errors="replace")
 
 
+async def logged(w: WorkerProcess, text: str, times: int = 1, timeout: float = 60.0) -> None:
+    """Barrier: ``text`` is in the worker's log ``times`` times."""
+    deadline = time.monotonic() + timeout
+    while log_of(w).count(text) < times:
+        assert time.monotonic() < deadline, f"{text!r} not logged {times}x:\n{log_of(w)[-2000:]}"
+        await asyncio.sleep(0.1)
+
+
 def assert_no_recovery_crash(*workers: WorkerProcess) -> None:
     for w in workers:
         text = log_of(w)
@@ -69,7 +78,7 @@ async def test_sigkilled_worker_rejoins_as_the_same_member_and_restores_its_stat
     h = await harness(session_timeout_s=30.0, heartbeat_interval_s=3.0)
     w = h.worker()
     await three_each(h, USERS, "a")
-    await asyncio.sleep(2.5)  # past the commit interval
+    await h.ingested(3 * len(USERS))  # in the table's committed changelog
     w.stop(kill=True)
     w2 = h.worker()
     await fourth_each(h, USERS, "a")
@@ -93,13 +102,14 @@ async def test_a_rebalance_after_a_recovery_neither_crashes_nor_loses_state(harn
     h = await harness()
     first = h.worker()
     await three_each(h, USERS[:4], "a")
-    await asyncio.sleep(2.5)
+    await h.ingested(12)
     first.stop(kill=True)
     survivor = h.worker()  # recovers both changelog partitions up to their last record
     await three_each(h, USERS[4:], "b")
-    await asyncio.sleep(2.5)
+    await h.ingested(24)
     newcomer = worker_with_own_dir(h, "second")  # rebalance: each keeps one partition
-    await asyncio.sleep(3.0)  # the survivor's recovery after the rebalance runs now
+    await logged(newcomer, "ingest loop: partitions")  # both took their share
+    await logged(survivor, "ingest loop: partitions", times=2)
     assert_no_recovery_crash(survivor, newcomer)
     await fourth_each(h, USERS[:4], "a")
     await fourth_each(h, USERS[4:], "b")
