@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -86,6 +86,9 @@ class Batch(Work):
     to the table once per batch, not once per record)."""
 
     users: dict[bytes, tuple[Any, UserState, UserState]] = field(default_factory=dict)
+    # when this worker took the partition: a job in flight is timed from then at the
+    # earliest (see ``_user``)
+    since: float = 0.0
 
 
 def _user(p: Pipeline, batch: Batch, key: bytes, tenant: str, user: str) -> UserState:
@@ -95,7 +98,14 @@ def _user(p: Pipeline, batch: Batch, key: bytes, tenant: str, user: str) -> User
     state = p.restored.get(key, raw)
     if state is None:
         state = restore(raw) if raw else UserState(tenant, user)
-    batch.users[key] = (raw, state, state)
+    first = state
+    flight = state.in_flight
+    if flight is not None and flight.sent_at < batch.since:
+        # The loops lose no record: a job sent before this worker took the partition is
+        # still on its way (the time the partition had no owner, or a backlog after a
+        # restart), not lost. Timed from the takeover, it is not re-sent for the downtime.
+        state = replace(state, in_flight=replace(flight, sent_at=batch.since))
+    batch.users[key] = (raw, first, state)
     return state
 
 
@@ -243,11 +253,12 @@ class IngestStage:
         self.inputs = [t.name for t in p.topics.ingest_inputs()]
         self.tables: tuple[LoopTable, ...] = (p.state, p.window)
         self.max_records = p.settings.ingest_batch_records
+        self.taken_at: dict[int, float] = {}  # partition -> when this worker took it
 
     async def handle(self, partition: int, records: list[Any]) -> Work:
         """The whole batch without an await: no other partition's batch runs meanwhile,
         so the tables' pending writes go to this one."""
-        batch = Batch()
+        batch = Batch(since=self.taken_at.get(partition, 0.0))
         for table in self.tables:
             table.partition = partition
         try:
@@ -260,6 +271,8 @@ class IngestStage:
         return batch
 
     def assigned(self, partitions: set[int]) -> None:
+        now = self.p.clock()
+        self.taken_at = {n: self.taken_at.get(n, now) for n in partitions}
         log.info("ingest: %d users restored", len(self.p.state))
 
 

@@ -207,8 +207,24 @@ class OwnedLoop:
             max_poll_interval_ms=poll_ms, rebalance_timeout_ms=poll_ms,
             max_partition_fetch_bytes=MAX_BYTES, fetch_max_bytes=4 * MAX_BYTES)
         self.consumer.subscribe(self.inputs, listener=_Listener(self))
-        await self.consumer.start()
-        self.task = asyncio.create_task(self._run(), name=f"{self.stage.name}-loop")
+        self.task = asyncio.create_task(self._connected_run(), name=f"{self.stage.name}-loop")
+
+    async def _connected_run(self) -> None:
+        """The consumer started (a broker that is away is waited for: a worker started
+        during a broker restart must not exit), then the loop."""
+        assert self.consumer is not None
+        attempt = 0
+        while not self.stopping.is_set():
+            try:
+                await self.consumer.start()
+                break
+            except Exception as exc:
+                attempt += 1
+                delay = next_delay(RETRY, attempt)
+                log.warning("%s loop: consumer not started (%s); retrying in %.1fs",
+                            self.stage.name, type(exc).__name__, delay)
+                await asyncio.sleep(delay)
+        await self._run()
 
     async def stop(self) -> None:
         """After the batch in progress (at most ``STOP_WAIT_S``: a partition waiting for

@@ -287,3 +287,30 @@ async def test_a_job_result_in_the_next_batch_frees_the_user(tmp_path):
     result = JobResult.for_job(job, JobStatus.DONE, T0 + timedelta(seconds=9))
     await loop.process(_batch(_record(p.topics.job_results.name, 0, result, 9)))
     assert p.state.get(b"acme/u1")["in_flight"] is None
+
+
+async def test_a_job_in_flight_is_timed_from_the_takeover(tmp_path):
+    """The loops lose no record: a job sent before this worker took the partition is on
+    its way (the partition had no owner for a while), so its timeout counts from the
+    takeover, not from the send; a job that really is gone is still re-sent after it."""
+    from memstream.topics.schemas import Tick
+
+    p, loop, _ = _loop(tmp_path)
+    sent_at = T0.timestamp() + 10
+    await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
+    timeout = p.settings.job_timeout_s
+    p.clock = lambda: sent_at + timeout - 5  # a restart after a long outage
+    loop.stage.assigned({0})
+    ticks = p.topics.ticks.name
+
+    def tick(offset: int, at: float):
+        p.clock = lambda: at
+        event = Tick(tenant_id="acme", user_id="u1", now=datetime.fromtimestamp(at, UTC))
+        return _record(ticks, offset, event, int(at))
+
+    await loop.process(_batch(tick(0, sent_at + timeout + 5)))  # due by the send, not yet
+    assert len(_sent(loop.producers[0], p.topics.jobs.name)) == 1  # not re-sent
+    await loop.process(_batch(tick(1, sent_at + 2 * timeout)))  # due since the takeover
+    jobs = [ExtractionJob.model_validate_json(v[2])
+            for v in _sent(loop.producers[0], p.topics.jobs.name)]
+    assert len(jobs) == 2 and jobs[1].job_id == jobs[0].job_id and jobs[1].attempt == 2

@@ -363,3 +363,51 @@ async def test_a_transaction_marker_is_no_lag(p):
     position[tp] = 12  # fetching, not at the end: not idle
     await loop._note_caught_up()
     assert loop.lags() == {(tp.topic, 0): 4}
+
+
+async def test_a_loop_started_while_the_broker_is_away_waits_for_it(p, monkeypatch):
+    """A worker started during a broker restart: the loop's consumer start is tried again
+    (with backoff) instead of crashing the app, and the loop polls once it is up."""
+    import asyncio
+
+    from aiokafka.errors import KafkaConnectionError
+
+    from memstream.retry import RetryPolicy
+    from memstream.streams import owned_loop
+
+    polled = asyncio.Event()
+
+    class Consumer:
+        starts = 0
+
+        def __init__(self, **kwargs: Any) -> None:
+            pass
+
+        def subscribe(self, topics: list[str], listener: Any) -> None:
+            pass
+
+        async def start(self) -> None:
+            Consumer.starts += 1
+            if Consumer.starts < 3:
+                raise KafkaConnectionError("Unable to bootstrap")
+
+        async def getmany(self, **kwargs: Any) -> dict:
+            polled.set()
+            await asyncio.sleep(0.01)
+            return {}
+
+        def assignment(self) -> set:
+            return set()
+
+        async def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(owned_loop, "AIOKafkaConsumer", Consumer)
+    monkeypatch.setattr(owned_loop, "RETRY", RetryPolicy(0.0, 0.0))
+    (loop,) = [lags.__self__ for lags in p.loop_lags if lags.__self__.stage.name == "extract"]
+    fatal: list[str] = []
+    loop.on_fatal = lambda reason, code=70: fatal.append(reason)
+    await loop.start()  # returns at once: the connection is the loop task's business
+    await asyncio.wait_for(polled.wait(), 5)
+    assert Consumer.starts == 3 and not fatal
+    await loop.stop()
