@@ -30,7 +30,9 @@ def test_wheel_has_one_top_level_package(tmp_path: Path) -> None:
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"memstream"}
     for sub in ("memory/store.py", "streams/ingest.py", "topics/schemas.py", "jobs/__init__.py",
-                "memory/prompts/combined-v1.md", "samples/conversations.jsonl"):
+                "memory/prompts/combined-v1.md", "samples/conversations.jsonl",
+                "streams/inspector/index.html", "streams/inspector/app.js",
+                "streams/inspector/style.css"):
         assert f"memstream/{sub}" in names
 
 
@@ -44,3 +46,18 @@ def test_a_users_own_memory_module_does_not_shadow_ours(tmp_path: Path) -> None:
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "memstream.memory.store"
+
+
+def test_an_install_declares_its_data_folders() -> None:
+    """Every data-only folder shipped in the wheel is a declared package (setuptools warns
+    about each undeclared one on every install: issue 16's warning flood)."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    conf = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages, data = set(conf["packages"]), conf["package-data"]
+    assert set(data) <= packages
+    for folder, package in (("memstream/samples", "memstream.samples"),
+                            ("memory/prompts", "memstream.memory.prompts"),
+                            ("streams/inspector", "memstream.streams.inspector")):
+        assert package in packages and any((root / folder).iterdir())
