@@ -124,7 +124,8 @@ def test_the_openapi_document_calls_the_pages_text():
 
 def test_the_package_ships_every_file():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    patterns = data["package-data"]["memstream.streams"]
+    assert f"memstream.streams.{FOLDER}" in data["packages"]  # a declared data package
+    patterns = data["package-data"][f"memstream.streams.{FOLDER}"]
     for asset in ASSETS.values():
         assert (ROOT / "streams" / FOLDER / asset.name).is_file()
-        assert any(fnmatch(f"{FOLDER}/{asset.name}", p) for p in patterns), asset.name
+        assert any(fnmatch(asset.name, p) for p in patterns), asset.name
