@@ -34,7 +34,7 @@ class InvalidRecord(MemstreamError):
     - ``key``: a keyed event whose record key is missing or not ``tenant/user``;
     - ``extraction_failed``: a valid job whose extraction failed after its retries;
     - ``internal``: a valid record the worker could not handle (a bug;
-      ``streams.owned_loop.until_handled``).
+      ``streams.stage.until_handled``).
     """
 
     def __init__(self, kind: str, message: str) -> None:

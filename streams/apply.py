@@ -39,7 +39,8 @@ from memstream.streams.counters import Counters, add
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.extract import store_policy
 from memstream.streams.ingest_tables import LoopTable
-from memstream.streams.owned_loop import OwnedLoop, Record, Work, until_handled
+from memstream.streams.owned_loop import OwnedLoop
+from memstream.streams.stage import Record, Work, until_handled
 from memstream.streams.waiters import Outcome
 from memstream.topics.codec import decode
 from memstream.topics.schemas import JobDecision, JobResult, JobStatus, MemoryChange, Tick

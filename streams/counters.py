@@ -35,7 +35,7 @@ class Counters:
     decisions_fenced: int = 0
     decisions_duplicate: int = 0
     decisions_republished: int = 0
-    # owned_loop.until_handled: transient failures retried in place, records set aside as internal
+    # stage.until_handled: transient failures retried in place, records set aside as internal
     handler_retries: int = 0
     handler_failures: int = 0
     # retrieval (streams.api): queries served, hits recorded / folded, feedback, tool calls

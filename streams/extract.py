@@ -28,7 +28,8 @@ from memstream.streams.app import Pipeline
 from memstream.streams.counters import Counters
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.ingest_tables import LoopTable
-from memstream.streams.owned_loop import OwnedLoop, Work, until_handled
+from memstream.streams.owned_loop import OwnedLoop
+from memstream.streams.stage import Work, until_handled
 from memstream.topics.codec import decode
 from memstream.topics.schemas import ExtractionJob, JobDecision, JobRange, JobStatus
 

@@ -31,7 +31,8 @@ from memstream.streams.app import Pipeline
 from memstream.streams.counters import add
 from memstream.streams.dead_letters import decode_input, set_aside
 from memstream.streams.ingest_tables import LoopTable
-from memstream.streams.owned_loop import OwnedLoop, Work
+from memstream.streams.owned_loop import OwnedLoop
+from memstream.streams.stage import Work
 from memstream.topics.schemas import (
     ChatMessage,
     JobResult,

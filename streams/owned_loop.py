@@ -41,9 +41,8 @@ import heapq
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient
@@ -56,16 +55,15 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from memstream.errors import InvalidRecord
-from memstream.retry import RetryPolicy, is_transient, next_delay
+from memstream.retry import RetryPolicy, next_delay
 from memstream.settings import Settings
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
-from memstream.streams.ingest_tables import LoopTable, restore
+from memstream.streams.ingest_tables import restore
+from memstream.streams.stage import Stage, Work
 
 log = logging.getLogger(__name__)
 EXIT_LOOP_FAILED = 70  # EX_SOFTWARE
 RETRY = RetryPolicy(first_delay_s=0.2, max_delay_s=5.0)
-HANDLER_RETRY = RetryPolicy(first_delay_s=0.5, max_delay_s=30.0)
 MAX_BYTES = 16 * 1024 * 1024
 # A transaction the broker refuses for good: the worker stops rather than pass the records.
 REFUSED = (MessageSizeTooLargeError, RecordTooLargeError, TopicAuthorizationFailedError)
@@ -75,40 +73,6 @@ MAX_FAILED_IN_ROW = 10
 TRANSACTION_TIMEOUT_S = 60.0
 STOP_WAIT_S = 10.0  # one batch's transaction; past it, renewed and read again
 
-Record = tuple[str, bytes | None, bytes | None]  # topic, key, value
-
-
-@dataclass
-class Work:
-    """What one batch of one partition produced: the records to send in its transaction,
-    and what to do once that transaction is committed (never before: a caller woken
-    early could read what an aborted transaction then takes back)."""
-
-    out: list[Record] = field(default_factory=list)
-    after: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
-    # how many of the records it was given the stage took (None: all); the rest go into
-    # the next transaction
-    handled: int | None = None
-
-
-class Stage(Protocol):
-    """What a loop runs: its name (the group ``{app_id}-{name}``), its co-partitioned input
-    topics, the tables it owns, and the handling of one partition's batch."""
-
-    name: str
-    inputs: list[str]
-    tables: tuple[LoopTable, ...]
-    max_records: int
-
-    async def handle(self, partition: int, records: list[Any]) -> Work:
-        """The batch's outputs; a record it cannot handle is a dead letter in them."""
-        ...
-
-    def assigned(self, partitions: set[int]) -> None:
-        """The owned partitions changed (their tables are restored)."""
-        ...
-
-
 def halt(reason: str, code: int = EXIT_LOOP_FAILED) -> None:
     """End the worker now: nothing more is committed, the restart reads again."""
     log.critical("owned loop: %s; exiting (code %d)", reason, code)
@@ -116,39 +80,6 @@ def halt(reason: str, code: int = EXIT_LOOP_FAILED) -> None:
         handler.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-async def until_handled(record: Any, handle: Callable[[], Awaitable[Any]], *,
-                        counters: Any = None, fatal: tuple[type[Exception], ...] = (),
-                        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> Any:
-    """``handle()`` for one record, a transient failure (broker, store, LLM outage) tried
-    again in place with capped backoff (the partition waits, so a user's records keep their
-    order). A ``fatal`` error is raised (the loop ends the worker: nothing of the batch is
-    committed). Anything else is returned as the :class:`InvalidRecord` to set the record
-    aside with."""
-    attempt = 0
-    while True:
-        try:
-            return await handle()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if isinstance(exc, fatal):
-                raise
-            attempt += 1
-            where = f"{record.topic}[{record.partition}]@{record.offset}"
-            if is_transient(exc):
-                delay = next_delay(HANDLER_RETRY, attempt)
-                if counters is not None:
-                    counters.handler_retries += 1
-                log.warning("%s: %s (transient, attempt %d); retrying in %.1fs",
-                            where, type(exc).__name__, attempt, delay)
-                await sleep(delay)
-                continue
-            log.exception("%s: cannot be handled; set aside on the dead-letter topic", where)
-            if counters is not None:
-                counters.handler_failures += 1
-            return InvalidRecord("internal", f"{type(exc).__name__}: {exc}"[:1000])
 
 
 class _Listener(ConsumerRebalanceListener):

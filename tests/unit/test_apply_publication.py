@@ -24,7 +24,7 @@ from memstream.memory.store import Scope
 from memstream.streams.apply import publish
 from memstream.streams.counters import Counters
 from memstream.streams.extract import failed_decision, skip_decided
-from memstream.streams.owned_loop import Work
+from memstream.streams.stage import Work
 from memstream.topics.schemas import JobResult, JobStatus, MemoryChange
 from tests.unit.helpers import make_store
 from tests.unit.test_forget import forget_request

@@ -24,7 +24,7 @@ from memstream.streams.dead_letters import set_aside
 from memstream.streams.extract import count_spend
 from memstream.streams.http import build_http_app
 from memstream.streams.metrics import METRICS, MetricsDeps
-from memstream.streams.owned_loop import Work
+from memstream.streams.stage import Work
 from memstream.topics.api import Principal
 from memstream.topics.schemas import JobDecision, JobStatus, Lineage, MemoryChange
 from tests.unit.helpers import msg, result

@@ -88,7 +88,7 @@ from memstream.memory.store import Scope
 from memstream.streams.apply import publish
 from memstream.streams.counters import Counters
 from memstream.streams.extract import decide_with_retries, failed_decision, skip_decided
-from memstream.streams.owned_loop import Work
+from memstream.streams.stage import Work
 from memstream.topics.schemas import (
     ChatMessage,
     ExtractionJob,

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from memstream.errors import InvalidRecord
 from memstream.streams.counters import Counters
 from memstream.streams.dead_letters import dead_letter_record, set_aside
-from memstream.streams.owned_loop import Work
+from memstream.streams.stage import Work
 from memstream.topics.codec import MAX_DEPTH, check_datetimes, dead_letter, decode
 from memstream.topics.registry import KAFKA_MAX_MESSAGE_BYTES
 from memstream.topics.schemas import (

@@ -1,0 +1,89 @@
+"""The contract between a stage and the loop that runs it (:mod:`streams.owned_loop`).
+
+A stage (ingest, extract, apply, access) names its co-partitioned input topics and the
+tables it owns, and turns one partition's batch of records into :class:`Work`: the records
+to send in the batch's transaction and what to do once it is committed. It never raises
+for one bad record: :func:`until_handled` retries a transient failure in place and turns
+anything else into the :class:`InvalidRecord` to set the record aside with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from memstream.errors import InvalidRecord
+from memstream.retry import RetryPolicy, is_transient, next_delay
+from memstream.streams.ingest_tables import LoopTable
+
+log = logging.getLogger(__name__)
+HANDLER_RETRY = RetryPolicy(first_delay_s=0.5, max_delay_s=30.0)
+
+Record = tuple[str, bytes | None, bytes | None]  # topic, key, value
+
+
+@dataclass
+class Work:
+    """What one batch of one partition produced: the records to send in its transaction,
+    and what to do once that transaction is committed (never before: a caller woken
+    early could read what an aborted transaction then takes back)."""
+
+    out: list[Record] = field(default_factory=list)
+    after: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    # how many of the records it was given the stage took (None: all); the rest go into
+    # the next transaction
+    handled: int | None = None
+
+
+class Stage(Protocol):
+    """What a loop runs: its name (the group ``{app_id}-{name}``), its co-partitioned input
+    topics, the tables it owns, and the handling of one partition's batch."""
+
+    name: str
+    inputs: list[str]
+    tables: tuple[LoopTable, ...]
+    max_records: int
+
+    async def handle(self, partition: int, records: list[Any]) -> Work:
+        """The batch's outputs; a record it cannot handle is a dead letter in them."""
+        ...
+
+    def assigned(self, partitions: set[int]) -> None:
+        """The owned partitions changed (their tables are restored)."""
+        ...
+
+
+async def until_handled(record: Any, handle: Callable[[], Awaitable[Any]], *,
+                        counters: Any = None, fatal: tuple[type[Exception], ...] = (),
+                        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> Any:
+    """``handle()`` for one record, a transient failure (broker, store, LLM outage) tried
+    again in place with capped backoff (the partition waits, so a user's records keep their
+    order). A ``fatal`` error is raised (the loop ends the worker: nothing of the batch is
+    committed). Anything else is returned as the :class:`InvalidRecord` to set the record
+    aside with."""
+    attempt = 0
+    while True:
+        try:
+            return await handle()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, fatal):
+                raise
+            attempt += 1
+            where = f"{record.topic}[{record.partition}]@{record.offset}"
+            if is_transient(exc):
+                delay = next_delay(HANDLER_RETRY, attempt)
+                if counters is not None:
+                    counters.handler_retries += 1
+                log.warning("%s: %s (transient, attempt %d); retrying in %.1fs",
+                            where, type(exc).__name__, attempt, delay)
+                await sleep(delay)
+                continue
+            log.exception("%s: cannot be handled; set aside on the dead-letter topic", where)
+            if counters is not None:
+                counters.handler_failures += 1
+            return InvalidRecord("internal", f"{type(exc).__name__}: {exc}"[:1000])
