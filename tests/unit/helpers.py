@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from datetime import UTC, datetime
 
-from memstream.topics.schemas import ChatMessage, JobResult, JobStatus
+from aiokafka.structs import TopicPartition
+
+from memstream.topics.schemas import (
+    ChatMessage,
+    ExtractionJob,
+    JobMessage,
+    JobResult,
+    JobStatus,
+    TriggerReason,
+)
 
 _ids = itertools.count()
 
@@ -62,3 +72,60 @@ def tool_request(content: str = "The user prefers green tea", *, rid: str = "cal
                       old_content=old)
     return ToolRequest(request_id=rid, tenant_id=tenant, user_id=user, session_id=session,
                        write=write, ts=datetime(2026, 1, 1, tzinfo=UTC))
+
+
+def job(texts, *, job_id="job-1", user="u1", tenant="t1", session="s1", start=0):
+    """An extraction job of ``texts`` (one user message each), seq 0."""
+    msgs = [JobMessage(seq=start + i, message_id=f"{job_id}-{i}", role="user", content=t,
+                       ts=datetime(2026, 3, 1, tzinfo=UTC)) for i, t in enumerate(texts)]
+    return ExtractionJob(job_id=job_id, tenant_id=tenant, user_id=user, session_id=session,
+                         from_seq=start, to_seq=start + len(texts),
+                         reason=TriggerReason.THRESHOLD, messages=msgs,
+                         created_at=datetime(2026, 3, 1, tzinfo=UTC))
+
+
+# --- Kafka clients for the owned loops' unit tests (streams/owned_loop.py) ------------------
+
+class FakeProducer:
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.fail = fail
+        self.committed: list[list[tuple[str, bytes | None, bytes | None, int | None]]] = []
+        self.offsets: list[dict[TopicPartition, int]] = []
+        self._open: list[tuple[str, bytes | None, bytes | None, int | None]] | None = None
+
+    async def begin_transaction(self) -> None:
+        self._open = []
+
+    async def send(self, topic, key=None, value=None, partition=None):
+        assert self._open is not None
+        self._open.append((topic, key, value, partition))
+        delivered = asyncio.get_running_loop().create_future()
+        delivered.set_result(None)
+        return delivered
+
+    async def send_offsets_to_transaction(self, offsets, group_id):
+        self._offsets = {tp: o.offset for tp, o in offsets.items()}
+
+    async def commit_transaction(self) -> None:
+        if self.fail is not None:
+            self._open = None
+            raise self.fail
+        assert self._open is not None
+        self.committed.append(self._open)
+        self.offsets.append(self._offsets)
+        self._open = None
+
+    async def stop(self) -> None:
+        pass
+
+
+class FakeConsumer:
+    def __init__(self, assigned: set[TopicPartition]) -> None:
+        self.assigned = assigned
+        self.seeks: list[tuple[TopicPartition, int]] = []
+
+    def assignment(self) -> set[TopicPartition]:
+        return self.assigned
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks.append((tp, offset))

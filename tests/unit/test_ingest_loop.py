@@ -7,7 +7,6 @@ ready is never handled, and the topics of a partition are merged without reorder
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -31,6 +30,7 @@ from memstream.topics.schemas import (
     JobStatus,
     SessionEvent,
 )
+from tests.unit.helpers import FakeConsumer, FakeProducer
 
 pytestmark = pytest.mark.unit
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -75,51 +75,6 @@ def test_restore_and_drop_follow_the_partition_that_holds_a_key():
 
 
 # --- the loop, with a consumer and producers that keep what they are told ------------------
-
-
-class FakeProducer:
-    def __init__(self, fail: BaseException | None = None) -> None:
-        self.fail = fail
-        self.committed: list[list[tuple[str, bytes | None, bytes | None, int | None]]] = []
-        self.offsets: list[dict[TopicPartition, int]] = []
-        self._open: list[tuple[str, bytes | None, bytes | None, int | None]] | None = None
-
-    async def begin_transaction(self) -> None:
-        self._open = []
-
-    async def send(self, topic, key=None, value=None, partition=None):
-        assert self._open is not None
-        self._open.append((topic, key, value, partition))
-        delivered = asyncio.get_running_loop().create_future()
-        delivered.set_result(None)
-        return delivered
-
-    async def send_offsets_to_transaction(self, offsets, group_id):
-        self._offsets = {tp: o.offset for tp, o in offsets.items()}
-
-    async def commit_transaction(self) -> None:
-        if self.fail is not None:
-            self._open = None
-            raise self.fail
-        assert self._open is not None
-        self.committed.append(self._open)
-        self.offsets.append(self._offsets)
-        self._open = None
-
-    async def stop(self) -> None:
-        pass
-
-
-class FakeConsumer:
-    def __init__(self, assigned: set[TopicPartition]) -> None:
-        self.assigned = assigned
-        self.seeks: list[tuple[TopicPartition, int]] = []
-
-    def assignment(self) -> set[TopicPartition]:
-        return self.assigned
-
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        self.seeks.append((tp, offset))
 
 
 def _loop(tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,8 @@ from memstream.memory.model import Memory, OpKind, Source, Status
 from memstream.memory.store import Scope
 from memstream.memory.store_edge import EdgeStore
 from memstream.memory.store_server import ServerStore
-from memstream.topics.schemas import ExtractionJob, JobMessage, TriggerReason
+from memstream.topics.schemas import ExtractionJob
+from tests.unit.helpers import job
 
 pytestmark = pytest.mark.unit
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -107,15 +107,6 @@ def store(request, tmp_path):
         s = ServerStore("memories", dim, client=QdrantClient(":memory:"))
     yield s
     s.close()
-
-
-def job(texts, *, job_id="job-1", user="u1", tenant="t1", session="s1", start=0):
-    msgs = [JobMessage(seq=start + i, message_id=f"{job_id}-{i}", role="user", content=t,
-                       ts=datetime(2026, 3, 1, tzinfo=UTC)) for i, t in enumerate(texts)]
-    return ExtractionJob(job_id=job_id, tenant_id=tenant, user_id=user, session_id=session,
-                         from_seq=start, to_seq=start + len(texts),
-                         reason=TriggerReason.THRESHOLD, messages=msgs,
-                         created_at=datetime(2026, 3, 1, tzinfo=UTC))
 
 
 def run(ex: Extractor, j: ExtractionJob, now: float) -> tuple[JobOutcome, list]:

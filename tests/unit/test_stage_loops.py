@@ -21,8 +21,7 @@ from memstream.settings import Settings
 from memstream.streams.app import Pipeline, build_app
 from memstream.streams.owned_loop import OwnedLoop
 from memstream.topics.schemas import JobDecision, JobResult, JobStatus, MemoryChange, Tick
-from tests.unit.test_ingest_loop import FakeConsumer, FakeProducer
-from tests.unit.test_memory_core import job
+from tests.unit.helpers import FakeConsumer, FakeProducer, job
 
 pytestmark = pytest.mark.unit
 NOW = 1_780_000_000.0
