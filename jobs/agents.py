@@ -27,6 +27,7 @@ from memstream.streams import privacy
 from memstream.streams.app import Pipeline
 from memstream.streams.ingest import TickSender
 from memstream.streams.ingest_tables import LoopTable
+from memstream.streams.stage import Record
 from memstream.topics.schemas import MemoryChange, Tick, ToolRequest, ToolWrite
 
 
@@ -85,7 +86,7 @@ class MaintenanceFold:
         raw = self.table.get(key)
         return triggers.UserJobs.restore(raw) if raw else triggers.UserJobs(tenant, user)
 
-    def fold(self, event: Tick | MemoryChange) -> list[tuple[str, bytes | None, bytes | None]]:
+    def fold(self, event: Tick | MemoryChange) -> list[Record]:
         """One change or tick of a user into the table (inside ``table.writing``); the
         tool requests of the commands it emits, to send in the same transaction."""
         p = self.p
@@ -99,7 +100,7 @@ class MaintenanceFold:
         if new != state:
             self.table[key] = new.snapshot()
         self.index.push(key, triggers.next_due(new))
-        out: list[tuple[str, bytes | None, bytes | None]] = []
+        out: list[Record] = []
         for command in commands:
             p.counters.jobs_commands += 1
             request = ToolRequest(
@@ -128,6 +129,7 @@ def register(p: Pipeline) -> MaintenanceFold:
     that sends the due users' ticks."""
     fold = MaintenanceFold(p)
     rolls = privacy.RollSchedule(p)
+
     def not_sent() -> None:  # the due users are taken from the table again
         fold.assigned()
         rolls.again()

@@ -25,11 +25,10 @@ from aiokafka import AIOKafkaProducer
 
 from memstream.errors import InvalidRecord
 from memstream.memory.rebuild import fold_access
-from memstream.streams import faust_setup
 from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.ingest_tables import LoopTable
-from memstream.streams.owned_loop import OwnedLoop
+from memstream.streams.owned_loop import run_with_app
 from memstream.streams.stage import Work, until_handled
 from memstream.topics.codec import decode
 from memstream.topics.schemas import AccessEvent
@@ -168,11 +167,5 @@ class AccessStage:
 
 
 def register(p: Pipeline) -> None:
-    """Run the access fold's loop in the worker (started with the app)."""
-    loop = OwnedLoop(p.settings, AccessStage(p))
-    p.loop_lags.append(loop.lags)
-    faust_setup.start_with_app(p.app, loop.start)
-
-    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
-    async def on_shutdown(app: Any, **_: Any) -> None:
-        await loop.stop()
+    """Run the access fold's loop in the worker."""
+    run_with_app(p, AccessStage(p))

@@ -33,13 +33,13 @@ from memstream.errors import InvalidRecord
 from memstream.memory import fencing, metrics
 from memstream.memory.apply import Applied, apply_decision
 from memstream.retry import is_transient, retry_async
-from memstream.streams import faust_setup, privacy
+from memstream.streams import privacy
 from memstream.streams.app import Pipeline
 from memstream.streams.counters import Counters, add
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.extract import store_policy
 from memstream.streams.ingest_tables import LoopTable
-from memstream.streams.owned_loop import OwnedLoop
+from memstream.streams.owned_loop import run_with_app
 from memstream.streams.stage import Record, Work, until_handled
 from memstream.streams.waiters import Outcome
 from memstream.topics.codec import decode
@@ -229,12 +229,5 @@ class ApplyStage:
 
 
 def register(p: Pipeline, fold: Fold | None, *, decisions: bool = True) -> None:
-    """Run the apply loop (or the jobs-only loop) in the worker, started with the app."""
-    loop = OwnedLoop(p.settings, ApplyStage(p, fold, decisions=decisions))
-    p.loop_lags.append(loop.lags)
-    faust_setup.start_with_app(p.app, loop.start)
-
-    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
-    async def on_shutdown(app: Any, **_: Any) -> None:
-        await loop.stop()
-
+    """Run the apply loop (or the jobs-only loop) in the worker."""
+    run_with_app(p, ApplyStage(p, fold, decisions=decisions))

@@ -23,12 +23,11 @@ from memstream.memory.apply import build_decision
 from memstream.memory.store import Scope
 from memstream.retry import RetryPolicy, retry_async
 from memstream.settings import Settings
-from memstream.streams import faust_setup
 from memstream.streams.app import Pipeline
 from memstream.streams.counters import Counters
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.ingest_tables import LoopTable
-from memstream.streams.owned_loop import OwnedLoop
+from memstream.streams.owned_loop import run_with_app
 from memstream.streams.stage import Work, until_handled
 from memstream.topics.codec import decode
 from memstream.topics.schemas import ExtractionJob, JobDecision, JobRange, JobStatus
@@ -159,11 +158,5 @@ class ExtractStage:
 
 
 def register(p: Pipeline) -> None:
-    """Run the extract loop in the worker (started with the app)."""
-    loop = OwnedLoop(p.settings, ExtractStage(p))
-    p.loop_lags.append(loop.lags)
-    faust_setup.start_with_app(p.app, loop.start)
-
-    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
-    async def on_shutdown(app: Any, **_: Any) -> None:
-        await loop.stop()
+    """Run the extract loop in the worker."""
+    run_with_app(p, ExtractStage(p))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -26,12 +27,12 @@ from memstream.errors import InvalidRecord
 from memstream.memory import coalescing as machine
 from memstream.memory import metrics
 from memstream.memory.ingest_state import UserState, overdue, restore, snapshot
-from memstream.streams import faust_setup, privacy, window
+from memstream.streams import privacy, window
 from memstream.streams.app import Pipeline
 from memstream.streams.counters import add
 from memstream.streams.dead_letters import decode_input, set_aside
 from memstream.streams.ingest_tables import LoopTable
-from memstream.streams.owned_loop import OwnedLoop
+from memstream.streams.owned_loop import OwnedLoop, quietly, run_with_app
 from memstream.streams.stage import Work
 from memstream.topics.schemas import (
     ChatMessage,
@@ -215,10 +216,7 @@ class TickSender:
                         type(exc).__name__, exc)
             producer, self.producer = self.producer, None
             if producer is not None:
-                try:
-                    await producer.stop()
-                except Exception as err:  # closing a client that already failed
-                    log.debug("closing the tick producer: %s", err)
+                await quietly(producer.stop())
             if self.on_failed is not None:
                 self.on_failed()
             return 0
@@ -260,15 +258,12 @@ class IngestStage:
         """The whole batch without an await: no other partition's batch runs meanwhile,
         so the tables' pending writes go to this one."""
         batch = Batch(since=self.taken_at.get(partition, 0.0))
-        for table in self.tables:
-            table.partition = partition
-        try:
+        with ExitStack() as writing:
+            for table in self.tables:
+                writing.enter_context(table.writing(partition))
             for record in records:
                 handle_record(self.p, batch, record)
             finish(self.p, batch)
-        finally:
-            for table in self.tables:
-                table.partition = None
         return batch
 
     def assigned(self, partitions: set[int]) -> None:
@@ -283,14 +278,10 @@ def ingest_loop(p: Pipeline, **kwargs: Any) -> OwnedLoop:
 
 def register(p: Pipeline) -> None:
     """Run the ingest loop (:mod:`streams.owned_loop`) in the worker, and its ticker."""
-    loop = ingest_loop(p)
-    p.loop_lags.append(loop.lags)
+    run_with_app(p, IngestStage(p))
     rolls = privacy.RollSchedule(p)
     ticks = TickSender(p, p.topics.ticks.name,
                        lambda now: due_users(p, now) + rolls.due(now), on_failed=rolls.again)
-
-    # started with the app, not after Faust's table recovery: the loop has its own tables
-    faust_setup.start_with_app(p.app, loop.start)
 
     @p.app.timer(p.settings.tick_interval_s, name="ingest-ticker")
     async def ticker() -> None:
@@ -298,6 +289,5 @@ def register(p: Pipeline) -> None:
 
     @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def on_shutdown(app: Any, **_: Any) -> None:
-        await loop.stop()
         await ticks.close()
         log.info("ingest counters: %s", p.counters.as_dict())

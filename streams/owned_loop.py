@@ -57,6 +57,8 @@ from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from memstream.retry import RetryPolicy, next_delay
 from memstream.settings import Settings
+from memstream.streams import faust_setup
+from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
 from memstream.streams.ingest_tables import restore
 from memstream.streams.stage import Stage, Work
@@ -72,6 +74,20 @@ REFUSED = (MessageSizeTooLargeError, RecordTooLargeError, TopicAuthorizationFail
 MAX_FAILED_IN_ROW = 10
 TRANSACTION_TIMEOUT_S = 60.0
 STOP_WAIT_S = 10.0  # one batch's transaction; past it, renewed and read again
+
+def run_with_app(p: Pipeline, stage: Stage) -> OwnedLoop:
+    """Run ``stage`` in its loop in the worker: started with the app (not after Faust's
+    table recovery: the loop has its own tables), stopped before it, its lag reported."""
+    loop = OwnedLoop(p.settings, stage)
+    p.loop_lags.append(loop.lags)
+    faust_setup.start_with_app(p.app, loop.start)
+
+    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def on_shutdown(app: Any, **_: Any) -> None:
+        await loop.stop()
+
+    return loop
+
 
 def halt(reason: str, code: int = EXIT_LOOP_FAILED) -> None:
     """End the worker now: nothing more is committed, the restart reads again."""
@@ -281,7 +297,7 @@ class OwnedLoop:
         log.warning("%s partition %d: transaction failed (%s: %s); renewing its producer",
                     self.stage.name, partition, type(exc).__name__, exc)
         old = self.producers.pop(partition)
-        await _quietly(old.stop())
+        await quietly(old.stop())
         attempt = 0
         while partition not in self.producers:
             attempt += 1
@@ -325,7 +341,7 @@ class OwnedLoop:
                                    f"vs {sorted(parts)}")
         gone, new = self.owned - parts, parts - self.owned
         for n in gone:
-            await _quietly(self.producers.pop(n).stop())
+            await quietly(self.producers.pop(n).stop())
         for table in self.tables:
             table.drop(gone)
         self.next = {tp: o for tp, o in self.next.items() if tp.partition in parts}
@@ -358,7 +374,7 @@ class OwnedLoop:
             except Exception as exc:  # no such group: a new deployment
                 log.debug("no offsets of group %s (%s)", self.settings.app_id, exc)
             finally:
-                await _quietly(admin.close())
+                await quietly(admin.close())
         if tp in self._legacy:
             log.info("%s: %s starts where the Faust agents were (%d)", self.stage.name,
                      tp, self._legacy[tp])
@@ -373,7 +389,7 @@ class OwnedLoop:
         try:
             await producer.start()  # init_transactions: fences and aborts the previous owner
         except BaseException:
-            await _quietly(producer.stop())
+            await quietly(producer.stop())
             raise
         return producer
 
@@ -423,7 +439,8 @@ def _timestamp(record: Any) -> int:
     return int(record.timestamp)
 
 
-async def _quietly(coro: Any) -> None:
+async def quietly(coro: Any) -> None:
+    """Await ``coro`` (closing a client), its failure only logged."""
     try:
         await coro
     except Exception as exc:  # closing a client that already failed
