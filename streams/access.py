@@ -147,11 +147,13 @@ class AccessStage:
 
     async def handle(self, partition: int, records: list[Any]) -> Work:
         p, work = self.p, Work()
+        decoded: list[Any] = []  # the records that decoded (the rest are dead letters now)
         events = []
         for record in records:
             try:
                 events.append(decode(AccessEvent, record.value, record.key,
                                      max_bytes=INTERNAL_MAX_BYTES))
+                decoded.append(record)
             except InvalidRecord as exc:
                 set_aside(p, work, exc, record)
         if events:
@@ -159,7 +161,7 @@ class AccessStage:
                 records[-1], lambda: asyncio.to_thread(fold_access, p.services.store, events),
                 counters=p.counters)
             if isinstance(got, InvalidRecord):  # a bug: the batch's events set aside
-                for record in records:
+                for record in decoded:
                     set_aside(p, work, got, record)
                 return work
             p.counters.access_events_folded += len(events)

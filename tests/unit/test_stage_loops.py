@@ -410,3 +410,25 @@ async def test_a_loop_started_while_the_broker_is_away_waits_for_it(p, monkeypat
     await asyncio.wait_for(polled.wait(), 5)
     assert Consumer.starts == 3 and not fatal
     await loop.stop()
+
+
+async def test_a_failed_access_fold_sets_aside_each_record_once(p, monkeypatch):
+    """The fold raises a bug: the batch's events become dead letters, and a record that
+    was already one (it did not decode) is not set aside a second time."""
+    from datetime import UTC, datetime
+
+    from memstream.streams import access
+    from memstream.topics.schemas import AccessEvent
+
+    def broken(store: Any, events: Any) -> None:
+        raise ValueError("bug")
+
+    monkeypatch.setattr(access, "fold_access", broken)
+    loop, _ = loop_of(p, "access")
+    topic = p.topics.memory_access.name
+    hit = AccessEvent(event_id="e1", tenant_id="t1", user_id="u1", kind="hit",
+                      memory_ids=["m1"], query_id="q1", ts=datetime.fromtimestamp(NOW, UTC))
+    await loop.process(batch(record(topic, 0, b"t1/u1", b"{not json"),
+                             record(topic, 1, b"t1/u1", hit.dumps())))
+    dead = [json.loads(v) for v in sent(loop.producers[0], p.topics.dead_letters.name)]
+    assert sorted((d["offset"], d["kind"]) for d in dead) == [(0, "not_json"), (1, "internal")]
