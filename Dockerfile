@@ -5,6 +5,7 @@ COPY memstream ./memstream
 COPY topics ./topics
 COPY streams ./streams
 COPY jobs ./jobs
+COPY web ./web
 COPY memory ./memory
 RUN pip install --no-cache-dir .
 USER nobody

@@ -46,10 +46,10 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import SecretStr
 
-from memstream import broker as local_broker
-from memstream.kafka_io import start_producer
-from memstream.process import Incarnation, WorkerProcess
-from memstream.settings import Settings
+from memstream.core.kafka_io import start_producer
+from memstream.core.settings import Settings
+from memstream.dev import broker as local_broker
+from memstream.dev.process import Incarnation, WorkerProcess
 from memstream.topics.registry import (
     Topics,
     all_topic_names,

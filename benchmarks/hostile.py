@@ -32,9 +32,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from memstream.kafka_io import TopicReader, send_events, start_producer
-from memstream.process import WorkerProcess
-from memstream.settings import Settings
+from memstream.core.kafka_io import TopicReader, send_events, start_producer
+from memstream.core.settings import Settings
+from memstream.dev.process import WorkerProcess
 from memstream.topics.registry import (
     Topics,
     all_topic_names,

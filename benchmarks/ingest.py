@@ -33,11 +33,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from statistics import median
 
-from memstream import broker as local_broker
-from memstream.kafka_io import start_producer
-from memstream.process import WorkerProcess
-from memstream.settings import Settings
-from memstream.stand_in import AckExtractor
+from memstream.core.kafka_io import start_producer
+from memstream.core.settings import Settings
+from memstream.dev import broker as local_broker
+from memstream.dev.process import WorkerProcess
+from memstream.dev.stand_in import AckExtractor
 from memstream.topics.registry import all_topic_names, create_topics, delete_topics, registry
 from memstream.topics.schemas import (
     ChatMessage,

@@ -57,7 +57,6 @@ from typing import Any, cast
 import numpy as np
 
 from memstream.jobs import triggers
-from memstream.jobs.agents import DueIndex, due_users
 from memstream.memory.access import AccessStats
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, JobOutcome, RulesModel
@@ -66,6 +65,7 @@ from memstream.memory.model import Memory, MemoryType, Source
 from memstream.memory.store import MemoryStore, Scope
 from memstream.memory.store_edge import EdgeStore
 from memstream.streams.app import Pipeline
+from memstream.streams.jobs_fold import DueIndex, due_users
 from memstream.topics.schemas import ExtractionJob, ToolWrite, TriggerReason
 
 DIM = 512

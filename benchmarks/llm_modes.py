@@ -21,7 +21,8 @@ from typing import Any
 
 from openai import OpenAI
 
-from memstream.demo import load_samples
+from memstream.core.settings import Settings
+from memstream.dev.demo import load_samples
 from memstream.memory import coalescing as machine
 from memstream.memory import rules
 from memstream.memory.apply import apply_change, change_for
@@ -30,7 +31,6 @@ from memstream.memory.extraction import Extractor
 from memstream.memory.llm import OpenAIModel
 from memstream.memory.store import Scope
 from memstream.memory.store_edge import EdgeStore
-from memstream.settings import Settings
 from memstream.topics.schemas import ChatMessage, ExtractionJob, JobResult, JobStatus, SessionEvent
 from tests.fakes.openai_server import OpenAITestServer, Reply, chat_json
 

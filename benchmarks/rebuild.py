@@ -75,8 +75,8 @@ async def through_kafka(bootstrap: str, raw: list[bytes], root: Path, repeats: i
     from aiokafka import AIOKafkaProducer
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    from memstream.rebuild_ops import rebuild_into
-    from memstream.settings import Settings
+    from memstream.core.settings import Settings
+    from memstream.memory.rebuild_topics import rebuild_into
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     settings = Settings(bootstrap_servers=bootstrap, topic_prefix=prefix)

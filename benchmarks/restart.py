@@ -37,10 +37,10 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
 
-from memstream.errors import MemstreamError
-from memstream.kafka_io import send_events, start_producer
-from memstream.process import WorkerProcess
-from memstream.settings import Settings
+from memstream.core.errors import MemstreamError
+from memstream.core.kafka_io import send_events, start_producer
+from memstream.core.settings import Settings
+from memstream.dev.process import WorkerProcess
 from memstream.topics.registry import all_topic_names, create_topics, delete_topics, registry
 from memstream.topics.schemas import ChatMessage
 

@@ -63,7 +63,7 @@ from typing import Any, cast
 import httpx
 import numpy as np
 
-from memstream.keys import KeyRing
+from memstream.core.settings import Settings
 from memstream.memory import retrieval
 from memstream.memory.access import AccessStats
 from memstream.memory.embedding import Embedder
@@ -74,16 +74,16 @@ from memstream.memory.store import MemoryStore, Scope
 from memstream.memory.store_edge import EdgeStore
 from memstream.memory.store_server import ServerStore
 from memstream.memory.toolwrite import core_slot
-from memstream.settings import Settings
 from memstream.streams.access import AccessRecorder
-from memstream.streams.api import WorkerBackend
 from memstream.streams.app import Pipeline
 from memstream.streams.counters import Counters
-from memstream.streams.http import HttpServer, build_http_app
 from memstream.streams.waiters import Waiters
-from memstream.topics.api import SearchRequest
 from memstream.topics.registry import Topics, TopicSpec, create_topics, delete_topics, registry
 from memstream.topics.schemas import AccessEvent
+from memstream.web.backend import WorkerBackend
+from memstream.web.http import HttpServer, build_http_app
+from memstream.web.keys import KeyRing
+from memstream.web.models.api import SearchRequest
 
 DIM = 512
 TENANT = "bench"

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from pydantic import BaseModel
 
-from memstream.errors import ConfigError, InvalidRecord
+from memstream.core.errors import ConfigError, InvalidRecord
 from memstream.topics.schemas import MemoryChange
 
 VERSION = "v1"

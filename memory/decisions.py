@@ -21,7 +21,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memstream.errors import MemstreamError
+from memstream.core.errors import MemstreamError
 from memstream.memory.model import (
     Memory,
     MemoryType,

@@ -18,7 +18,7 @@ import re
 import threading
 from typing import Any, Protocol
 
-from memstream.errors import MemstreamError
+from memstream.core.errors import MemstreamError
 
 
 class EmbeddingError(MemstreamError):

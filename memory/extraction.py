@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
+from memstream.core.retry import deadline_scope
 from memstream.memory import jobwork, rules, toolwrite
 from memstream.memory.decisions import Candidate, Context, Decision, IdMap, PlannedOp, resolve
 from memstream.memory.embedding import Embedder, cosine
@@ -24,7 +25,6 @@ from memstream.memory.jobwork import JobSettings
 from memstream.memory.model import Memory, MemoryType, OpKind
 from memstream.memory.store import MemoryStore, Scope
 from memstream.memory.triggers import is_trivial
-from memstream.retry import deadline_scope
 from memstream.topics.schemas import ExtractionJob, JobMessage, Role, ToolWrite
 
 
@@ -177,7 +177,7 @@ class Extractor:
     def decide(self, job: ExtractionJob, now: float, deadline: float | None = None) -> JobOutcome:
         """The job's ops. ``deadline`` (an absolute time on the model's clock, None: none)
         bounds every model call and its retries: it reaches the model through
-        :func:`memstream.retry.deadline_scope`, so the model protocol stays as it is."""
+        :func:`memstream.core.retry.deadline_scope`, so the model protocol stays as it is."""
         with deadline_scope(deadline):
             return self._decide(job, now)
 

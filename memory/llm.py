@@ -6,9 +6,9 @@ Works against OpenAI, vLLM, Ollama or anything that speaks ``/v1/chat/completion
   (and remembering it) when the server rejects ``json_schema``;
 - every reply is validated by a pydantic model; callers get the model, never a dict;
 - 408/409/429, 5xx, timeouts, connection errors, malformed JSON and schema-invalid replies
-  are retried per call with :mod:`memstream.retry` (capped backoff, ``llm_retries``); other
+  are retried per call with :mod:`memstream.core.retry` (capped backoff, ``llm_retries``); other
   4xx fail at once (:class:`LLMError`). Every retry, and each call's own timeout, fits
-  inside the deadline of the job being decided (:func:`memstream.retry.current_deadline`,
+  inside the deadline of the job being decided (:func:`memstream.core.retry.current_deadline`,
   set by :meth:`Extractor.decide`), so a job never outlives its deadline and a two-step
   job does not redo the calls that already succeeded;
 - prompts are versioned files (``memory/prompts/<name>-v<N>.md``); the version travels
@@ -27,14 +27,20 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from memstream.errors import MemstreamError
+from memstream.core.errors import MemstreamError
+from memstream.core.retry import (
+    RetriesExhausted,
+    RetryPolicy,
+    current_deadline,
+    remaining,
+    retry_sync,
+)
+from memstream.core.settings import Settings
 from memstream.memory import llm_reflect
 from memstream.memory.decisions import Candidate, Decision
 from memstream.memory.extraction import Insight, Usage
 from memstream.memory.llm_record import Recorder, record_key
 from memstream.memory.model import Memory, MemoryType, OpKind
-from memstream.retry import RetriesExhausted, RetryPolicy, current_deadline, remaining, retry_sync
-from memstream.settings import Settings
 from memstream.topics.schemas import JobMessage, Role
 
 T = TypeVar("T", bound=BaseModel)
@@ -93,7 +99,7 @@ def prompt(name: str) -> str:
 
 
 def retry_policy(settings: Settings) -> RetryPolicy:
-    """The backoff of one LLM call (what is transient is :func:`memstream.retry.is_transient`)."""
+    """The backoff of one LLM call (transient: :func:`memstream.core.retry.is_transient`)."""
     return RetryPolicy(first_delay_s=settings.llm_backoff_s,
                        max_delay_s=max(settings.llm_backoff_s, settings.llm_backoff_max_s),
                        min_attempt_s=min(MIN_CALL_S, settings.llm_timeout_s))

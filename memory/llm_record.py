@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from memstream.errors import MemstreamError
+from memstream.core.errors import MemstreamError
 from memstream.memory.extraction import Usage
 
 FORMAT = "memstream-llm-record"

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memstream.errors import ConfigError
+from memstream.core.errors import ConfigError
 from memstream.memory.decisions import Candidate, Context, Decision, PlannedOp, op_id
 from memstream.memory.embedding import cosine
 from memstream.memory.model import Memory, MemoryType, OpKind, Status, new_memory_id

@@ -39,7 +39,7 @@ LAG_BUCKETS: tuple[float, ...] = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 9
                                   1800.0, 3600.0, 4 * 3600.0, DAY_S)
 
 CONVERSATION_KINDS = frozenset({"extraction", "tool"})
-# InvalidRecord kinds (memstream.errors): the dead-letter label takes these, or "other"
+# InvalidRecord kinds (memstream.core.errors): the dead-letter label takes these, or "other"
 DEAD_LETTER_CLASSES = frozenset({
     "empty", "too_large", "not_json", "depth", "number", "unicode", "version", "schema",
     "date", "key", "extraction_failed", "apply_failed", "internal", "undecryptable"})

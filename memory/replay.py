@@ -37,7 +37,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from memstream.errors import MemstreamError
+from memstream.core.errors import MemstreamError
 from memstream.memory import llm
 from memstream.memory.coalescing import next_deadline, on_message, on_result, on_session_end
 from memstream.memory.coalescing import on_tick as tick

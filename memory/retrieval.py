@@ -1,7 +1,7 @@
 """Retrieval (SPEC §5): filter by tenant and user (plus the global scope), vector search
 wider than k, join the hit statistics, drop what must not come back, rank, and gather the
 blocks a prompt needs (procedural rules, core memory). Pure over the store protocol; the
-HTTP API (:mod:`memstream.streams.api`) and the CLI call it.
+HTTP API (:mod:`memstream.web.backend`) and the CLI call it.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from memstream.errors import ConfigError
+from memstream.core.errors import ConfigError
 from memstream.memory.model import Memory
 
 _HOUR = 3600.0

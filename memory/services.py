@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memstream.errors import ConfigError
+from memstream.core.errors import ConfigError
+from memstream.core.settings import Settings
 from memstream.memory.embedding import Embedder, HashingEmbedder, OpenAIEmbedder, UseEmbedder
 from memstream.memory.extraction import Extractor, MemoryModel, RulesModel
 from memstream.memory.jobwork import JobSettings
 from memstream.memory.scoring import Weights
 from memstream.memory.store import MemoryStore
-from memstream.settings import Settings
 
 if TYPE_CHECKING:
     from memstream.memory.llm_record import Recorder
@@ -55,9 +55,9 @@ def build_store(settings: Settings, dim: int) -> MemoryStore:
         return ServerStore.connect(settings.qdrant_url, key, settings.qdrant_collection, dim)
     from memstream.memory.store_edge import EdgeStore
     from memstream.memory.store_swap import SwappableStore
-    from memstream.store_switch import current_store_path
+    from memstream.memory.store_switch import current_store_path
 
-    # the worker's store can be switched to a rebuilt one (memstream.store_switch)
+    # the worker's store can be switched to a rebuilt one (memstream.memory.store_switch)
     return SwappableStore(EdgeStore(current_store_path(settings), dim))
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from memstream.errors import MemstreamError
+from memstream.core.errors import MemstreamError
 from memstream.memory.access import AccessStats
 from memstream.memory.fencing import Cursor, Published
 from memstream.memory.model import GLOBAL_USER, Memory, version_point_id

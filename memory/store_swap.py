@@ -1,7 +1,7 @@
 """A store the worker can switch to a rebuilt one without stopping reads (issue 10).
 
 :class:`SwappableStore` is the worker's store: it passes every call to the current store
-and remembers, per user, when it last wrote for them. The switch (memstream.store_switch)
+and remembers, per user, when it last wrote for them. The switch (memstream.memory.store_switch)
 relies on that: a user not written for a few minutes has every write's change event
 committed on the memory-change topic (a transaction lives at most 60 s), so the catch-up
 from the topic is complete for them; a user written since is copied from the live store

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from memstream.errors import MemstreamError
-from memstream.topics.api import MAX_QUERY_CHARS
+from memstream.core.errors import MemstreamError
+from memstream.topics.schemas import MAX_QUERY_CHARS
 
 CORE_LABELS = ("profile", "instructions")
 CORE_MAX_CHARS = 2000  # per core block

@@ -8,8 +8,8 @@ import sys
 
 import click
 
-from memstream import broker as local_broker
-from memstream.settings import Settings
+from memstream.core.settings import Settings
+from memstream.dev import broker as local_broker
 
 
 @click.group()
@@ -122,8 +122,8 @@ def keys_create(settings: Settings, tenant: str, label: str) -> None:
     """Mint a key for one tenant and print it, once."""
     from pydantic import ValidationError
 
-    from memstream.errors import MemstreamError
-    from memstream.keys_topic import create_key
+    from memstream.core.errors import MemstreamError
+    from memstream.web.keys_topic import create_key
 
     try:
         plaintext, record = asyncio.run(create_key(settings, tenant, label))
@@ -145,9 +145,9 @@ def keys_list(settings: Settings, tenant: str | None) -> None:
     (forged, unsigned or signed with another admin key: no worker with this admin key takes
     it); "?" without an admin key to check with.
     """
-    from memstream.errors import MemstreamError
-    from memstream.keys import verify
-    from memstream.keys_topic import list_keys
+    from memstream.core.errors import MemstreamError
+    from memstream.web.keys import verify
+    from memstream.web.keys_topic import list_keys
 
     admin = settings.admin_key.get_secret_value() if settings.admin_key is not None else ""
     try:
@@ -170,8 +170,8 @@ def keys_list(settings: Settings, tenant: str | None) -> None:
 @click.pass_obj
 def keys_revoke(settings: Settings, key_id: str) -> None:
     """Revoke a key (its record stays on the topic, with the time of revocation)."""
-    from memstream.errors import MemstreamError
-    from memstream.keys_topic import revoke_key
+    from memstream.core.errors import MemstreamError
+    from memstream.web.keys_topic import revoke_key
 
     try:
         record = asyncio.run(revoke_key(settings, key_id))
@@ -220,17 +220,17 @@ def jobs_only(settings: Settings, which: tuple[str, ...] = ()) -> Settings:
 def _run_worker(settings: Settings, loglevel: str) -> None:
     import time
 
-    from memstream.retry import RetryPolicy, retry_async
-    from memstream.streams.app import build_app
+    from memstream.core.retry import RetryPolicy, retry_async
     from memstream.streams.faust_setup import Worker
     from memstream.topics.registry import create_topics
+    from memstream.worker import build_worker
 
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     # A broker that is restarting is waited for (a minute), not a reason to exit at once.
     asyncio.run(retry_async(lambda: create_topics(settings),
                             policy=RetryPolicy(first_delay_s=1.0, max_delay_s=10.0),
                             deadline=time.time() + 60.0, clock=time.time))
-    pipeline = build_app(settings)
+    pipeline = build_worker(settings)
     if settings.extract_enabled:
         # Load the embedder model now, not on the first job: it takes seconds, which the
         # extract and apply loops' first batches after every start would wait for.
@@ -253,7 +253,7 @@ def search(settings: Settings, tenant: str, user: str, k: int | None, query: str
     """
     import json
 
-    from memstream.search_client import search_http, search_local
+    from memstream.ops.search import search_http, search_local
 
     k = k or settings.retrieval_k
     result = search_http(settings, tenant, user, query, k)
@@ -276,7 +276,7 @@ def forget() -> None:
 def forget_verify(settings: Settings, tenant: str, user: str, needles: tuple[str, ...]) -> None:
     """Scan the store and every topic memstream owns for the user's content; exit 1 if any
     residue is left (see README: the erasure bound)."""
-    from memstream.forget_verify import verify
+    from memstream.ops.forget_verify import verify
 
     found = verify(settings, tenant, user, list(needles))
     for what, n in found.rows():
@@ -294,16 +294,16 @@ def forget_verify(settings: Settings, tenant: str, user: str, needles: tuple[str
 @click.pass_obj
 def demo(settings: Settings, keep_broker: bool, serve: bool) -> None:
     """Broker + worker + the bundled sample conversations: print the memories built."""
-    from memstream.demo import run_demo
+    from memstream.dev.demo import run_demo
 
     logging.basicConfig(level=logging.WARNING)
     run_demo(settings, keep_broker=keep_broker, serve=serve)
 
 
-from memstream.replay_cli import replay  # noqa: E402
+from memstream.ops.replay_cli import replay  # noqa: E402
 
 main.add_command(replay)
-from memstream.rebuild_cli import rebuild  # noqa: E402
+from memstream.ops.rebuild import rebuild  # noqa: E402
 
 main.add_command(rebuild)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from memstream.errors import InvalidRecord
+from memstream.core.errors import InvalidRecord
 from memstream.memory.rebuild import fold_access
 from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside

@@ -17,9 +17,9 @@ from typing import Any
 import faust
 from pydantic import BaseModel
 
+from memstream.core.settings import Settings
 from memstream.memory.coalescing import Policy, UserState
 from memstream.memory.services import Services, build_services
-from memstream.settings import Settings
 from memstream.streams.counters import Counters
 from memstream.streams.ingest_tables import LoopTable
 from memstream.streams.waiters import Waiters
@@ -85,7 +85,7 @@ class Pipeline:
     restored: RestoredStates = field(default_factory=RestoredStates)
     waiters: Waiters = field(default_factory=Waiters)  # API callers waiting for tool jobs
     api: Any = None  # the HTTP API's backend when web_enabled (streams.api.WorkerBackend)
-    # per-user data keys when MEMSTREAM_MASTER_KEY is set (memstream.user_keys)
+    # per-user data keys when MEMSTREAM_MASTER_KEY is set (memstream.memory.user_keys)
     user_keys: Any = None
     # the owned loops' consumer lag per (topic, partition), of those that run here
     loop_lags: list[Callable[[], dict[tuple[str, int], int]]] = field(default_factory=list)
@@ -106,7 +106,6 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
         faust_setup,
         ingest,
         privacy,
-        serve,
         store_swap,
     )
 
@@ -135,7 +134,7 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
         privacy.register(pipeline)  # sealing (apply) and the forget-me fence (API reads)
     fold = None
     if settings.jobs_enabled:
-        from memstream.jobs.agents import register as register_jobs
+        from memstream.streams.jobs_fold import register as register_jobs
 
         fold = register_jobs(pipeline)
     if settings.extract_enabled:
@@ -145,6 +144,4 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
         store_swap.register(pipeline)  # memstream rebuild --verify / --swap
     elif fold is not None:  # the windowed jobs alone: they read the memory-change topic
         apply.register(pipeline, fold, decisions=False)
-    if settings.web_enabled:
-        serve.register(pipeline)
     return pipeline

@@ -29,10 +29,10 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from memstream.errors import InvalidRecord
+from memstream.core.errors import InvalidRecord
+from memstream.core.retry import is_transient, retry_async
 from memstream.memory import fencing, metrics
 from memstream.memory.apply import Applied, apply_decision
-from memstream.retry import is_transient, retry_async
 from memstream.streams import privacy
 from memstream.streams.app import Pipeline
 from memstream.streams.counters import Counters, add

@@ -1,6 +1,6 @@
 """The dead-letter path of every stage: decode a record, or set it aside.
 
-A record that breaks the contract (:class:`~memstream.errors.InvalidRecord`) is data, not a
+A record that breaks the contract (:class:`~memstream.core.errors.InvalidRecord`) is data, not a
 failure: it goes to the dead-letter topic (``codec.dead_letter``: reason, kind, where the
 original is, its length and sha256, a bounded prefix of its bytes, so it always fits the
 topic) and the stage moves on to the next record. :func:`set_aside` puts the dead letter
@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from memstream.errors import InvalidRecord
+from memstream.core.errors import InvalidRecord
 from memstream.memory.metrics import DEAD_LETTER_CLASSES, bounded
 from memstream.streams.app import Pipeline
 from memstream.streams.counters import add

@@ -17,12 +17,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from memstream.errors import InvalidRecord
+from memstream.core.errors import InvalidRecord
+from memstream.core.retry import RetryPolicy, retry_async
+from memstream.core.settings import Settings
 from memstream.memory import fencing
 from memstream.memory.apply import build_decision
 from memstream.memory.store import Scope
-from memstream.retry import RetryPolicy, retry_async
-from memstream.settings import Settings
 from memstream.streams.app import Pipeline
 from memstream.streams.counters import Counters
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside

@@ -9,7 +9,7 @@ live with:
 - **Web.** Faust serves ``/router``, ``/table`` (table contents), ``/`` and, depending on
   settings, ``/stats`` ``/graph`` ``/performance`` without any authentication. Faust's web
   server stays off (settings); should it be turned on, :class:`App` serves none of those.
-  memstream's API is its own aiohttp app (``streams/http.py``, ``streams/serve.py``).
+  memstream's API is its own aiohttp app (``web/http.py``, ``web/serve.py``).
 - **Logs.** With the broker unreachable, aiokafka's reconnect loops log ~70 lines a second.
   :class:`ThrottleFilter` lets the first of each repeated client message through and then one
   per interval, with the count of those it held back.

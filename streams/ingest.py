@@ -23,7 +23,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
-from memstream.errors import InvalidRecord
+from memstream.core.errors import InvalidRecord
 from memstream.memory import coalescing as machine
 from memstream.memory import metrics
 from memstream.memory.ingest_state import UserState, overdue, restore, snapshot

@@ -55,8 +55,8 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from memstream.retry import RetryPolicy, next_delay
-from memstream.settings import Settings
+from memstream.core.retry import RetryPolicy, next_delay
+from memstream.core.settings import Settings
 from memstream.streams import faust_setup
 from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE

@@ -1,7 +1,7 @@
 """Forget-me in the worker (SPEC §7): sealing change events, the read fence, the erasure.
 
 With ``MEMSTREAM_MASTER_KEY`` set, the worker follows the user-keys topic
-(:class:`memstream.user_keys.UserKeys`); the apply stage seals every change event with the
+(:class:`memstream.memory.user_keys.UserKeys`); the apply stage seals every change event with the
 user's data key before publishing it (:func:`seal_all`). A forget-me request
 (:func:`forget`) first shreds the user's keys and sets the marker (from then on no read
 returns a memory of the user created before it, on any worker following the topic), then
@@ -30,7 +30,7 @@ def register(p: Pipeline) -> None:
     """Follow the user-keys topic when a master key is configured."""
     if p.settings.master_key is None:
         return
-    from memstream.user_keys import UserKeys
+    from memstream.memory.user_keys import UserKeys
 
     keys = UserKeys(p.settings, p.topics.user_keys.name)
     p.user_keys = keys

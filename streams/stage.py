@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from memstream.errors import InvalidRecord
-from memstream.retry import RetryPolicy, is_transient, next_delay
+from memstream.core.errors import InvalidRecord
+from memstream.core.retry import RetryPolicy, is_transient, next_delay
 from memstream.streams.ingest_tables import LoopTable
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from memstream.core.settings import Settings
 from memstream.memory import window
-from memstream.settings import Settings
 from memstream.topics.schemas import ChatMessage
 
 

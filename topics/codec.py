@@ -1,7 +1,7 @@
 """The one codec of the contract: bytes in, a validated event out, or a clear reason.
 
 ``decode`` never lets a bad record through and never raises anything but
-:class:`~memstream.errors.InvalidRecord`, whose ``kind`` and message go to the dead-letter
+:class:`~memstream.core.errors.InvalidRecord`, whose ``kind`` and message go to the dead-letter
 topic with a bounded copy of the original (``dead_letter``). What it guards against, at the
 door, so that nothing downstream (state snapshots, the store, other consumers) meets it:
 
@@ -29,7 +29,7 @@ from typing import Any, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from memstream.errors import InvalidRecord
+from memstream.core.errors import InvalidRecord
 from memstream.topics.schemas import SCHEMA_VERSION, ChatMessage, DeadLetter, Event
 
 M = TypeVar("M", bound=BaseModel)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from memstream.errors import BrokerError
-from memstream.settings import Settings
+from memstream.core.errors import BrokerError
+from memstream.core.settings import Settings
 from memstream.topics.schemas import (
     AccessEvent,
     ChatMessage,
@@ -20,6 +20,7 @@ from memstream.topics.schemas import (
     ExtractionJob,
     JobDecision,
     JobResult,
+    KeyRecord,
     MemoryChange,
     SessionEvent,
     Tick,
@@ -28,6 +29,7 @@ from memstream.topics.schemas import (
 )
 
 DAY_MS = 86_400_000
+KEYS_TOPIC = "api-keys"  # the HTTP API's keys (web.keys_topic)
 KAFKA_MAX_MESSAGE_BYTES = 1_048_588  # the broker's default max.message.bytes (1 MiB + 12)
 
 
@@ -84,8 +86,6 @@ class Topics:
 
 
 def registry(settings: Settings) -> Topics:
-    from memstream.keys_topic import keys_topic_spec  # it builds its spec from TopicSpec
-
     n = settings.partitions
     keep = settings.retention_days * DAY_MS
     dead_keep = settings.dead_letter_retention_days * DAY_MS
@@ -147,7 +147,11 @@ def registry(settings: Settings) -> Topics:
             doc="Retrieval hits and feedback, batched by the API; folded into "
                 "last_accessed_at / access_count (kept: a rebuild folds it again).",
         ),
-        api_keys=keys_topic_spec(settings),
+        api_keys=TopicSpec(
+            settings.topic(KEYS_TOPIC), KeyRecord, 1, -1, cleanup_policy="compact",
+            co_partitioned=False,
+            doc="API keys of the HTTP API, keyed by key id: SHA-256 only, and revocations "
+                "(the last record of a key id is its state)."),
         maintenance_ticks=TopicSpec(
             settings.topic("maintenance-ticks"), Tick, n, DAY_MS,
             doc="Internal timer events of the windowed jobs (jobs.agents), one per due user.",

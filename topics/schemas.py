@@ -8,6 +8,7 @@ partition. Unknown fields are ignored (tolerant reader); an unknown schema versi
 from __future__ import annotations
 
 import re
+import unicodedata
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -17,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 SCHEMA_VERSION: Literal[1] = 1
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,127}$")
+MAX_QUERY_CHARS = 4_000  # one retrieval query: the HTTP API and the agent tools
 
 
 def _check_id(value: str) -> str:
@@ -357,7 +359,7 @@ class JobDecision(JobRange):
 
 
 class UserKeyRecord(BaseModel):
-    """A user's data key wrapped by the master key (memstream.user_keys), or the forget-me
+    """A user's data key wrapped by the master key (memstream.memory.user_keys), or the forget-me
     marker (``at``, ``request_id``, ``actor``) under the key ``tenant/user/!forgotten``."""
 
     model_config = ConfigDict(extra="ignore")
@@ -367,3 +369,32 @@ class UserKeyRecord(BaseModel):
     at: float | None = None
     request_id: str | None = None
     actor: str | None = None
+
+
+# --- the api-keys topic (the HTTP API's keys: web.keys mints and checks them) ---------
+
+
+def _no_controls(value: str) -> str:
+    # Labels are printed by `memstream keys list`: no terminal control sequences.
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+class KeyRecord(BaseModel):
+    """One API key as stored: the tenant it opens and the SHA-256 of the whole key."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    schema_version: Literal[1] = 1
+    key_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    tenant_id: Ident
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", repr=False)  # repr: kept out of logs
+    label: Annotated[str, Field(max_length=200), AfterValidator(_no_controls)] = ""
+    created_at: Timestamp
+    revoked_at: Timestamp | None = None
+    # "" (missing) never verifies; a record is only accepted signed (see the module doc).
+    signature: str = Field("", pattern=r"^(?:[0-9a-f]{64})?$", repr=False)
+
+    def dumps(self) -> bytes:
+        return self.model_dump_json().encode()

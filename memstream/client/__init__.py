@@ -3,7 +3,7 @@
 Writes (``add``, ``end_session``) are Kafka records, because that is memstream's ingest
 contract (:mod:`memstream.topics.schemas`): keyed ``tenant/user``, produced idempotently with
 ``acks=all``, each message carrying a ``message_id`` so a retried ``add`` is deduplicated.
-Reads and agent tools are the HTTP contract of :mod:`memstream.topics.api`, answered as its
+Reads and agent tools are the HTTP contract of :mod:`memstream.web.models.api`, answered as its
 pydantic models.
 
 The request building and response parsing are written once, sans-I/O (``_ops``), so the

@@ -20,7 +20,7 @@ from memstream.client._produce import (
     chat_messages,
     to_records,
 )
-from memstream.errors import MemstreamError
+from memstream.core.errors import MemstreamError
 from memstream.topics.schemas import SessionEvent
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memstream.errors import MemstreamError
+from memstream.core.errors import MemstreamError
 
 
 class MemstreamAPIError(MemstreamError):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from memstream.client._ops import Call, Op, _parse, _user_path, check_id
-from memstream.errors import MemstreamError
-from memstream.topics.api import MAX_PAGE
-from memstream.topics.governance import (
+from memstream.core.errors import MemstreamError
+from memstream.web.models.api import MAX_PAGE
+from memstream.web.models.history import (
     AuditEntry,
     AuditPage,
     ChangePage,

@@ -16,8 +16,9 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from memstream.client._errors import MemstreamAPIError, MemstreamConnectionError
-from memstream.errors import MemstreamError
-from memstream.topics.api import (
+from memstream.core.errors import MemstreamError
+from memstream.topics.schemas import ID_PATTERN
+from memstream.web.models.api import (
     MAX_PAGE,
     Accepted,
     ContextRequest,
@@ -32,7 +33,6 @@ from memstream.topics.api import (
     ToolCallRequest,
     ToolResult,
 )
-from memstream.topics.schemas import ID_PATTERN
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)

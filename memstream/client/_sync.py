@@ -14,8 +14,8 @@ from memstream.client import _gov_ops as gops
 from memstream.client import _ops as ops
 from memstream.client._base import ClientBase
 from memstream.client._produce import LoopThread, Messages, ProducerFactory, Record
-from memstream.topics import api
-from memstream.topics import governance as gov
+from memstream.web.models import api
+from memstream.web.models import history as gov
 
 T = TypeVar("T")
 

@@ -3,7 +3,7 @@
 The broker, in order of preference:
 1. ``MEMSTREAM_TEST_BOOTSTRAP`` (a broker someone already runs),
 2. a testcontainers Kafka where a Docker engine answers,
-3. the project's own broker from Maven Central jars (``memstream.broker``).
+3. the project's own broker from Maven Central jars (``memstream.dev.broker``).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from memstream import broker as local_broker
-from memstream.kafka_io import TopicReader, send_events, send_raw, start_producer
-from memstream.process import WorkerProcess
-from memstream.settings import Settings
+from memstream.core.kafka_io import TopicReader, send_events, send_raw, start_producer
+from memstream.core.settings import Settings
+from memstream.dev import broker as local_broker
+from memstream.dev.process import WorkerProcess
 from memstream.topics.registry import all_topic_names, create_topics, delete_topics, registry
 from memstream.topics.schemas import (
     ChatMessage,

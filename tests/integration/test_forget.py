@@ -18,13 +18,13 @@ import pytest
 import pytest_asyncio
 
 from memstream.client import AsyncMemoryClient
-from memstream.forget_verify import verify
-from memstream.kafka_io import TopicReader
+from memstream.core.kafka_io import TopicReader
 from memstream.memory.rebuild import rebuild
 from memstream.memory.store import Scope
 from memstream.memory.store_server import ServerStore
+from memstream.memory.user_keys import UserKeys
+from memstream.ops.forget_verify import verify
 from memstream.topics.schemas import MemoryChange
-from memstream.user_keys import UserKeys
 from tests.integration.conftest import running
 from tests.integration.test_retrieval_api import free_port, remembered, until
 

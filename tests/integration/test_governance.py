@@ -10,8 +10,8 @@ import pytest
 import pytest_asyncio
 
 from memstream.client import AsyncMemoryClient, MemstreamAPIError
-from memstream.keys_topic import create_key
 from memstream.memory.store import Scope
+from memstream.web.keys_topic import create_key
 from tests.integration.conftest import running
 from tests.integration.test_memory_e2e import rebuild
 from tests.integration.test_retrieval_api import free_port, remembered, until

@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 
 from memstream.client import AsyncMemoryClient, MemstreamAPIError
-from memstream.keys_topic import create_key
+from memstream.web.keys_topic import create_key
 from tests.integration.conftest import running
 from tests.integration.test_retrieval_api import free_port, remembered, until
 

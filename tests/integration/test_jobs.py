@@ -12,8 +12,8 @@ import socket
 
 import pytest
 
-from memstream.kafka_io import TopicReader
-from memstream.process import WorkerProcess
+from memstream.core.kafka_io import TopicReader
+from memstream.dev.process import WorkerProcess
 from memstream.topics.schemas import MemoryChange
 from tests.fakes.openai_server import OpenAITestServer, Reply, chat_json
 from tests.integration.conftest import chat, end

@@ -14,8 +14,10 @@ from aiokafka import AIOKafkaProducer
 from click.testing import CliRunner
 
 from memstream.cli import main
-from memstream.keys import KeyRecord, KeyRing, sign
-from memstream.keys_topic import (
+from memstream.core.settings import Settings
+from memstream.topics.registry import create_topics, delete_topics
+from memstream.web.keys import KeyRecord, KeyRing, sign
+from memstream.web.keys_topic import (
     KeyFollower,
     UnknownKeyError,
     create_key,
@@ -23,8 +25,6 @@ from memstream.keys_topic import (
     list_keys,
     revoke_key,
 )
-from memstream.settings import Settings
-from memstream.topics.registry import create_topics, delete_topics
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ async def test_follower_waits_for_topic_then_follows(settings: Settings, caplog)
         producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
         await producer.start()
         try:
-            with caplog.at_level(logging.WARNING, logger="memstream.keys"):
+            with caplog.at_level(logging.WARNING, logger="memstream.web.keys"):
                 secretish = b'{"sha256": "' + b"f" * 64 + b'"}'
                 await producer.send_and_wait(follower.topic, key=b"0123456789abcdef",
                                              value=secretish)

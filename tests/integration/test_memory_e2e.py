@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 from qdrant_client import QdrantClient
 
-from memstream.kafka_io import TopicReader
+from memstream.core.kafka_io import TopicReader
 from memstream.memory.apply import apply_change
 from memstream.memory.store import Scope
 from memstream.memory.store_server import ServerStore

@@ -21,9 +21,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.structs import RecordMetadata, TopicPartition
 
-from memstream.kafka_io import start_producer
-from memstream.process import WorkerProcess
-from memstream.settings import Settings
+from memstream.core.kafka_io import start_producer
+from memstream.core.settings import Settings
+from memstream.dev.process import WorkerProcess
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
 from memstream.topics.schemas import DeadLetter, ExtractionJob
 from tests.integration.conftest import Harness, chat, end

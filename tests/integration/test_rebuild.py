@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from memstream.dev.process import settings_env
+from memstream.memory.rebuild_topics import Manifest
 from memstream.memory.store_edge import EdgeStore
-from memstream.process import settings_env
-from memstream.rebuild_cli import _ask_worker
-from memstream.rebuild_ops import Manifest
-from memstream.store_switch import current_store_path
+from memstream.memory.store_switch import current_store_path
+from memstream.ops.rebuild import _ask_worker
 from tests.integration.conftest import running
 from tests.integration.test_memory_e2e import run_conversations
 from tests.integration.test_retrieval_api import until

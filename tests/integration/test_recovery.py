@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 from pydantic import SecretStr
 
-from memstream.process import WorkerProcess
+from memstream.dev.process import WorkerProcess
 from tests.integration.conftest import Harness, chat
 
 pytestmark = pytest.mark.integration

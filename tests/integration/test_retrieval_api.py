@@ -18,13 +18,13 @@ import pytest
 import pytest_asyncio
 
 from memstream.client import AsyncMemoryClient, MemstreamAPIError
-from memstream.errors import MemstreamError
-from memstream.kafka_io import TopicReader
-from memstream.keys_topic import create_key
+from memstream.core.errors import MemstreamError
+from memstream.core.kafka_io import TopicReader
 from memstream.memory.rebuild import rebuild
 from memstream.memory.store import Scope
 from memstream.memory.store_edge import EdgeStore
 from memstream.topics.schemas import AccessEvent, MemoryChange
+from memstream.web.keys_topic import create_key
 from tests.integration.conftest import running
 from tests.integration.test_memory_e2e import wait_covered
 

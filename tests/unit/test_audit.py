@@ -1,10 +1,10 @@
-"""The per-tenant audit log (memstream.audit): who did what, when, never content."""
+"""The per-tenant audit log (memstream.web.audit): who did what, when, never content."""
 
 from __future__ import annotations
 
 import pytest
 
-from memstream.audit import AuditLog, entry
+from memstream.web.audit import AuditLog, entry
 from tests.unit.test_crypto import CANARY, change
 
 pytestmark = pytest.mark.unit

@@ -23,9 +23,9 @@ from memstream.client import (
     MemstreamConnectionError,
     api_error,
 )
-from memstream.errors import MemstreamError
-from memstream.topics.api import ContextResponse, MemoryOut, SearchResponse, ToolResult
+from memstream.core.errors import MemstreamError
 from memstream.topics.schemas import ChatMessage, SessionEvent
+from memstream.web.models.api import ContextResponse, MemoryOut, SearchResponse, ToolResult
 
 pytestmark = pytest.mark.unit
 

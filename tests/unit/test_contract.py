@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from memstream.errors import InvalidRecord
-from memstream.settings import Settings
+from memstream.core.errors import InvalidRecord
+from memstream.core.settings import Settings
 from memstream.topics.codec import check_message, dead_letter, decode
 from memstream.topics.registry import registry
 from memstream.topics.schemas import ChatMessage, JobResult, SessionEvent

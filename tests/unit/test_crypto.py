@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from memstream.errors import ConfigError, InvalidRecord
+from memstream.core.errors import ConfigError, InvalidRecord
 from memstream.memory import crypto
 from memstream.topics.schemas import Lineage, MemoryChange
 

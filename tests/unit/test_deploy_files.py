@@ -56,7 +56,7 @@ _METRIC = re.compile(r"\bmemstream_[a-z_]+\b")
 def exposed_samples() -> set[str]:
     """Every sample name the worker's /metrics can expose (all families populated)."""
     from memstream.streams.counters import Counters
-    from memstream.streams.metrics import PipelineCollector, StoreSize
+    from memstream.web.prometheus import PipelineCollector, StoreSize
 
     c = Counters()
     c.changes[("add", "extraction")] = 1

@@ -10,8 +10,8 @@ own loops, streams/owned_loop.py); what is left:
   ``App.on_start`` (which starts what :func:`start_with_app` kept in the app's
   ``__dict__`` under ``early``, through ``Service.add_future``) and
   ``Worker.on_setup_root_logger``;
-- ``streams/metrics.py`` reads ``Consumer._committed_offset``, ``assignment()`` and
-  ``highwater()``; ``streams/api.py`` ``app.tables.recovery.completed``;
+- ``web/prometheus.py`` reads ``Consumer._committed_offset``, ``assignment()`` and
+  ``highwater()``; ``web/backend.py`` ``app.tables.recovery.completed``;
 - ``memstream/cli.py`` builds ``Worker(app, **options)``.
 
 Every override was written against :data:`REVIEWED`. After an upgrade, re-read those files
@@ -39,7 +39,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
-from memstream.settings import Settings
+from memstream.core.settings import Settings
 from memstream.streams import faust_setup
 
 pytestmark = pytest.mark.unit
@@ -102,8 +102,8 @@ def test_faust_still_calls_the_overridden_methods(module, hook):
 # --- the Faust methods we call -----------------------------------------------------------
 
 CALLED = [
-    (Consumer.assignment, ["self"]),  # streams/metrics.py
-    (Consumer.highwater, ["self", "tp"]),  # streams/metrics.py
+    (Consumer.assignment, ["self"]),  # web/prometheus.py
+    (Consumer.highwater, ["self", "tp"]),  # web/prometheus.py
     (mode.Service.add_future, ["self", "coro"]),  # App.on_start
 ]
 
@@ -135,7 +135,7 @@ async def test_the_consumer_keeps_the_offset_state_the_metrics_read(tmp_path):
 
 async def test_the_table_recovery_signals_completion(tmp_path):
     app = make_app(tmp_path)
-    assert isinstance(app.tables.recovery.completed, asyncio.Event)  # streams/api.py: ready()
+    assert isinstance(app.tables.recovery.completed, asyncio.Event)  # web/backend.py: ready()
 
 
 async def test_what_starts_with_the_app_runs_when_it_starts(tmp_path):

@@ -1,4 +1,4 @@
-"""The worker's HTTP layer (memstream.streams.http) against a fake backend and fake keys."""
+"""The worker's HTTP layer (memstream.web.http) against a fake backend and fake keys."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from memstream.streams.http import ROUTES, ApiError, HttpServer, build_http_app
-from memstream.streams.openapi import error_statuses, openapi_document
-from memstream.topics.api import (
+from memstream.web.http import ROUTES, ApiError, HttpServer, build_http_app
+from memstream.web.models.api import (
     MAX_PAGE,
     Accepted,
     ContextRequest,
@@ -32,6 +31,7 @@ from memstream.topics.api import (
     ToolCallRequest,
     ToolResult,
 )
+from memstream.web.openapi import error_statuses, openapi_document
 
 pytestmark = pytest.mark.unit
 
@@ -372,7 +372,7 @@ async def test_a_crash_is_500_without_detail_and_logged_without_key_or_body(capl
                                  headers=bearer())
         message = await error_of(resp, 500, ErrorCode.INTERNAL)
     assert "/srv/db" not in message and "RuntimeError" not in message
-    logged = [r for r in caplog.records if r.name == "memstream.streams.http"]
+    logged = [r for r in caplog.records if r.name == "memstream.web.http"]
     assert logged and "search" in logged[0].getMessage() and logged[0].exc_info
     assert TENANT_KEY not in caplog.text and "body-text-42" not in caplog.text
 

@@ -16,8 +16,8 @@ from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, Prod
 from aiokafka.structs import TopicPartition
 from pydantic import SecretStr
 
-from memstream.retry import RetryPolicy
-from memstream.settings import Settings
+from memstream.core.retry import RetryPolicy
+from memstream.core.settings import Settings
 from memstream.streams import owned_loop
 from memstream.streams.app import build_app
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE

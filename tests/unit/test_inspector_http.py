@@ -1,4 +1,4 @@
-"""The inspector page's routes (memstream.streams.http_inspector): static files with strict
+"""The inspector page's routes (memstream.web.http_inspector): static files with strict
 security headers, no key needed and no data in them (the backend is never asked), no inline
 script or style for the CSP to forbid, user content never inserted as HTML, documented as
 text in the OpenAPI document, shipped in the package."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from memstream.streams.http import ROUTES
-from memstream.streams.http_inspector import (
+from memstream.web.http import ROUTES
+from memstream.web.http_inspector import (
     ASSETS,
     CSP,
     FOLDER,
@@ -23,7 +23,7 @@ from memstream.streams.http_inspector import (
     PageRoute,
     load,
 )
-from memstream.streams.openapi import openapi_document
+from memstream.web.openapi import openapi_document
 from tests.unit.test_http import serve
 
 pytestmark = pytest.mark.unit
@@ -124,8 +124,8 @@ def test_the_openapi_document_calls_the_pages_text():
 
 def test_the_package_ships_every_file():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert f"memstream.streams.{FOLDER}" in data["packages"]  # a declared data package
-    patterns = data["package-data"][f"memstream.streams.{FOLDER}"]
+    assert f"memstream.web.{FOLDER}" in data["packages"]  # a declared data package
+    patterns = data["package-data"][f"memstream.web.{FOLDER}"]
     for asset in ASSETS.values():
-        assert (ROOT / "streams" / FOLDER / asset.name).is_file()
+        assert (ROOT / "web" / FOLDER / asset.name).is_file()
         assert any(fnmatch(asset.name, p) for p in patterns), asset.name

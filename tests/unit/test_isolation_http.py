@@ -1,5 +1,5 @@
 """The isolation suite over every keyed route of the HTTP table (SPEC §7), generated from
-:data:`memstream.streams.http.ROUTES`, so a route added later is covered without a new
+:data:`memstream.web.http.ROUTES`, so a route added later is covered without a new
 test: no key → 401, another tenant's key → 403, an odd id in any path parameter → 400,
 and in each case the backend is never reached; the operators' residue view refuses tenant
 keys; a correction always names the path's own tenant and user to the backend."""
@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from memstream.streams.http import ROUTES
-from memstream.topics.api import ErrorCode, Principal
-from memstream.topics.governance import (
+from memstream.topics.schemas import ToolWrite
+from memstream.web.http import ROUTES
+from memstream.web.models.api import ErrorCode, Principal
+from memstream.web.models.history import (
     AuditPage,
     ChangePage,
     CorrectionRequest,
@@ -22,7 +23,6 @@ from memstream.topics.governance import (
     Residue,
     SourceResponse,
 )
-from memstream.topics.schemas import ToolWrite
 from tests.unit.test_http import ADMIN_KEY, FakeBackend, bearer, error_of, serve
 
 pytestmark = pytest.mark.unit

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from memstream.jobs.agents import DueIndex
 from memstream.jobs.triggers import JobsPolicy, UserJobs, next_due, on_change, on_tick
+from memstream.streams.jobs_fold import DueIndex
 from memstream.topics.schemas import Lineage, MemoryChange
 
 pytestmark = pytest.mark.unit
@@ -107,7 +107,7 @@ def test_the_due_index_names_only_due_users_once():
 
 def test_jobs_run_builds_a_triggers_only_worker(tmp_path):
     from memstream.cli import jobs_only
-    from memstream.settings import Settings
+    from memstream.core.settings import Settings
     from memstream.streams.app import build_app
 
     base = Settings(data_dir=tmp_path, embedder="hashing", web_enabled=True)
@@ -122,7 +122,7 @@ def test_jobs_run_builds_a_triggers_only_worker(tmp_path):
 
 
 def test_the_worker_runs_its_stages_in_owned_loops(tmp_path):
-    from memstream.settings import Settings
+    from memstream.core.settings import Settings
     from memstream.streams.app import build_app
 
     p = build_app(Settings(data_dir=tmp_path, embedder="hashing", web_enabled=False))

@@ -17,10 +17,10 @@ from click.testing import CliRunner
 from pydantic import ValidationError
 
 from memstream.cli import main
-from memstream.errors import ConfigError, InvalidRecord
-from memstream.keys import KeyRecord, KeyRing, decode, new_key, revoke, sign, verify
-from memstream.keys_topic import KeyFollower, create_key, keys_topic_spec, revoke_key
-from memstream.settings import Settings
+from memstream.core.errors import ConfigError, InvalidRecord
+from memstream.core.settings import Settings
+from memstream.web.keys import KeyRecord, KeyRing, decode, new_key, revoke, sign, verify
+from memstream.web.keys_topic import KeyFollower, create_key, keys_topic_spec, revoke_key
 
 pytestmark = pytest.mark.unit
 
@@ -335,7 +335,7 @@ def test_forged_record_does_not_displace_the_real_one():
 @pytest.mark.parametrize("admin", [None, ""])
 def test_ring_without_admin_key_authorises_no_tenant_key(admin, caplog):
     made = [new_key("acme", "", NOW, ADMIN) for _ in range(3)]
-    with caplog.at_level(logging.WARNING, logger="memstream.keys"):
+    with caplog.at_level(logging.WARNING, logger="memstream.web.keys"):
         ring = ring_with(*(rec for _, rec in made), admin=admin)
     assert all(ring.authorise(key) is None for key, _ in made)
     assert len(ring) == 0 and ring.rejected == 3
@@ -347,7 +347,7 @@ def test_rejections_are_logged_once_per_key_id_without_values(caplog):
     _, rec = new_key("acme", "label-x", NOW, ADMIN)
     forged = sign(rec.model_copy(update={"tenant_id": "globex"}), OTHER_ADMIN)
     ring = ring_with()
-    with caplog.at_level(logging.WARNING, logger="memstream.keys"):
+    with caplog.at_level(logging.WARNING, logger="memstream.web.keys"):
         for _ in range(3):
             ring.apply(forged)
         ring.apply(rec.model_copy(update={"key_id": "fedcba9876543210", "signature": ""}))

@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 import pytest
 from openai import OpenAI
 
+from memstream.core.retry import RetriesExhausted, deadline_scope
+from memstream.core.settings import Settings
 from memstream.memory.decisions import Candidate
 from memstream.memory.embedding import EmbeddingError, HashingEmbedder, OpenAIEmbedder
 from memstream.memory.extraction import Extractor
@@ -15,8 +17,6 @@ from memstream.memory.llm import DECIDE_PROMPT, EXTRACT_PROMPT, LLMError, OpenAI
 from memstream.memory.model import Memory, OpKind, Source
 from memstream.memory.store import Scope
 from memstream.memory.store_edge import EdgeStore
-from memstream.retry import RetriesExhausted, deadline_scope
-from memstream.settings import Settings
 from memstream.topics.schemas import ExtractionJob, JobMessage, TriggerReason
 from tests.fakes.openai_server import OpenAITestServer, Reply, chat, chat_json, error
 

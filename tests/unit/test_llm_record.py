@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from openai import OpenAI
 
+from memstream.core.settings import Settings
 from memstream.memory.extraction import Usage
 from memstream.memory.llm import EXTRACT_PROMPT, OpenAIModel
 from memstream.memory.llm_record import (
@@ -18,7 +19,6 @@ from memstream.memory.llm_record import (
     RecordKey,
     record_key,
 )
-from memstream.settings import Settings
 from memstream.topics.schemas import JobMessage
 from tests.fakes.openai_server import OpenAITestServer, chat_json
 

@@ -13,20 +13,20 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from memstream.errors import InvalidRecord
+from memstream.core.errors import InvalidRecord
 from memstream.memory import coalescing as machine
 from memstream.memory import metrics as m
 from memstream.memory.ingest_state import Policy, UserState
-from memstream.streams import metrics as sm
 from memstream.streams.apply import count_applied
 from memstream.streams.counters import Counters
 from memstream.streams.dead_letters import set_aside
 from memstream.streams.extract import count_spend
-from memstream.streams.http import build_http_app
-from memstream.streams.metrics import METRICS, MetricsDeps
 from memstream.streams.stage import Work
-from memstream.topics.api import Principal
 from memstream.topics.schemas import JobDecision, JobStatus, Lineage, MemoryChange
+from memstream.web import prometheus as sm
+from memstream.web.http import build_http_app
+from memstream.web.models.api import Principal
+from memstream.web.prometheus import METRICS, MetricsDeps
 from tests.unit.helpers import msg, result
 
 pytestmark = pytest.mark.unit

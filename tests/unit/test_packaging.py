@@ -20,7 +20,7 @@ def test_wheel_has_one_top_level_package(tmp_path: Path) -> None:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for name in ("memstream", "memory", "streams", "topics", "jobs"):
+    for name in ("memstream", "memory", "streams", "topics", "jobs", "web"):
         shutil.copytree(ROOT / name, src / name, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
@@ -31,15 +31,15 @@ def test_wheel_has_one_top_level_package(tmp_path: Path) -> None:
     assert tops == {"memstream"}
     for sub in ("memory/store.py", "streams/ingest.py", "topics/schemas.py", "jobs/__init__.py",
                 "memory/prompts/combined-v1.md", "samples/conversations.jsonl",
-                "streams/inspector/index.html", "streams/inspector/app.js",
-                "streams/inspector/style.css"):
+                "web/inspector/index.html", "web/inspector/app.js", "web/http.py",
+                "web/inspector/style.css", "core/settings.py"):
         assert f"memstream/{sub}" in names
 
 
 def test_a_users_own_memory_module_does_not_shadow_ours(tmp_path: Path) -> None:
-    for name in ("memory", "topics", "streams", "jobs"):
+    for name in ("memory", "topics", "streams", "jobs", "web"):
         (tmp_path / f"{name}.py").write_text("raise SystemExit('user module imported')\n")
-    code = ("import memstream.memory.store, memstream.topics.schemas, memstream.jobs, "
+    code = ("import memstream.memory.store, memstream.topics.schemas, memstream.jobs, memstream.web, "
             "memstream.client; "
             "print(memstream.memory.store.__name__)")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
@@ -59,5 +59,5 @@ def test_an_install_declares_its_data_folders() -> None:
     assert set(data) <= packages
     for folder, package in (("memstream/samples", "memstream.samples"),
                             ("memory/prompts", "memstream.memory.prompts"),
-                            ("streams/inspector", "memstream.streams.inspector")):
+                            ("web/inspector", "memstream.web.inspector")):
         assert package in packages and any((root / folder).iterdir())

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memstream.errors import InvalidRecord
+from memstream.core.errors import InvalidRecord
 from memstream.streams.counters import Counters
 from memstream.streams.dead_letters import dead_letter_record, set_aside
 from memstream.streams.stage import Work

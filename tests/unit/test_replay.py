@@ -16,7 +16,7 @@ from memstream.memory.ingest_state import Policy
 from memstream.memory.model import Memory, OpKind
 from memstream.memory.store import Scope
 from memstream.memory.store_edge import EdgeStore
-from memstream.replay import Report, _Metered, run_jobs
+from memstream.ops.replay import Report, _Metered, run_jobs
 from memstream.topics.schemas import ChatMessage, JobMessage, SessionEvent, TriggerReason
 
 pytestmark = pytest.mark.unit
@@ -248,7 +248,7 @@ def test_a_resumed_run_skips_what_the_store_holds(tmp_path):
 
 
 def test_forget_me_markers_are_read_last_one_wins():
-    from memstream.replay import _forgotten
+    from memstream.ops.replay import _forgotten
 
     recs = [(b"t1/u1/!forgotten", b'{"at": 100.0, "request_id": "r", "actor": "a"}'),
             (b"t1/u1/k-1", b'{"wrapped": "..."}'), (b"~roll", None),
@@ -257,9 +257,9 @@ def test_forget_me_markers_are_read_last_one_wins():
 
 
 def test_the_target_is_never_the_live_store(tmp_path):
-    from memstream.errors import ConfigError
-    from memstream.replay import Options, open_target
-    from memstream.settings import Settings
+    from memstream.core.errors import ConfigError
+    from memstream.core.settings import Settings
+    from memstream.ops.replay import Options, open_target
 
     s = Settings(data_dir=tmp_path / "live")
     for bad in (tmp_path / "live" / "qdrant", tmp_path / "live", tmp_path / "live/qdrant/x"):
@@ -280,10 +280,10 @@ def test_the_target_is_never_the_live_store(tmp_path):
 
 
 def test_the_target_is_never_the_store_the_worker_was_switched_to(tmp_path):
-    from memstream.errors import ConfigError
-    from memstream.replay import Options, open_target
-    from memstream.settings import Settings
-    from memstream.store_switch import set_current_store_path
+    from memstream.core.errors import ConfigError
+    from memstream.core.settings import Settings
+    from memstream.memory.store_switch import set_current_store_path
+    from memstream.ops.replay import Options, open_target
 
     s = Settings(data_dir=tmp_path / "live")
     s.data_dir.mkdir()

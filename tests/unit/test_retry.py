@@ -19,13 +19,8 @@ from hypothesis import strategies as st
 from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-from memstream.errors import BrokerError, ConfigError, InvalidRecord
-from memstream.memory.decisions import InvalidDecision
-from memstream.memory.embedding import EmbeddingError
-from memstream.memory.extraction import Usage
-from memstream.memory.llm import InvalidReply, LLMError
-from memstream.memory.store import StoreError
-from memstream.retry import (
+from memstream.core.errors import BrokerError, ConfigError, InvalidRecord
+from memstream.core.retry import (
     RetriesExhausted,
     RetryPolicy,
     current_deadline,
@@ -36,6 +31,11 @@ from memstream.retry import (
     retry_async,
     retry_sync,
 )
+from memstream.memory.decisions import InvalidDecision
+from memstream.memory.embedding import EmbeddingError
+from memstream.memory.extraction import Usage
+from memstream.memory.llm import InvalidReply, LLMError
+from memstream.memory.store import StoreError
 
 pytestmark = pytest.mark.unit
 
@@ -158,7 +158,7 @@ def test_a_cause_cycle_ends():
 
 
 def test_importing_the_module_imports_no_client_library():
-    code = ("import sys, memstream.retry as r; "
+    code = ("import sys, memstream.core.retry as r; "
             "print(sorted(m for m in ('openai', 'qdrant_client', 'aiokafka', 'httpx', 'httpx2',"
             " 'grpc', 'memstream.memory.llm') if m in sys.modules)); "
             "print(r.is_transient(ConnectionError()), r.is_transient(ValueError()))")

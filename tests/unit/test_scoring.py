@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from memstream.errors import ConfigError
+from memstream.core.errors import ConfigError
 from memstream.memory.model import Memory, MemoryType, Source, Status
 from memstream.memory.scoring import Weights, rank, recency, visible
 

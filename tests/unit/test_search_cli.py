@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from memstream.cli import main
+from memstream.core.settings import Settings
 from memstream.memory.apply import apply_change, change_for
 from memstream.memory.services import build_services
-from memstream.settings import Settings
 from memstream.topics.schemas import ExtractionJob, JobMessage, TriggerReason
 
 pytestmark = pytest.mark.unit

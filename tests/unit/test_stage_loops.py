@@ -17,7 +17,7 @@ from aiokafka.errors import KafkaConnectionError
 from aiokafka.structs import TopicPartition
 from pydantic import SecretStr
 
-from memstream.settings import Settings
+from memstream.core.settings import Settings
 from memstream.streams.app import Pipeline, build_app
 from memstream.streams.owned_loop import OwnedLoop
 from memstream.topics.schemas import JobDecision, JobResult, JobStatus, MemoryChange, Tick
@@ -309,7 +309,7 @@ async def test_sealing_waits_until_the_user_keys_are_read(p, monkeypatch):
     """Apply starts with the worker, the user-keys follower in a task: a key made before
     the topic is read could be a user's second one. Not read in time: a transient error
     (the decision is tried again in place), never a key made blind."""
-    from memstream.retry import is_transient
+    from memstream.core.retry import is_transient
     from memstream.streams import privacy
 
     (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo"]))
@@ -371,7 +371,7 @@ async def test_a_loop_started_while_the_broker_is_away_waits_for_it(p, monkeypat
 
     from aiokafka.errors import KafkaConnectionError
 
-    from memstream.retry import RetryPolicy
+    from memstream.core.retry import RetryPolicy
     from memstream.streams import owned_loop
 
     polled = asyncio.Event()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from memstream.errors import MemstreamError
+from memstream.core.errors import MemstreamError
 from memstream.memory.tools import (
     ARGUMENTS,
     CORE_LABELS,

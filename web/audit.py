@@ -1,0 +1,104 @@
+"""The per-tenant audit log (SPEC §4 "who changed what, when"; §7 "the audit keeps that the
+erasure happened"): every change event of the memory-change topic, as who / what / when
+without content.
+
+An entry carries the op, the user, the memory and version, the lineage kind (extraction,
+tool, reflection, consolidation, decay, deletion, rollback, forget), the actor (the API key
+that asked, or the windowed job), the job, the time. The decision's reason is kept only
+for a forget-me (the operator's "why"): other reasons may quote what the user said.
+Change events are read with a plain consumer (not a stage's loop), so following the topic
+changes nothing in the worker's transactions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from memstream.core.kafka_io import topic_partitions
+from memstream.topics.schemas import MemoryChange
+
+PER_TENANT = 10_000  # newest entries kept per tenant in a worker
+SEEN_IDS = 200_000
+
+
+def entry(change: MemoryChange) -> dict[str, Any]:
+    """One audit entry: who did what, when; never content."""
+    out: dict[str, Any] = {
+        "at": change.decided_at.timestamp(), "op": change.op, "user_id": change.user_id,
+        "memory_id": change.memory_id, "version": change.version,
+        "kind": change.lineage.kind, "actor": change.lineage.actor or None,
+        "job_id": change.lineage.job_id, "change_id": change.change_id}
+    if change.op == "erase":
+        out["reason"] = change.reason
+        out["version_records"] = int((change.after or {}).get("version_records", 0))
+    return out
+
+
+class AuditLog:
+    """Follows the memory-change topic into bounded per-tenant logs (newest last)."""
+
+    def __init__(self, bootstrap: str, topic: str, per_tenant: int = PER_TENANT) -> None:
+        self.bootstrap, self.topic, self.per_tenant = bootstrap, topic, per_tenant
+        self._logs: dict[str, deque[dict[str, Any]]] = {}
+        # change ids lately seen (a republished change counts once; it follows its first
+        # publication closely, so a bounded memory is enough)
+        self._seen: dict[str, None] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def take(self, value: bytes | None) -> None:
+        if not value:
+            return
+        try:
+            change = MemoryChange.model_validate_json(value)
+        except ValueError:
+            return
+        if change.change_id in self._seen:
+            return
+        self._seen[change.change_id] = None
+        if len(self._seen) > SEEN_IDS:
+            del self._seen[next(iter(self._seen))]
+        log = self._logs.setdefault(change.tenant_id, deque(maxlen=self.per_tenant))
+        log.append(entry(change))
+
+    def page(self, tenant: str, *, offset: int, limit: int,
+             user: str | None = None, kind: str | None = None) -> tuple[list[dict[str, Any]],
+                                                                          bool]:
+        """Newest first; (entries, more)."""
+        rows = [e for e in reversed(self._logs.get(tenant, ()))
+                if (user is None or e["user_id"] == user) and (kind is None or e["kind"] == kind)]
+        return rows[offset:offset + limit], len(rows) > offset + limit
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._follow())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _follow(self) -> None:
+        tps: list[TopicPartition] = []
+        while not tps:  # the topic is created by the worker at start
+            tps = await topic_partitions(self.bootstrap, self.topic)
+            if not tps:
+                await asyncio.sleep(1.0)
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,
+                                    enable_auto_commit=False,
+                                    isolation_level="read_committed")
+        await consumer.start()
+        try:
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            while True:
+                batch = await consumer.getmany(timeout_ms=1000)
+                for records in batch.values():
+                    for r in records:
+                        self.take(r.value)
+        finally:
+            await consumer.stop()

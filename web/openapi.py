@@ -1,0 +1,114 @@
+"""The OpenAPI 3.1 document of the worker's HTTP API, built from its route table.
+
+Everything here is derived from :data:`memstream.web.http.ROUTES` and the pydantic
+contract models of :mod:`memstream.web.models.api`, so the served app and its document cannot
+drift apart. Pure: no aiohttp app is built, nothing is served from here.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from memstream.topics.schemas import ID_PATTERN
+from memstream.web.http import (
+    DEFAULT_PAGE,
+    HTTP_CODES,
+    LIST_STATUSES,
+    LIST_TYPES,
+    MAX_CURSOR_CHARS,
+    ROUTES,
+    Route,
+)
+from memstream.web.http_inspector import PageRoute
+from memstream.web.models.api import MAX_PAGE, ErrorBody, ErrorCode
+
+REF = "#/components/schemas/{model}"
+
+_PATH_PARAMS = [{"name": n, "in": "path", "required": True,
+                 "schema": {"type": "string", "pattern": ID_PATTERN.pattern}}
+                for n in ("tenant", "user")]
+_LIST_QUERY = [
+    {"name": "limit", "in": "query", "required": False,
+     "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": DEFAULT_PAGE}},
+    {"name": "cursor", "in": "query", "required": False,
+     "schema": {"type": "string", "maxLength": MAX_CURSOR_CHARS}},
+    {"name": "status", "in": "query", "required": False,
+     "schema": {"type": "string", "enum": list(LIST_STATUSES)}},
+    {"name": "type", "in": "query", "required": False,
+     "schema": {"type": "string", "enum": list(LIST_TYPES)}},
+]
+
+
+def error_statuses(route: Route) -> list[int]:
+    """The error statuses a route can answer with (404/405 for unknown paths aside)."""
+    found = {500}
+    if route.keyed:
+        found |= {401, 503}
+    if "{tenant}" in route.path:
+        found |= {400, 403}
+    if "{memory_id}" in route.path:
+        found.add(404)
+    if route.body is not None:
+        found |= {400, 413}
+    return sorted(found)
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _operation(r: Route, refs: Mapping[Any, dict[str, Any]]) -> dict[str, Any]:
+    out = refs[(r.out, "serialization")] if r.out is not None else {"type": "object"}
+    ok = _json(out, "OK")
+    if isinstance(r, PageRoute):  # the inspector's files: text, not JSON
+        ok = {"description": "OK", "content": {r.media_type: {"schema": {"type": "string"}}}}
+    op: dict[str, Any] = {"operationId": r.name, "summary": r.summary, "responses": {"200": ok}}
+    if "{tenant}" in r.path:
+        extra = [{**_PATH_PARAMS[0], "name": n} for n in ("memory_id", "job_id")
+                 if f"{{{n}}}" in r.path]
+        query = _LIST_QUERY if r.name == "list_memories" else (
+            _LIST_QUERY[:2] if r.name in ("change_log", "tenant_audit") else [])
+        path = [p for p in _PATH_PARAMS if f"{{{p['name']}}}" in r.path]
+        op["parameters"] = path + extra + query
+    if r.body is not None:
+        op["requestBody"] = {"required": r.body_required, "content": {
+            "application/json": {"schema": refs[(r.body, "validation")]}}}
+    if not r.keyed:
+        op["security"] = []
+    error = refs[(ErrorBody, "serialization")]
+    for status in error_statuses(r):
+        code = HTTP_CODES.get(status, ErrorCode.INTERNAL)
+        op["responses"][str(status)] = _json(error, code.value)
+    if r.name == "health":  # the only 503 that is not an ErrorBody
+        op["responses"]["503"] = _json(out, "starting")
+    return op
+
+
+def openapi_document() -> dict[str, Any]:
+    """OpenAPI 3.1 for :data:`ROUTES`; schemas come from the pydantic contract models."""
+    wanted: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+        (r.body, "validation") for r in ROUTES if r.body is not None]
+    wanted += [(r.out, "serialization") for r in ROUTES if r.out is not None]
+    wanted.append((ErrorBody, "serialization"))
+    refs, defs = models_json_schema(list(dict.fromkeys(wanted)), ref_template=REF)
+    paths: dict[str, dict[str, Any]] = {}
+    for r in ROUTES:
+        paths.setdefault(r.path, {})[r.method.lower()] = _operation(r, refs)
+    return copy.deepcopy({  # callers may edit their copy; the module's constants stay put
+        "openapi": "3.1.0",
+        "info": {"title": "memstream", "version": "1",
+                 "description": "Long-term memory for LLM agents, scoped per tenant and user."},
+        "paths": paths,
+        "components": {
+            "schemas": defs.get("$defs", {}),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                "apiKey": {"type": "apiKey", "in": "header",
+                                           "name": "X-API-Key"}},
+        },
+        "security": [{"bearer": []}, {"apiKey": []}],
+    })

@@ -1,0 +1,62 @@
+"""Start and stop the HTTP API inside the worker (``web_enabled``).
+
+One aiohttp server (:mod:`memstream.web.http`) in the worker's event loop, next to the
+stages' loops: the embedded store, the window table and the tool waiters live in this process.
+Keys come from the keys topic (:class:`~memstream.web.keys_topic.KeyFollower`) plus the
+admin key of the settings; hits go out through the
+:class:`~memstream.streams.access.AccessRecorder`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from memstream.streams.access import AccessRecorder
+from memstream.streams.app import Pipeline
+from memstream.web import prometheus as metrics
+from memstream.web.audit import AuditLog
+from memstream.web.backend import WorkerBackend
+from memstream.web.http import HttpServer, build_http_app
+from memstream.web.keys import KeyRing
+from memstream.web.keys_topic import KeyFollower
+
+log = logging.getLogger(__name__)
+KEYS_READY_S = 30.0
+
+
+def register(p: Pipeline) -> None:
+    s = p.settings
+    recorder = AccessRecorder(s.bootstrap_servers, p.topics.memory_access.name,
+                              s.access_flush_s, s.access_batch)
+    backend = WorkerBackend(p, recorder)
+    ring = KeyRing.for_settings(s)
+    follower = KeyFollower.for_settings(s, ring)
+    http_app = build_http_app(backend, ring, max_body_bytes=s.http_max_body_bytes)
+    metrics.attach(http_app, p)  # /metrics and /v1/metrics/summary
+    server = HttpServer(http_app, s.web_host, s.web_port)
+    p.api = backend
+    audit = AuditLog(s.bootstrap_servers, p.topics.memory_changes.name)
+    backend.audit_log = audit
+
+    @p.app.task
+    async def serve() -> None:
+        await follower.start()
+        if not await follower.wait_ready(KEYS_READY_S):
+            log.warning("tenant keys not loaded within %.0fs; only the admin key works yet",
+                        KEYS_READY_S)
+        recorder.start()
+        await audit.start()
+        await server.start()
+        backend.started = True
+        log.info("HTTP API on http://%s:%d/v1 (OpenAPI: /v1/openapi.json)", s.web_host,
+                 server.port)
+
+    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def stop(app: Any, **_: Any) -> None:
+        backend.started = False
+        await server.stop()
+        await recorder.close()
+        await backend.close()
+        await follower.stop()
+        await audit.stop()
