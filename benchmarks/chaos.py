@@ -43,9 +43,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from pydantic import SecretStr
 
+from memstream.core import kafka
 from memstream.core.kafka_io import start_producer
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
@@ -523,7 +524,7 @@ async def produce(settings: Settings, events: Sequence[Event], rate: float,
         inflight: list[tuple[int, asyncio.Future[Any]]] = []
         first_failed: int | None = None
         try:
-            producer = await start_producer(settings.bootstrap_servers,
+            producer = await start_producer(settings,
                                             request_timeout_ms=180_000)
         except Exception:
             failures += 1
@@ -624,12 +625,12 @@ async def bounce_broker(broker: Settings, at: float, down_s: float = 5.0) -> flo
     return time.monotonic() - t0
 
 
-async def read_topics(bootstrap: str, topics: Sequence[tuple[str, int]], *,
+async def read_topics(settings: Settings, topics: Sequence[tuple[str, int]], *,
                       committed: bool = True, quiet: float = 3.0) -> list[Any]:
     """Every record of ``(topic, partitions)``, in offset order per partition; with
     ``committed=False`` records of aborted transactions too."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+    consumer = kafka.consumer(
+        settings, enable_auto_commit=False, group_id=None,
         isolation_level="read_committed" if committed else "read_uncommitted")
     await consumer.start()
     try:
@@ -665,9 +666,9 @@ async def settle(settings: Settings, chaos: Chaos, events: Sequence[Event], time
             for u, s in expected]
     await produce(settings, ends, rate=2000.0)
     spec = registry(settings).job_results
-    consumer = AIOKafkaConsumer(spec.name, bootstrap_servers=settings.bootstrap_servers,
-                                auto_offset_reset="earliest", enable_auto_commit=False,
-                                group_id=None, isolation_level="read_committed")
+    consumer = kafka.consumer(settings, spec.name, auto_offset_reset="earliest",
+                              enable_auto_commit=False, group_id=None,
+                              isolation_level="read_committed")
     await consumer.start()
     values: list[bytes] = []
     left = uncovered(values, expected)
@@ -810,7 +811,7 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
         t_settled = time.time()
         await chaos.until_ready()
         http = await asyncio.to_thread(http_live, settings, sorted(truth))
-        b = settings.bootstrap_servers
+        b = settings
         changes = [MemoryChange.model_validate_json(r.value) for r in await read_topics(
             b, [(topics.memory_changes.name, topics.memory_changes.partitions)])]
         decisions = await read_topics(b, [(topics.decisions.name, topics.decisions.partitions)])

@@ -173,8 +173,8 @@ async def produce(settings: Settings, records: int, users: int, seed: int
     rng = random.Random(seed)
     topics = registry(settings)
     tenant = "bench"
-    plain = await start_producer(settings.bootstrap_servers, max_request_size=2 * 1024 * 1024)
-    gzip = await start_producer(settings.bootstrap_servers, compression_type="gzip",
+    plain = await start_producer(settings, max_request_size=2 * 1024 * 1024)
+    gzip = await start_producer(settings, compression_type="gzip",
                                 max_request_size=8 * 1024 * 1024)
     sent: dict[tuple[str, int, int], Hostile] = {}
     valid: list[ChatMessage] = []
@@ -219,8 +219,8 @@ async def run(base: Settings, args: argparse.Namespace, work: Path) -> dict[str,
                                        "data_dir": work / name})
     await create_topics(settings)
     topics = registry(settings)
-    dlq = await TopicReader(settings.bootstrap_servers, topics.dead_letters.name).start()
-    jobs = await TopicReader(settings.bootstrap_servers, topics.jobs.name).start()
+    dlq = await TopicReader(settings, topics.dead_letters.name).start()
+    jobs = await TopicReader(settings, topics.jobs.name).start()
     worker = WorkerProcess(settings, work / f"{name}.log").start()
     try:
         sent, valid, t0 = await produce(settings, args.records, args.users, args.seed)

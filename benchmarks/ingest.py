@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from statistics import median
 
+from memstream.core import kafka
 from memstream.core.kafka_io import start_producer
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
@@ -94,9 +95,8 @@ def conversations(messages: int, users: int, seed: int = 7) -> list[Event]:
 
 async def drained(settings: Settings, total: int, timeout: float = 1800) -> float:
     """Wait until the worker's group has committed every message; returns that time."""
-    from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = kafka.admin(settings)
     await admin.start()
     topic = registry(settings).messages.name
     deadline = time.monotonic() + timeout
@@ -119,7 +119,7 @@ async def drained(settings: Settings, total: int, timeout: float = 1800) -> floa
 async def produce(settings: Settings, events: list[Event], rate: float | None) -> dict[str, float]:
     """Send events (re-stamping ``ts`` at send time); returns send time per session end."""
     topics = registry(settings)
-    producer = await start_producer(settings.bootstrap_servers, max_batch_size=256_000)
+    producer = await start_producer(settings, max_batch_size=256_000)
     ends: dict[str, float] = {}
     start = time.monotonic()
     try:

@@ -72,20 +72,20 @@ def timed(build: Callable[[EdgeStore], object], repeats: int, root: Path) -> tup
 
 
 async def through_kafka(bootstrap: str, raw: list[bytes], root: Path, repeats: int) -> float:
-    from aiokafka import AIOKafkaProducer
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin import NewTopic
 
+    from memstream.core import kafka
     from memstream.core.settings import Settings
     from memstream.memory.rebuild_topics import rebuild_into
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     settings = Settings(bootstrap_servers=bootstrap, topic_prefix=prefix)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = kafka.admin(settings)
     await admin.start()
     names = [settings.topic("memory-changes"), settings.topic("memory-access")]
     await admin.create_topics([NewTopic(n, 4, 1) for n in names])
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20,
-                                max_request_size=16 * 1024 * 1024, compression_type=None)
+    producer = kafka.producer(settings, linger_ms=20, max_request_size=16 * 1024 * 1024,
+                              compression_type=None)
     await producer.start()
     for value in raw:
         key = json.loads(value)["user_id"].encode()

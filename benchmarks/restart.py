@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer
-
+from memstream.core import kafka
 from memstream.core.errors import MemstreamError
 from memstream.core.kafka_io import send_events, start_producer
 from memstream.core.settings import Settings
@@ -62,10 +61,10 @@ class Run:
 class JobClock:
     """Producer timestamps (s) of every job record, read in the background."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
-                                         auto_offset_reset="earliest",
-                                         isolation_level="read_committed")
+    def __init__(self, settings: Settings, topic: str) -> None:
+        self.consumer = kafka.consumer(settings, topic, group_id=None,
+                                       auto_offset_reset="earliest",
+                                       isolation_level="read_committed")
         self.stamps: list[float] = []
         self.task: asyncio.Task[None] | None = None
 
@@ -90,7 +89,7 @@ class JobClock:
 
 
 async def produce(settings: Settings, rate: float, stop: asyncio.Event) -> None:
-    producer = await start_producer(settings.bootstrap_servers)
+    producer = await start_producer(settings)
     topic = registry(settings).messages.name
     n = 0
     try:
@@ -135,7 +134,7 @@ async def run_config(name: str, args: argparse.Namespace, tmp: Path) -> Run:
                         extract_enabled=args.extract, embedder="hashing",
                         **CONFIGS[name])  # type: ignore[arg-type]
     await create_topics(settings)
-    clock = await JobClock(settings.bootstrap_servers, registry(settings).jobs.name).start()
+    clock = await JobClock(settings, registry(settings).jobs.name).start()
     stop = asyncio.Event()
     load = asyncio.create_task(produce(settings, args.rate, stop))
     worker = WorkerProcess(settings, tmp / name / "worker.log")

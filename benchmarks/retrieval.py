@@ -63,6 +63,7 @@ from typing import Any, cast
 import httpx
 import numpy as np
 
+from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.memory import retrieval
 from memstream.memory.access import AccessStats
@@ -398,12 +399,11 @@ async def make_topic(settings: Settings, explicit: bool) -> tuple[str | None, st
 
 async def drop_topic(settings: Settings, topic: str) -> bool:
     """Delete the throwaway topic and see it gone (deletion is asynchronous on the broker)."""
-    from aiokafka.admin import AIOKafkaAdminClient
 
     for _ in range(3):
         await delete_topics(settings, [topic])
         for _ in range(10):
-            admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+            admin = kafka.admin(settings)
             await admin.start()
             try:
                 if topic not in await admin.list_topics():
@@ -437,7 +437,7 @@ async def bench_edge(args: argparse.Namespace, settings: Settings, embedder: Emb
 
     services = Services(RulesModel(), embedder, store, Extractor(RulesModel(), embedder, store))
     stand_in = BenchPipeline(settings, services, registry(settings))
-    recorder = AccessRecorder(settings.bootstrap_servers, topic or "unused",
+    recorder = AccessRecorder(settings, topic or "unused",
                               settings.access_flush_s, settings.access_batch)
     backend = WorkerBackend(cast(Pipeline, stand_in), recorder)
     server = HttpServer(build_http_app(backend, KeyRing(admin_key=ADMIN_KEY)), "127.0.0.1",

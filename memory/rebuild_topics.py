@@ -94,7 +94,7 @@ async def rebuild_into(settings: Settings, store: MemoryStore, *, embedder: str,
     topics = registry(settings)
     changes_topic, access_topic = topics.memory_changes.name, topics.memory_access.name
     started = time.perf_counter()
-    snapshot = await end_offsets(settings.bootstrap_servers, [changes_topic, access_topic])
+    snapshot = await end_offsets(settings, [changes_topic, access_topic])
     if total is not None:
         total(sum(snapshot[changes_topic].values()))
     select = selector(tenant, user)
@@ -113,7 +113,7 @@ async def rebuild_into(settings: Settings, store: MemoryStore, *, embedder: str,
             accesses.extend(AccessEvent.model_validate_json(r.value) for r in records
                             if r.value is not None)
 
-        b = settings.bootstrap_servers
+        b = settings
         await read_range(b, changes_topic, snapshot[changes_topic], on_changes)
         await asyncio.to_thread(fold.finish)
         await read_range(b, access_topic, snapshot[access_topic], on_access)

@@ -149,7 +149,7 @@ async def catch_up(settings: Settings, new: MemoryStore, manifest: Manifest,
     to their high watermarks now."""
     reg = registry(settings)
     topics = [reg.memory_changes.name, reg.memory_access.name]
-    ends = await end_offsets(settings.bootstrap_servers, topics)
+    ends = await end_offsets(settings, topics)
     select = selector(manifest.tenant, manifest.user)
     applied = 0
     erased: dict[UserKey, float] = {}
@@ -169,7 +169,7 @@ async def catch_up(settings: Settings, new: MemoryStore, manifest: Manifest,
                     erased[(opened.tenant_id, opened.user_id)] = opened.decided_at.timestamp()
 
     accesses: list[AccessEvent] = []
-    b = settings.bootstrap_servers
+    b = settings
     await read_range(b, topics[0], ends[topics[0]], lambda rs: asyncio.to_thread(apply, rs),
                      start=manifest.offsets.get(topics[0]))
     await read_range(b, topics[1], ends[topics[1]],

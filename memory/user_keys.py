@@ -23,8 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
+from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.memory import crypto
 
@@ -45,7 +46,7 @@ class UserKeys:
     def __init__(self, settings: Settings, topic: str) -> None:
         assert settings.master_key is not None, "sealing needs MEMSTREAM_MASTER_KEY"
         self._kek = crypto.kek_from(settings.master_key.get_secret_value())
-        self._bootstrap = settings.bootstrap_servers
+        self._settings = settings
         self.topic = topic
         self._users: dict[tuple[str, str], _User] = {}
         self._plain: dict[str, bytes] = {}  # key id -> unwrapped (dropped on forget)
@@ -59,8 +60,7 @@ class UserKeys:
     # --- the follower ------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap, acks="all",
-                                          enable_idempotence=True)
+        self._producer = kafka.producer(self._settings, acks="all", enable_idempotence=True)
         await self._producer.start()
         self._task = asyncio.create_task(self._follow())
 
@@ -85,8 +85,8 @@ class UserKeys:
             self._producer = None
 
     async def _follow(self) -> None:
-        consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=None,
-                                    enable_auto_commit=False, auto_offset_reset="earliest")
+        consumer = kafka.consumer(self._settings, group_id=None, enable_auto_commit=False,
+                                  auto_offset_reset="earliest")
         await consumer.start()
         try:
             tps = [TopicPartition(self.topic, p)

@@ -25,11 +25,14 @@ def broker() -> None:
 
 
 @broker.command("start")
+@click.option("--sasl", is_flag=True, help="Clients must log in (SASL_PLAINTEXT, PLAIN) as "
+              "MEMSTREAM_KAFKA_SASL_USERNAME / MEMSTREAM_KAFKA_SASL_PASSWORD")
 @click.pass_obj
-def broker_start(settings: Settings) -> None:
+def broker_start(settings: Settings, sasl: bool) -> None:
     """Fetch (once), format (once) and start the broker; wait until it serves clients."""
-    pid = local_broker.start(settings)
-    click.echo(f"kafka {settings.kafka_version} ready on 127.0.0.1:{settings.kafka_port} "
+    pid = local_broker.start(settings, sasl=sasl)
+    how = " (SASL_PLAINTEXT, PLAIN)" if sasl else ""
+    click.echo(f"kafka {settings.kafka_version} ready on 127.0.0.1:{settings.kafka_port}{how} "
                f"(pid {pid})")
 
 
@@ -52,7 +55,7 @@ def broker_status(settings: Settings) -> None:
         sys.exit(1)
     try:
         asyncio.run(asyncio.wait_for(
-            local_broker.round_trip(f"127.0.0.1:{settings.kafka_port}"), 20))
+            local_broker.round_trip(local_broker.client_settings(settings)), 20))
     except Exception as exc:
         click.echo(f"pid {pid} runs but does not serve: {exc}")
         sys.exit(1)

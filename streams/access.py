@@ -23,7 +23,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from memstream.core import kafka
 from memstream.core.errors import InvalidRecord
+from memstream.core.settings import Settings
 from memstream.memory.rebuild import fold_access
 from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
@@ -40,8 +42,8 @@ MAX_PENDING = 100_000
 class AccessRecorder:
     """Queue access events without waiting; send them in batches in the background."""
 
-    def __init__(self, bootstrap_servers: str, topic: str, flush_s: float, batch: int) -> None:
-        self.bootstrap_servers = bootstrap_servers
+    def __init__(self, settings: Settings, topic: str, flush_s: float, batch: int) -> None:
+        self.settings = settings
         self.topic = topic
         self.flush_s = flush_s
         self.batch = batch
@@ -82,8 +84,7 @@ class AccessRecorder:
         if not self.pending:
             return 0
         if self._producer is None:
-            producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers,
-                                        enable_idempotence=True, linger_ms=5)
+            producer = kafka.producer(self.settings, enable_idempotence=True, linger_ms=5)
             try:
                 await producer.start()
             except BaseException:

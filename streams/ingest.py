@@ -23,6 +23,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
+from memstream.core import kafka
 from memstream.core.errors import InvalidRecord
 from memstream.memory import coalescing as machine
 from memstream.memory import metrics
@@ -203,7 +204,7 @@ class TickSender:
             return 0
         try:
             if self.producer is None:
-                self.producer = AIOKafkaProducer(bootstrap_servers=p.settings.bootstrap_servers)
+                self.producer = kafka.producer(p.settings)
                 await self.producer.start()
             stamp = datetime.fromtimestamp(now, UTC)
             for tenant, user in users:

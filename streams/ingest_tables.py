@@ -21,8 +21,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
+
+from memstream.core import kafka
+from memstream.core.settings import Settings
 
 _GONE = object()  # a pending deletion
 
@@ -122,15 +124,15 @@ class LoopTable:
 
 
 async def restore(tables: Sequence[LoopTable], partitions: set[int], max_bytes: int,
-                  **client: Any) -> None:
+                  settings: Settings) -> None:
     """Read the tables' changelogs of ``partitions`` from the beginning to their ends (the
     caller's producer for them has fenced every earlier writer: no transaction is open)."""
     if not partitions or not tables:
         return
     by_topic = {t.topic: t for t in tables}
     tps = [TopicPartition(t, n) for t in by_topic for n in sorted(partitions)]
-    consumer = AIOKafkaConsumer(
-        **client, group_id=None, enable_auto_commit=False, isolation_level="read_committed",
+    consumer = kafka.consumer(
+        settings, group_id=None, enable_auto_commit=False, isolation_level="read_committed",
         auto_offset_reset="earliest", max_partition_fetch_bytes=max_bytes,
         fetch_max_bytes=4 * max_bytes)
     await consumer.start()

@@ -45,7 +45,6 @@ from collections.abc import Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import (
     MessageSizeTooLargeError,
@@ -55,6 +54,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
+from memstream.core import kafka
 from memstream.core.retry import RetryPolicy, next_delay
 from memstream.core.settings import Settings
 from memstream.streams import faust_setup
@@ -135,15 +135,12 @@ class OwnedLoop:
 
     # --- lifecycle -----------------------------------------------------------------------
 
-    def _client_args(self) -> dict[str, Any]:
-        return {"bootstrap_servers": self.settings.bootstrap_servers}
-
     async def start(self) -> None:
         s = self.settings  # its changelogs were created with the topics (memstream worker)
         instance = s.instance_id()
         poll_ms = int(max(300.0, 3 * s.job_timeout_s) * 1000)
-        self.consumer = AIOKafkaConsumer(
-            **self._client_args(), group_id=self.group,
+        self.consumer = kafka.consumer(
+            self.settings, group_id=self.group,
             group_instance_id=f"{instance}-{self.stage.name}" if instance else None,
             enable_auto_commit=False, isolation_level="read_committed",
             auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
@@ -366,7 +363,7 @@ class OwnedLoop:
         everything again nor skips anything), else the beginning."""
         if self._legacy is None:
             self._legacy = {}
-            admin = AIOKafkaAdminClient(**self._client_args())
+            admin = kafka.admin(self.settings)
             try:
                 await admin.start()
                 found = await admin.list_consumer_group_offsets(self.settings.app_id)
@@ -383,8 +380,8 @@ class OwnedLoop:
         return int((await self.consumer.beginning_offsets([tp]))[tp])
 
     async def _producer(self, partition: int) -> AIOKafkaProducer:
-        producer = AIOKafkaProducer(
-            **self._client_args(), transactional_id=f"{self.group}-{partition}",
+        producer = kafka.producer(
+            self.settings, transactional_id=f"{self.group}-{partition}",
             enable_idempotence=True, linger_ms=2, max_request_size=MAX_BYTES)
         try:
             await producer.start()  # init_transactions: fences and aborts the previous owner
@@ -394,7 +391,7 @@ class OwnedLoop:
         return producer
 
     async def _restore(self, partitions: set[int]) -> None:
-        await restore(self.tables, partitions, MAX_BYTES, **self._client_args())
+        await restore(self.tables, partitions, MAX_BYTES, self.settings)
 
     # --- metrics -------------------------------------------------------------------------
 

@@ -213,10 +213,12 @@ def all_topic_names(settings: Settings) -> list[str]:
 
 async def create_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> list[str]:
     """Create the topics that do not exist yet; returns the names created."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin import NewTopic
+
+    from memstream.core import kafka
 
     specs = specs if specs is not None else registry(settings).all() + table_changelogs(settings)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = kafka.admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -237,9 +239,9 @@ async def create_topics(settings: Settings, specs: list[TopicSpec] | None = None
 
 
 async def delete_topics(settings: Settings, names: list[str]) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient
+    from memstream.core import kafka
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = kafka.admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())

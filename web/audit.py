@@ -17,9 +17,11 @@ import contextlib
 from collections import deque
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
+from memstream.core import kafka
 from memstream.core.kafka_io import topic_partitions
+from memstream.core.settings import Settings
 from memstream.topics.schemas import MemoryChange
 
 PER_TENANT = 10_000  # newest entries kept per tenant in a worker
@@ -42,8 +44,8 @@ def entry(change: MemoryChange) -> dict[str, Any]:
 class AuditLog:
     """Follows the memory-change topic into bounded per-tenant logs (newest last)."""
 
-    def __init__(self, bootstrap: str, topic: str, per_tenant: int = PER_TENANT) -> None:
-        self.bootstrap, self.topic, self.per_tenant = bootstrap, topic, per_tenant
+    def __init__(self, settings: Settings, topic: str, per_tenant: int = PER_TENANT) -> None:
+        self.settings, self.topic, self.per_tenant = settings, topic, per_tenant
         self._logs: dict[str, deque[dict[str, Any]]] = {}
         # change ids lately seen (a republished change counts once; it follows its first
         # publication closely, so a bounded memory is enough)
@@ -85,12 +87,11 @@ class AuditLog:
     async def _follow(self) -> None:
         tps: list[TopicPartition] = []
         while not tps:  # the topic is created by the worker at start
-            tps = await topic_partitions(self.bootstrap, self.topic)
+            tps = await topic_partitions(self.settings, self.topic)
             if not tps:
                 await asyncio.sleep(1.0)
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,
-                                    enable_auto_commit=False,
-                                    isolation_level="read_committed")
+        consumer = kafka.consumer(self.settings, group_id=None, enable_auto_commit=False,
+                                  isolation_level="read_committed")
         await consumer.start()
         try:
             consumer.assign(tps)

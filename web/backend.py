@@ -22,6 +22,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from memstream.core import kafka
 from memstream.memory import retrieval
 from memstream.memory import window as windows
 from memstream.memory.coalescing import tool_job_id
@@ -340,9 +341,7 @@ class WorkerBackend:
     async def _send(self, request: ToolRequest) -> None:
         async with self._producer_lock:
             if self._producer is None:
-                producer = AIOKafkaProducer(
-                    bootstrap_servers=self.p.settings.bootstrap_servers,
-                    enable_idempotence=True, acks="all")
+                producer = kafka.producer(self.p.settings, enable_idempotence=True, acks="all")
                 await producer.start()
                 self._producer = producer
         await self._producer.send_and_wait(self.p.topics.tool_requests.name,

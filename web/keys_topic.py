@@ -21,10 +21,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
+from memstream.core import kafka
 from memstream.core.errors import BrokerError, ConfigError, InvalidRecord, MemstreamError
 from memstream.core.kafka_io import topic_partitions
 from memstream.core.settings import Settings
@@ -58,9 +59,9 @@ def _take(record: Any, into: dict[str, KeyRecord | None],
         into[key_id] = found
 
 
-def _consumer(bootstrap: str) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
-                            enable_auto_commit=False, isolation_level="read_committed")
+def _consumer(settings: Settings) -> AIOKafkaConsumer:
+    return kafka.consumer(settings, group_id=None, enable_auto_commit=False,
+                          isolation_level="read_committed")
 
 
 async def _close(consumer: AIOKafkaConsumer) -> None:
@@ -98,10 +99,10 @@ class KeyFollower:
     error it resumes where it was, never replaying from the start.
     """
 
-    def __init__(self, ring: KeyRing, bootstrap_servers: str, topic: str, *,
+    def __init__(self, ring: KeyRing, settings: Settings, topic: str, *,
                  retry_s: float = 1.0, poll_s: float = 1.0) -> None:
         self.ring = ring
-        self.bootstrap = bootstrap_servers
+        self.settings = settings
         self.topic = topic
         self.retry_s = retry_s
         self.poll_s = poll_s
@@ -114,7 +115,7 @@ class KeyFollower:
     @classmethod
     def for_settings(cls, settings: Settings, ring: KeyRing | None = None) -> KeyFollower:
         return cls(ring if ring is not None else KeyRing.for_settings(settings),
-                   settings.bootstrap_servers, settings.topic(KEYS_TOPIC))
+                   settings, settings.topic(KEYS_TOPIC))
 
     @property
     def ready(self) -> bool:
@@ -157,10 +158,10 @@ class KeyFollower:
         self._positions[TopicPartition(record.topic, record.partition)] = record.offset + 1
 
     async def _follow(self) -> None:
-        tps = await topic_partitions(self.bootstrap, self.topic)
+        tps = await topic_partitions(self.settings, self.topic)
         if not tps:
             return
-        consumer = _consumer(self.bootstrap)
+        consumer = _consumer(self.settings)
         try:
             await consumer.start()
             consumer.assign(tps)
@@ -223,10 +224,10 @@ async def _read_all(settings: Settings, timeout: float,
     topic = settings.topic(KEYS_TOPIC)
     found: dict[str, KeyRecord | None] = {}
     with _broker_errors(topic):
-        tps = await topic_partitions(settings.bootstrap_servers, topic)
+        tps = await topic_partitions(settings, topic)
         if not tps:
             return found
-        consumer = _consumer(settings.bootstrap_servers)
+        consumer = _consumer(settings)
         try:
             await consumer.start()
             consumer.assign(tps)
@@ -242,8 +243,7 @@ async def _read_all(settings: Settings, timeout: float,
 async def _send(settings: Settings, record: KeyRecord) -> None:
     topic = settings.topic(KEYS_TOPIC)
     with _broker_errors(topic):
-        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers,
-                                    enable_idempotence=True, acks="all")
+        producer = kafka.producer(settings, enable_idempotence=True, acks="all")
         await producer.start()
         try:
             await producer.send_and_wait(topic, key=record.key_id.encode(), value=record.dumps())

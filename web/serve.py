@@ -27,7 +27,7 @@ KEYS_READY_S = 30.0
 
 def register(p: Pipeline) -> None:
     s = p.settings
-    recorder = AccessRecorder(s.bootstrap_servers, p.topics.memory_access.name,
+    recorder = AccessRecorder(s, p.topics.memory_access.name,
                               s.access_flush_s, s.access_batch)
     backend = WorkerBackend(p, recorder)
     ring = KeyRing.for_settings(s)
@@ -36,7 +36,7 @@ def register(p: Pipeline) -> None:
     metrics.attach(http_app, p)  # /metrics and /v1/metrics/summary
     server = HttpServer(http_app, s.web_host, s.web_port)
     p.api = backend
-    audit = AuditLog(s.bootstrap_servers, p.topics.memory_changes.name)
+    audit = AuditLog(s, p.topics.memory_changes.name)
     backend.audit_log = audit
 
     @p.app.task

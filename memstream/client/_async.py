@@ -13,6 +13,7 @@ from memstream.client import _gov_ops as gops
 from memstream.client import _ops as ops
 from memstream.client._base import ClientBase
 from memstream.client._produce import Messages, ProducerFactory
+from memstream.core.settings import Settings
 from memstream.web.models import api
 from memstream.web.models import history as gov
 
@@ -26,9 +27,10 @@ class AsyncMemoryClient(ClientBase):
                  bootstrap_servers: str | None = None, topic_prefix: str = "memstream",
                  timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None,
                  producer_factory: ProducerFactory | None = None,
-                 clock: Callable[[], datetime] | None = None) -> None:
+                 clock: Callable[[], datetime] | None = None,
+                 kafka: Settings | None = None) -> None:
         super().__init__(base_url, api_key, tenant_id, bootstrap_servers, topic_prefix,
-                         timeout, producer_factory, clock)
+                         timeout, producer_factory, clock, kafka)
         self._http = httpx.AsyncClient(transport=transport, **self._http_options())
 
     async def _run(self, op: ops.Op[T]) -> T:

@@ -21,6 +21,7 @@ from memstream.client._produce import (
     to_records,
 )
 from memstream.core.errors import MemstreamError
+from memstream.core.settings import Settings
 from memstream.topics.schemas import SessionEvent
 
 
@@ -34,17 +35,23 @@ class ClientBase:
     def __init__(self, base_url: str, api_key: str, tenant_id: str,
                  bootstrap_servers: str | None, topic_prefix: str, timeout: float,
                  producer_factory: ProducerFactory | None,
-                 clock: Callable[[], datetime] | None) -> None:
+                 clock: Callable[[], datetime] | None, kafka: Settings | None = None) -> None:
         if not api_key:
             raise ValueError("api_key must not be empty")
         self.base_url = base_url
         self.tenant_id = check_id("tenant_id", tenant_id)
         self.topic_prefix = topic_prefix
+        if kafka is not None:  # the whole connection: bootstrap servers, SASL, SSL
+            bootstrap_servers = bootstrap_servers or kafka.bootstrap_servers
+            kafka = kafka.model_copy(update={"bootstrap_servers": bootstrap_servers})
+        elif bootstrap_servers is not None:  # plaintext; no environment is read
+            kafka = Settings.model_construct(bootstrap_servers=bootstrap_servers)
         self.bootstrap_servers = bootstrap_servers
         self._api_key = SecretStr(api_key)  # never printed, redacted from error messages
         self._timeout = timeout
         self._clock = clock or _utc_now
-        self._producer = Producer(bootstrap_servers or "", producer_factory or aiokafka_producer)
+        self._producer = Producer(kafka or Settings.model_construct(),
+                                  producer_factory or aiokafka_producer)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r}, tenant_id={self.tenant_id!r})"

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar, cast
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from memstream import __version__
 from memstream.client._errors import MemstreamConnectionError
+from memstream.core import kafka
+from memstream.core.settings import Settings
 from memstream.topics.schemas import ChatMessage, Event
 
 T = TypeVar("T")
@@ -41,13 +42,13 @@ class KafkaProducerLike(Protocol):
     async def stop(self) -> None: ...
 
 
-ProducerFactory = Callable[[str], KafkaProducerLike]  # bootstrap servers -> unstarted producer
+ProducerFactory = Callable[[Settings], KafkaProducerLike]  # connection -> unstarted producer
 
 
-def aiokafka_producer(bootstrap_servers: str) -> KafkaProducerLike:
+def aiokafka_producer(connection: Settings) -> KafkaProducerLike:
     """The default producer: idempotent, every in-sync replica acknowledges."""
-    return cast(KafkaProducerLike, AIOKafkaProducer(
-        bootstrap_servers=bootstrap_servers, enable_idempotence=True, acks="all",
+    return cast(KafkaProducerLike, kafka.producer(
+        connection, enable_idempotence=True, acks="all",
         client_id=f"memstream-client/{__version__}"))
 
 
@@ -99,8 +100,8 @@ def _chat_message(item: Mapping[str, Any] | ChatMessage, tenant_id: str, user_id
 class Producer:
     """One lazily started producer, reused; sends a batch in order and waits for delivery."""
 
-    def __init__(self, bootstrap_servers: str, factory: ProducerFactory) -> None:
-        self._bootstrap = bootstrap_servers
+    def __init__(self, connection: Settings, factory: ProducerFactory) -> None:
+        self._connection = connection
         self._factory = factory
         self._producer: KafkaProducerLike | None = None
         self._lock: asyncio.Lock | None = None
@@ -118,7 +119,7 @@ class Producer:
         self._lock = self._lock or asyncio.Lock()
         async with self._lock:
             if self._producer is None:
-                producer = self._factory(self._bootstrap)  # aiokafka needs the running loop
+                producer = self._factory(self._connection)  # aiokafka needs the running loop
                 try:
                     await producer.start()
                 except BaseException:

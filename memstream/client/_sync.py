@@ -14,6 +14,7 @@ from memstream.client import _gov_ops as gops
 from memstream.client import _ops as ops
 from memstream.client._base import ClientBase
 from memstream.client._produce import LoopThread, Messages, ProducerFactory, Record
+from memstream.core.settings import Settings
 from memstream.web.models import api
 from memstream.web.models import history as gov
 
@@ -30,9 +31,10 @@ class MemoryClient(ClientBase):
                  bootstrap_servers: str | None = None, topic_prefix: str = "memstream",
                  timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
                  producer_factory: ProducerFactory | None = None,
-                 clock: Callable[[], datetime] | None = None) -> None:
+                 clock: Callable[[], datetime] | None = None,
+                 kafka: Settings | None = None) -> None:
         super().__init__(base_url, api_key, tenant_id, bootstrap_servers, topic_prefix,
-                         timeout, producer_factory, clock)
+                         timeout, producer_factory, clock, kafka)
         self._http = httpx.Client(transport=transport, **self._http_options())
         self._loop_thread: LoopThread | None = None
         self._loop_lock = threading.Lock()

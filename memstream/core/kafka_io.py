@@ -13,14 +13,14 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from memstream.core import kafka
+from memstream.core.settings import Settings
 
-async def start_producer(bootstrap: str, **kwargs: Any) -> AIOKafkaProducer:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=5, **kwargs
-    )
+
+async def start_producer(settings: Settings, **kwargs: Any) -> AIOKafkaProducer:
+    producer = kafka.producer(settings, enable_idempotence=True, linger_ms=5, **kwargs)
     await producer.start()
     return producer
 
@@ -49,9 +49,9 @@ async def send_raw(producer: AIOKafkaProducer, topic: str, value: bytes | None,
 class TopicReader:
     """Reads one or more topics from the beginning, keeping every record seen."""
 
-    def __init__(self, bootstrap: str, *topics: str) -> None:
-        self.consumer = AIOKafkaConsumer(
-            *topics, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+    def __init__(self, settings: Settings, *topics: str) -> None:
+        self.consumer = kafka.consumer(
+            settings, *topics, auto_offset_reset="earliest",
             enable_auto_commit=False, isolation_level="read_committed", group_id=None,
         )
         self.records: list[ConsumerRecord[bytes, bytes]] = []
@@ -94,13 +94,13 @@ Offsets = dict[int, int]  # partition -> offset
 Record: TypeAlias = ConsumerRecord[bytes, bytes]
 
 
-async def topic_partitions(bootstrap: str, topic: str) -> list[TopicPartition]:
+async def topic_partitions(settings: Settings, topic: str) -> list[TopicPartition]:
     """The topic's partitions; [] while it does not exist (or has no leader yet).
 
     Asks for every topic's metadata, never for this one by name, which would auto-create it
     (without compaction) on a broker that has ``auto.create.topics.enable`` on.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = kafka.admin(settings)
     try:
         await admin.start()
         described = await admin.describe_topics()
@@ -112,23 +112,23 @@ async def topic_partitions(bootstrap: str, topic: str) -> list[TopicPartition]:
     return []
 
 
-def _range_consumer(bootstrap: str, *, committed: bool) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=None,
+def _range_consumer(settings: Settings, *, committed: bool) -> AIOKafkaConsumer:
+    return kafka.consumer(
+        settings, group_id=None,
         enable_auto_commit=False, auto_offset_reset="earliest",
         isolation_level="read_committed" if committed else "read_uncommitted",
         max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
 
 
-async def end_offsets(bootstrap: str, topics: Iterable[str]) -> dict[str, Offsets]:
+async def end_offsets(settings: Settings, topics: Iterable[str]) -> dict[str, Offsets]:
     """Each partition's high watermark: every record below it is readable once its
     transaction is resolved (a ``read_committed`` reader past it has seen them all)."""
-    consumer = _range_consumer(bootstrap, committed=False)
+    consumer = _range_consumer(settings, committed=False)
     await consumer.start()
     try:
         found: dict[str, Offsets] = {}
         for topic in topics:
-            tps = await topic_partitions(bootstrap, topic)
+            tps = await topic_partitions(settings, topic)
             ends = await consumer.end_offsets(tps) if tps else {}
             found[topic] = {tp.partition: off for tp, off in ends.items()}
         return found
@@ -136,16 +136,18 @@ async def end_offsets(bootstrap: str, topics: Iterable[str]) -> dict[str, Offset
         await consumer.stop()
 
 
-async def read_range(bootstrap: str, topic: str, end: Offsets,
+async def read_range(settings: Settings, topic: str, end: Offsets,
                      handle: Callable[[list[Record]], object], *,
-                     start: Offsets | None = None, idle_timeout_s: float | None = None) -> int:
+                     start: Offsets | None = None, idle_timeout_s: float | None = None,
+                     committed: bool = True) -> int:
     """Hand every committed record of ``topic`` from ``start`` (None: the beginning) up to
     ``end`` to ``handle`` (which may be async), batch by batch, partition order kept;
-    returns how many. ``idle_timeout_s``: give up after that long without a record."""
+    returns how many. ``idle_timeout_s``: give up after that long without a record.
+    ``committed=False``: every record physically in the log, aborted transactions' too."""
     todo = {p: e for p, e in end.items() if e > (start or {}).get(p, 0)}
     if not todo:
         return 0
-    consumer = _range_consumer(bootstrap, committed=True)
+    consumer = _range_consumer(settings, committed=committed)
     await consumer.start()
     read = 0
     try:

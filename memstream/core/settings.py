@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -24,6 +24,18 @@ class Settings(BaseSettings):
 
     # --- Kafka and the Faust app ------------------------------------------------------
     bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers")
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="How every Kafka client connects (producers, consumers, admin "
+        "clients, Faust's: memstream.core.kafka)")
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "PLAIN", description="SASL mechanism (SASL_PLAINTEXT, SASL_SSL)")
+    kafka_sasl_username: str | None = Field(None, description="SASL user")
+    kafka_sasl_password: SecretStr | None = Field(None, description="SASL password (never "
+                                                  "logged)")
+    kafka_ssl_cafile: Path | None = Field(None, description="CA bundle that signs the brokers' "
+                                          "certificates (SSL, SASL_SSL; None: the system's)")
+    kafka_ssl_certfile: Path | None = Field(None, description="Client certificate (mutual TLS)")
+    kafka_ssl_keyfile: Path | None = Field(None, description="Client certificate's private key")
     app_id: str = Field("memstream", description="App id: prefix of the stages' consumer "
                         "groups, transactional ids and table changelogs (and Faust's group)")
     topic_prefix: str = Field("memstream", description="Prefix of every topic memstream owns")
@@ -181,6 +193,14 @@ class Settings(BaseSettings):
     kafka_controller_port: int = Field(9093, description="KRaft controller port")
     kafka_heap: str = Field("512m", description="Heap of the local broker")
 
+    @model_validator(mode="after")
+    def _kafka_login(self) -> Settings:
+        if self.kafka_security_protocol.startswith("SASL") and not (
+                self.kafka_sasl_username and self.kafka_sasl_password):
+            raise ValueError(f"kafka_security_protocol {self.kafka_security_protocol} needs "
+                             "kafka_sasl_username and kafka_sasl_password")
+        return self
+
     def topic(self, name: str) -> str:
         """Full name of one of memstream's topics."""
         return f"{self.topic_prefix}.{name}"
@@ -198,6 +218,8 @@ class Settings(BaseSettings):
 
     def faust_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``faust.App``."""
+        from memstream.core.kafka import faust_credentials
+
         instance = self.instance_id()
         return {
             # Static membership: a restart rejoins under the same id and gets its partitions
@@ -213,6 +235,7 @@ class Settings(BaseSettings):
             "web_graph_enabled": False,
             "web_metrics_enabled": False,
             "broker": [f"kafka://{host}" for host in self.bootstrap_servers.split(",")],
+            "broker_credentials": faust_credentials(self),
             "store": "memory://",
             "topic_partitions": self.partitions,
             "topic_replication_factor": 1,

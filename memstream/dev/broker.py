@@ -61,12 +61,12 @@ _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 _SERVER = """process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:{cport}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
-inter.broker.listener.name=PLAINTEXT
+listeners={listener}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
+advertised.listeners={listener}://127.0.0.1:{port}
+inter.broker.listener.name={listener}
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
-log.dirs={logdir}
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,{listener}:{listener}
+{sasl}log.dirs={logdir}
 num.partitions=1
 default.replication.factor=1
 offsets.topic.replication.factor=1
@@ -82,6 +82,17 @@ delete.topic.enable=true
 log.retention.check.interval.ms=5000
 log.cleaner.backoff.ms=2000
 """
+
+
+# ``--sasl``: the client listener asks every client to log in (SASL/PLAIN); the broker
+# itself logs in as an internal user whose password is made anew at each start.
+_SASL = """sasl.enabled.mechanisms=PLAIN
+sasl.mechanism.inter.broker.protocol=PLAIN
+listener.name.sasl_plaintext.plain.sasl.jaas.config=\\
+  org.apache.kafka.common.security.plain.PlainLoginModule required \\
+  username="broker" password="{broker}" user_broker="{broker}" user_{user}="{password}";
+"""
+_SASL_USER = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,10 @@ class BrokerPaths:
     @property
     def stdout_file(self) -> Path:
         return self.run / "stdout.log"
+
+    @property
+    def listener_file(self) -> Path:
+        return self.run / "listener"  # PLAINTEXT or SASL_PLAINTEXT: how clients connect
 
 
 def paths_for(settings: Settings) -> BrokerPaths:
@@ -169,13 +184,32 @@ def _java(paths: BrokerPaths, main: str, *args: str, heap: str = "256m") -> list
     ]
 
 
-def configure(paths: BrokerPaths, settings: Settings) -> Path:
+def _sasl_block(settings: Settings) -> str:
+    user, password = settings.kafka_sasl_username, settings.kafka_sasl_password
+    if not user or password is None:
+        raise BrokerError("broker start --sasl needs MEMSTREAM_KAFKA_SASL_USERNAME and "
+                          "MEMSTREAM_KAFKA_SASL_PASSWORD (the user clients log in as)")
+    if not _SASL_USER.fullmatch(user) or user == "broker":
+        raise BrokerError(f"SASL user {user!r}: letters, digits, '.', '_', '-' only "
+                          "(and not 'broker')")
+    secret = password.get_secret_value()
+    if any(c in secret for c in '"\\\n'):
+        raise BrokerError("the SASL password must not contain quotes, backslashes or newlines")
+    return _SASL.format(broker=uuid.uuid4().hex, user=user, password=secret)
+
+
+def configure(paths: BrokerPaths, settings: Settings, sasl: bool = False) -> Path:
     """Write server.properties and log4j2.xml; format KRaft storage once."""
     paths.run.mkdir(parents=True, exist_ok=True)
     props = paths.run / "server.properties"
+    listener = "SASL_PLAINTEXT" if sasl else "PLAINTEXT"
+    props.touch(mode=0o600)
+    props.chmod(0o600)  # it holds the SASL passwords
     props.write_text(_SERVER.format(
         port=settings.kafka_port, cport=settings.kafka_controller_port, logdir=paths.data,
+        listener=listener, sasl=_sasl_block(settings) if sasl else "",
     ))
+    paths.listener_file.write_text(listener)
     (paths.run / "log4j2.xml").write_text(_LOG4J2.format(log=paths.log_file))
     if not (paths.data / "meta.properties").exists():
         cmd = _java(paths, "kafka.tools.StorageTool", "format", f"--cluster-id={_cluster_id()}",
@@ -200,14 +234,31 @@ def read_pid(paths: BrokerPaths) -> int | None:
     return pid
 
 
-async def round_trip(bootstrap: str, timeout: float = 10.0) -> None:
+def client_settings(settings: Settings) -> Settings:
+    """``settings`` as a client of the local broker: its address, and SASL/PLAIN with the
+    configured user when it was started with ``--sasl``."""
+    paths = paths_for(settings)
+    update: dict[str, object] = {"bootstrap_servers": f"127.0.0.1:{settings.kafka_port}"}
+    try:
+        sasl = paths.listener_file.read_text().strip() == "SASL_PLAINTEXT"
+    except OSError:
+        sasl = False
+    if sasl:
+        update.update(kafka_security_protocol="SASL_PLAINTEXT", kafka_sasl_mechanism="PLAIN")
+    elif settings.kafka_security_protocol == "SASL_PLAINTEXT":
+        update.update(kafka_security_protocol="PLAINTEXT")
+    return settings.model_copy(update=update)
+
+
+async def round_trip(settings: Settings, timeout: float = 10.0) -> None:
     """Create a topic, produce one record and read it back: the broker really serves."""
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin import NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
 
+    from memstream.core import kafka
+
     topic = "__memstream_ready"
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    admin = kafka.admin(settings, request_timeout_ms=5000)
     await admin.start()
     try:
         with contextlib.suppress(TopicAlreadyExistsError):
@@ -215,13 +266,13 @@ async def round_trip(bootstrap: str, timeout: float = 10.0) -> None:
     finally:
         await admin.close()
     token = uuid.uuid4().bytes
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    producer = kafka.producer(settings, request_timeout_ms=5000)
     await producer.start()
     try:
         meta = await producer.send_and_wait(topic, token)
     finally:
         await producer.stop()
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = kafka.consumer(settings, enable_auto_commit=False)
     await consumer.start()
     try:
         from aiokafka import TopicPartition
@@ -236,7 +287,7 @@ async def round_trip(bootstrap: str, timeout: float = 10.0) -> None:
         await consumer.stop()
 
 
-def wait_ready(bootstrap: str, paths: BrokerPaths, timeout: float = 90.0) -> None:
+def wait_ready(settings: Settings, paths: BrokerPaths, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -248,7 +299,7 @@ def wait_ready(bootstrap: str, paths: BrokerPaths, timeout: float = 90.0) -> Non
         )
         if started:
             try:
-                asyncio.run(asyncio.wait_for(round_trip(bootstrap), 20))
+                asyncio.run(asyncio.wait_for(round_trip(client_settings(settings)), 20))
                 return
             except Exception as exc:
                 last = exc
@@ -256,23 +307,26 @@ def wait_ready(bootstrap: str, paths: BrokerPaths, timeout: float = 90.0) -> Non
     raise BrokerError(f"broker not ready after {timeout:.0f}s (last error: {last!r})")
 
 
-def start(settings: Settings, timeout: float = 90.0) -> int:
-    """Start the local broker (idempotent) and return its PID once it serves clients."""
+def start(settings: Settings, timeout: float = 90.0, sasl: bool = False) -> int:
+    """Start the local broker (idempotent) and return its PID once it serves clients.
+
+    ``sasl``: its client listener is SASL_PLAINTEXT (PLAIN), the one user being
+    ``kafka_sasl_username`` / ``kafka_sasl_password``; clients without them are refused.
+    """
     paths = paths_for(settings)
-    bootstrap = f"127.0.0.1:{settings.kafka_port}"
     pid = read_pid(paths)
     if pid is not None:
-        wait_ready(bootstrap, paths, timeout)
+        wait_ready(settings, paths, timeout)
         return pid
     fetch_jars(paths)
-    props = configure(paths, settings)
+    props = configure(paths, settings, sasl=sasl)
     if paths.log_file.exists():
         paths.log_file.unlink()
     out = paths.stdout_file.open("ab")
     cmd = _java(paths, "kafka.Kafka", str(props), heap=settings.kafka_heap)
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     paths.pid_file.write_text(str(proc.pid))
-    wait_ready(bootstrap, paths, timeout)
+    wait_ready(settings, paths, timeout)
     return proc.pid
 
 

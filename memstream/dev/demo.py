@@ -72,7 +72,7 @@ def interleave(events: list[Event]) -> list[Event]:
 
 
 async def _produce(topics: Topics, settings: Settings, events: list[Event], gap: float) -> None:
-    producer = await start_producer(settings.bootstrap_servers)
+    producer = await start_producer(settings)
     try:
         for e in events:
             topic = topics.messages if isinstance(e, ChatMessage) else topics.session_events
@@ -86,7 +86,7 @@ async def _run(settings: Settings, events: list[Event], timeout: float = 120) ->
     """Produce the samples; return the decisions once every message is covered."""
     topics = registry(settings)
     expected = sum(isinstance(e, ChatMessage) for e in events)
-    reader = await TopicReader(settings.bootstrap_servers, topics.decisions.name,
+    reader = await TopicReader(settings, topics.decisions.name,
                                topics.job_results.name).start()
     await _produce(topics, settings, events, gap=0.02)
 
@@ -111,7 +111,7 @@ async def _windowed(settings: Settings, events: list[Event],
     """Wait until every user with memories had a consolidation pass; what the windowed jobs
     did, per user (reflections written, consolidation outcome)."""
     topics = registry(settings)
-    reader = await TopicReader(settings.bootstrap_servers, topics.jobs.name,
+    reader = await TopicReader(settings, topics.jobs.name,
                                topics.decisions.name).start()
     kinds: dict[str, str] = {}
     out: dict[str, list[str]] = {}

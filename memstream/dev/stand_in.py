@@ -30,7 +30,7 @@ class AckExtractor:
     async def run(self, expected: int, timeout: float) -> None:
         """Answer jobs until ``expected`` messages are covered (or ``timeout``)."""
         topics = registry(self.settings)
-        b = self.settings.bootstrap_servers
+        b = self.settings
         jobs = await TopicReader(b, topics.jobs.name).start()
         results = await TopicReader(b, topics.job_results.name).start()
         producer = await start_producer(b)

@@ -13,15 +13,13 @@ running on an embedded store then). Nothing it finds is printed: only where and 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-
-from memstream.core.kafka_io import topic_partitions
+from memstream.core.kafka_io import Record, end_offsets, read_range
 from memstream.core.settings import Settings
 from memstream.topics.registry import all_topic_names, registry
 from memstream.topics.schemas import MemoryChange
@@ -63,33 +61,22 @@ async def _scan(settings: Settings, tenant: str, user: str, needles: list[bytes]
             await keys.stop()
             raise TimeoutError("the user-keys topic could not be read: cannot tell what opens")
         opener = keys.opener()
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=None,
-                                enable_auto_commit=False, isolation_level="read_uncommitted")
-    await consumer.start()
+    def scan(topic: str, records: list[Record]) -> None:
+        for r in records:
+            residues.scanned += 1
+            raw = (r.key or b"") + b"\x00" + (r.value or b"")
+            if any(n in raw for n in needles):
+                residues.topics[topic] = residues.topics.get(topic, 0) + 1
+            if topic == changes_topic and r.value:
+                residues.readable_changes += _still_opens(r.value, tenant, user, opener)
+
     try:
-        for topic in all_topic_names(settings):
-            tps = await topic_partitions(settings.bootstrap_servers, topic)
-            if not tps:
-                continue
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            ends = await consumer.end_offsets(tps)
-            deadline = time.monotonic() + READ_TIMEOUT_S
-            while not all([await consumer.position(tp) >= ends[tp] for tp in tps]):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"could not read {topic} to its end")
-                batch = await consumer.getmany(timeout_ms=1000)
-                for records in batch.values():
-                    for r in records:
-                        residues.scanned += 1
-                        raw = (r.key or b"") + b"\x00" + (r.value or b"")
-                        if any(n in raw for n in needles):
-                            residues.topics[topic] = residues.topics.get(topic, 0) + 1
-                        if topic == changes_topic and r.value:
-                            residues.readable_changes += _still_opens(r.value, tenant, user,
-                                                                      opener)
+        names = all_topic_names(settings)
+        ends = await end_offsets(settings, names)
+        for topic in names:
+            await read_range(settings, topic, ends[topic], functools.partial(scan, topic),
+                             idle_timeout_s=READ_TIMEOUT_S, committed=False)
     finally:
-        await consumer.stop()
         if opener is not None:
             await keys.stop()
 

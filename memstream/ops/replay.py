@@ -107,11 +107,11 @@ class Report:
 
 # --- reading the topics ------------------------------------------------------------------
 
-async def _read(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes | None]]:
+async def _read(settings: Settings, topic: str) -> list[tuple[bytes | None, bytes | None]]:
     """Every committed record of ``topic`` up to its end at start, per partition in order."""
     out: list[tuple[bytes | None, bytes | None]] = []
-    ends = await end_offsets(bootstrap, [topic])
-    await read_range(bootstrap, topic, ends[topic],
+    ends = await end_offsets(settings, [topic])
+    await read_range(settings, topic, ends[topic],
                      lambda rs: out.extend((r.key, r.value) for r in rs),
                      idle_timeout_s=READ_TIMEOUT_S)
     return out
@@ -135,7 +135,7 @@ async def load(settings: Settings, filters: pure.Filters,
                ) -> tuple[list[ChatMessage], list[SessionEvent], int, int]:
     """Messages and session ends that pass the filters; (…, invalid, forgotten)."""
     topics = registry(settings)
-    b = settings.bootstrap_servers
+    b = settings
     raw_msgs, raw_ends, raw_keys = await asyncio.gather(
         _read(b, topics.messages.name), _read(b, topics.session_events.name),
         _read(b, topics.user_keys.name))

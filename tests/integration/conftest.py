@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from memstream.core import kafka
 from memstream.core.kafka_io import TopicReader, send_events, send_raw, start_producer
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
@@ -56,8 +57,8 @@ def kafka_bootstrap() -> Iterator[str]:
     if _docker_answers():
         from testcontainers.kafka import KafkaContainer
 
-        with KafkaContainer().with_kraft() as kafka:
-            yield kafka.get_bootstrap_server()
+        with KafkaContainer().with_kraft() as container:
+            yield container.get_bootstrap_server()
         return
     settings = Settings(kafka_port=TEST_PORT, kafka_controller_port=TEST_PORT + 1)
     already = local_broker.read_pid(local_broker.paths_for(settings)) is not None
@@ -89,8 +90,8 @@ class Harness:
 
     async def start(self) -> Harness:
         await create_topics(self.settings)
-        self.producer = await start_producer(self.settings.bootstrap_servers)
-        b = self.settings.bootstrap_servers
+        self.producer = await start_producer(self.settings)
+        b = self.settings
         self.jobs = await TopicReader(b, self.topics.jobs.name).start()
         self.results = await TopicReader(b, self.topics.job_results.name).start()
         self.dlq = await TopicReader(b, self.topics.dead_letters.name).start()
@@ -124,9 +125,8 @@ class Harness:
     async def ingested(self, messages: int, timeout: float = 30.0) -> None:
         """Barrier: the ingest loop has committed ``messages`` chat messages (its group's
         offsets on the messages topic, summed), state and outputs in the same transactions."""
-        from aiokafka.admin import AIOKafkaAdminClient
 
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap_servers)
+        admin = kafka.admin(self.settings)
         await admin.start()
         group, topic = f"{self.settings.app_id}-ingest", self.topics.messages.name
         deadline = time.monotonic() + timeout

@@ -53,7 +53,7 @@ def client(h, tenant: str) -> AsyncMemoryClient:
 
 
 async def changes_of(h, tenant: str) -> list[MemoryChange]:
-    reader = await TopicReader(h.settings.bootstrap_servers,
+    reader = await TopicReader(h.settings,
                                h.topics.memory_changes.name).start()
     await reader.settle(1.5)
     await reader.stop()

@@ -52,7 +52,7 @@ async def test_reflection_then_ttl_expiry_after_a_crash_mid_reflection(harness, 
                       reflection_threshold=12,
                       consolidation_interval_s=3600.0, decay_interval_s=2.0)
     worker = h.worker()
-    reader = await TopicReader(h.settings.bootstrap_servers, h.topics.memory_changes.name).start()
+    reader = await TopicReader(h.settings, h.topics.memory_changes.name).start()
     try:
         await h.send(*turns("ann", "a1", ["I live in Lisbon", "I work at Acme as a developer",
                                           "My budget for furniture this month is 3000 euros"]),
@@ -107,7 +107,7 @@ async def test_a_duplicate_from_two_sessions_is_consolidated(harness):
                           reflection_threshold=1000, consolidation_interval_s=1.0,
                           decay_interval_s=3600.0)
         h.worker()
-        reader = await TopicReader(h.settings.bootstrap_servers,
+        reader = await TopicReader(h.settings,
                                    h.topics.memory_changes.name).start()
         try:
             for session, text in (("b1", "Remember this: I live in Lisbon"),

@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from click.testing import CliRunner
 
 from memstream.cli import main
+from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.topics.registry import create_topics, delete_topics
 from memstream.web.keys import KeyRecord, KeyRing, sign
@@ -69,7 +69,7 @@ async def test_create_list_revoke(settings: Settings):
 
 
 async def test_follower_waits_for_topic_then_follows(settings: Settings, caplog):
-    follower = KeyFollower(KeyRing(admin_key=ADMIN), settings.bootstrap_servers,
+    follower = KeyFollower(KeyRing(admin_key=ADMIN), settings,
                            keys_topic_spec(settings).name, retry_s=0.2, poll_s=0.2)
     await follower.start()
     try:
@@ -81,7 +81,7 @@ async def test_follower_waits_for_topic_then_follows(settings: Settings, caplog)
         assert principal is not None and principal.tenant_id == "acme"
 
         # A bad record is skipped (and logged without its bytes); following goes on.
-        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+        producer = kafka.producer(settings)
         await producer.start()
         try:
             with caplog.at_level(logging.WARNING, logger="memstream.web.keys"):
@@ -136,11 +136,10 @@ async def test_follower_start_reads_the_revoked_state_at_once(settings: Settings
 
 
 async def test_topic_is_compacted_and_kept(settings: Settings):
-    from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
     await create_key(settings, "acme", "")
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = kafka.admin(settings)
     await admin.start()
     try:
         name = keys_topic_spec(settings).name
@@ -240,7 +239,7 @@ async def test_forged_records_on_the_topic_never_authorise(settings: Settings, m
             forged(real_id, "victim", hijack),  # take over the real key's id
             forged(real_id, "acme", real, revoked_at=datetime.now(UTC)),  # fake "revoked"
         ]
-        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+        producer = kafka.producer(settings)
         await producer.start()
         try:
             for record in attacks:

@@ -112,7 +112,7 @@ async def wait_covered(h, expected: dict[tuple[str, str], int], timeout: float =
 
 
 async def rebuild(h, tenant: str = "acme") -> tuple[ServerStore, list[MemoryChange]]:
-    reader = await TopicReader(h.settings.bootstrap_servers,
+    reader = await TopicReader(h.settings,
                                h.topics.memory_changes.name).start()
     await reader.settle(1.5)
     await reader.stop()

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.structs import RecordMetadata, TopicPartition
 
+from memstream.core import kafka
 from memstream.core.kafka_io import start_producer
 from memstream.core.settings import Settings
 from memstream.dev.process import WorkerProcess
@@ -143,7 +143,7 @@ def crashes(worker: WorkerProcess) -> list[str]:
 async def test_every_poison_class_is_dead_lettered_and_valid_messages_go_on(world: Harness):
     h, tenant, user = world, f"t{uuid.uuid4().hex[:8]}", "pa"
     assert h.producer is not None
-    gzip = await start_producer(h.settings.bootstrap_servers, compression_type="gzip",
+    gzip = await start_producer(h.settings, compression_type="gzip",
                                 max_request_size=8 * 1024 * 1024)
     try:
         huge = chat("remember this " * 230_000, tenant=tenant, user=user, mid="huge").dumps()
@@ -181,7 +181,7 @@ async def test_every_poison_class_is_dead_lettered_and_valid_messages_go_on(worl
 
 
 async def set_topic_config(settings: Settings, topic: str, config: dict[str, str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = kafka.admin(settings)
     await admin.start()
     try:
         await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, config)])
@@ -190,7 +190,7 @@ async def set_topic_config(settings: Settings, topic: str, config: dict[str, str
 
 
 async def committed(settings: Settings, tp: TopicPartition) -> int | None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = kafka.admin(settings)
     await admin.start()
     try:
         # the ingest loop's group (streams.ingest_loop) reads the messages

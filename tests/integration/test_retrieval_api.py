@@ -20,6 +20,7 @@ import pytest_asyncio
 from memstream.client import AsyncMemoryClient, MemstreamAPIError
 from memstream.core.errors import MemstreamError
 from memstream.core.kafka_io import TopicReader
+from memstream.core.settings import Settings
 from memstream.memory.rebuild import rebuild
 from memstream.memory.store import Scope
 from memstream.memory.store_edge import EdgeStore
@@ -117,7 +118,7 @@ async def test_hits_update_statistics_and_survive_a_rebuild(api, tenant, tmp_pat
         assert unknown.value.status == 404
         live = next(m for m in await c.get_all(user_id="ben") if m.memory_id == memory_id)
     assert live.last_accessed_at is not None
-    b = api.settings.bootstrap_servers
+    b = api.settings
     changes = await read_all(b, api.topics.memory_changes.name, MemoryChange, tenant)
     hits = await read_all(b, api.topics.memory_access.name, AccessEvent, tenant)
     store = EdgeStore(tmp_path / "rebuilt", 512)
@@ -130,8 +131,8 @@ async def test_hits_update_statistics_and_survive_a_rebuild(api, tenant, tmp_pat
         store.close()
 
 
-async def read_all(bootstrap: str, topic: str, model, tenant: str) -> list:
-    reader = await TopicReader(bootstrap, topic).start()
+async def read_all(settings: Settings, topic: str, model, tenant: str) -> list:
+    reader = await TopicReader(settings, topic).start()
     try:
         await reader.settle(1.0)
     finally:
@@ -164,7 +165,7 @@ async def test_tool_writes_are_jobs_serialised_with_extraction(api, tenant):
 
         ctx = await until(with_core, "the tool writes applied")
     assert ctx.prompt_block.index("Name: Cat") < ctx.prompt_block.index("Prefers window seats")
-    changes = await read_all(api.settings.bootstrap_servers, api.topics.memory_changes.name,
+    changes = await read_all(api.settings, api.topics.memory_changes.name,
                              MemoryChange, tenant)
     tool = [x for x in changes if x.lineage.kind == "tool"]
     assert {x.after["content"] for x in tool} == {"Prefers window seats",

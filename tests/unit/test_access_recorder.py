@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from memstream.core.settings import Settings
 from memstream.streams import access as recorder_module
 from memstream.streams.access import AccessRecorder, access_event
 
@@ -35,7 +36,7 @@ def event(n: int):
 
 
 async def test_a_failed_send_keeps_the_events_in_order_then_sends_them():
-    rec = AccessRecorder("unused:1", "topic", 0.1, 100)
+    rec = AccessRecorder(Settings(bootstrap_servers="unused:1"), "topic", 0.1, 100)
     rec._producer = FakeProducer(fail=True)  # type: ignore[assignment]
     for n in range(3):
         rec.record(event(n))
@@ -51,7 +52,7 @@ async def test_a_failed_send_keeps_the_events_in_order_then_sends_them():
 
 async def test_the_queue_is_bounded_and_counts_what_it_drops(monkeypatch):
     monkeypatch.setattr(recorder_module, "MAX_PENDING", 3)
-    rec = AccessRecorder("unused:1", "topic", 0.1, 100)
+    rec = AccessRecorder(Settings(bootstrap_servers="unused:1"), "topic", 0.1, 100)
     for n in range(5):
         rec.record(event(n))
     assert [e.event_id for e in rec.pending] == ["e2", "e3", "e4"] and rec.dropped == 2

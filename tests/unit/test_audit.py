@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from memstream.core.settings import Settings
 from memstream.web.audit import AuditLog, entry
 from tests.unit.test_crypto import CANARY, change
 
@@ -26,7 +27,7 @@ def test_a_forget_me_entry_keeps_why_and_how_many():
 
 
 def test_the_log_is_per_tenant_newest_first_deduplicated_and_filtered():
-    log = AuditLog("unused:9092", "t", per_tenant=3)
+    log = AuditLog(Settings(bootstrap_servers="unused:9092"), "t", per_tenant=3)
     for i, user in enumerate(["u1", "u2", "u1", "u1"]):
         c = change(user=user, cid=f"c{i}")
         log.take(c.dumps())

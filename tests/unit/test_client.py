@@ -24,6 +24,7 @@ from memstream.client import (
     api_error,
 )
 from memstream.core.errors import MemstreamError
+from memstream.core.settings import Settings
 from memstream.topics.schemas import ChatMessage, SessionEvent
 from memstream.web.models.api import ContextResponse, MemoryOut, SearchResponse, ToolResult
 
@@ -83,8 +84,8 @@ class FakeKafka:
         self.records: list[tuple[str, bytes, bytes]] = []
         self.threads: set[str] = set()
 
-    def __call__(self, bootstrap: str) -> FakeProducer:
-        self.created.append(bootstrap)
+    def __call__(self, connection: Settings) -> FakeProducer:
+        self.created.append(connection.bootstrap_servers)
         return FakeProducer(self)
 
 

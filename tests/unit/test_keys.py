@@ -381,7 +381,7 @@ def test_follower_keeps_a_revocation_that_a_forgery_follows_in_one_batch():
     # replace it in the batch, be skipped by the ring, and leave the key live.
     key, rec = new_key("acme", "", NOW, ADMIN)
     ring = ring_with(rec)
-    follower = KeyFollower(ring, "127.0.0.1:1", "p.api-keys")
+    follower = KeyFollower(ring, Settings(bootstrap_servers="127.0.0.1:1"), "p.api-keys")
     revoked = revoke(rec, NOW + 1, ADMIN)
     forged = rec.model_copy(update={"label": "forged"})  # unrevoked, old signature
     changes: dict[str, KeyRecord | None] = {}

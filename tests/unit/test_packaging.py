@@ -39,8 +39,8 @@ def test_wheel_has_one_top_level_package(tmp_path: Path) -> None:
 def test_a_users_own_memory_module_does_not_shadow_ours(tmp_path: Path) -> None:
     for name in ("memory", "topics", "streams", "jobs", "web"):
         (tmp_path / f"{name}.py").write_text("raise SystemExit('user module imported')\n")
-    code = ("import memstream.memory.store, memstream.topics.schemas, memstream.jobs, memstream.web, "
-            "memstream.client; "
+    code = ("import memstream.memory.store, memstream.topics.schemas, memstream.jobs, "
+            "memstream.web, memstream.client; "
             "print(memstream.memory.store.__name__)")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120)

@@ -17,6 +17,7 @@ from aiokafka.errors import KafkaConnectionError
 from aiokafka.structs import TopicPartition
 from pydantic import SecretStr
 
+from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.streams.app import Pipeline, build_app
 from memstream.streams.owned_loop import OwnedLoop
@@ -255,7 +256,6 @@ async def test_a_new_group_starts_where_the_faust_agents_were(p, monkeypatch):
     starts at the Faust group's offset, not at the beginning of the topic."""
     from aiokafka.structs import OffsetAndMetadata
 
-    from memstream.streams import owned_loop
 
     jobs = TopicPartition(p.topics.jobs.name, 0)
     other = TopicPartition(p.topics.jobs.name, 1)
@@ -275,7 +275,7 @@ async def test_a_new_group_starts_where_the_faust_agents_were(p, monkeypatch):
             asked.append(group)
             return {jobs: OffsetAndMetadata(42, ""), other: OffsetAndMetadata(-1, "")}
 
-    monkeypatch.setattr(owned_loop, "AIOKafkaAdminClient", Admin)
+    monkeypatch.setattr(kafka, "AIOKafkaAdminClient", Admin)
     loop, _ = loop_of(p, "extract")
 
     async def beginning(tps: list[TopicPartition]) -> dict:
@@ -401,7 +401,7 @@ async def test_a_loop_started_while_the_broker_is_away_waits_for_it(p, monkeypat
         async def stop(self) -> None:
             pass
 
-    monkeypatch.setattr(owned_loop, "AIOKafkaConsumer", Consumer)
+    monkeypatch.setattr(kafka, "AIOKafkaConsumer", Consumer)
     monkeypatch.setattr(owned_loop, "RETRY", RetryPolicy(0.0, 0.0))
     (loop,) = [lags.__self__ for lags in p.loop_lags if lags.__self__.stage.name == "extract"]
     fatal: list[str] = []

@@ -1,0 +1,77 @@
+"""The one Kafka client factory: every producer, consumer and admin client memstream
+builds (the stages' loops, the API, the CLI, the demo, tests and benchmarks) and Faust's
+own get the connection settings from here.
+
+A production cluster wants ``SASL_PLAINTEXT`` or ``SASL_SSL`` (PLAIN or SCRAM) and maybe
+mutual TLS: one place applies ``kafka_security_protocol``, ``kafka_sasl_*`` and
+``kafka_ssl_*`` so no command can connect without them. The password is a ``SecretStr``
+until the client is built and is never logged.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import TYPE_CHECKING, Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.helpers import create_ssl_context
+
+from memstream.core.settings import Settings
+
+if TYPE_CHECKING:
+    from faust.types.auth import CredentialsT
+
+
+def _ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    if settings.kafka_security_protocol not in ("SSL", "SASL_SSL"):
+        return None
+    return create_ssl_context(cafile=settings.kafka_ssl_cafile,
+                              certfile=settings.kafka_ssl_certfile,
+                              keyfile=settings.kafka_ssl_keyfile)
+
+
+def connection(settings: Settings) -> dict[str, Any]:
+    """aiokafka's connection keywords: bootstrap servers, security protocol, SASL, SSL."""
+    args: dict[str, Any] = {"bootstrap_servers": settings.bootstrap_servers,
+                            "security_protocol": settings.kafka_security_protocol}
+    context = _ssl_context(settings)
+    if context is not None:
+        args["ssl_context"] = context
+    if settings.kafka_security_protocol.startswith("SASL"):
+        assert settings.kafka_sasl_password is not None  # Settings checks it
+        args.update(sasl_mechanism=settings.kafka_sasl_mechanism,
+                    sasl_plain_username=settings.kafka_sasl_username,
+                    sasl_plain_password=settings.kafka_sasl_password.get_secret_value())
+    return args
+
+
+def producer(settings: Settings, **kwargs: Any) -> AIOKafkaProducer:
+    """A producer (not started) on the configured connection."""
+    return AIOKafkaProducer(**connection(settings), **kwargs)
+
+
+def consumer(settings: Settings, *topics: str, **kwargs: Any) -> AIOKafkaConsumer:
+    """A consumer (not started) on the configured connection."""
+    return AIOKafkaConsumer(*topics, **connection(settings), **kwargs)
+
+
+def admin(settings: Settings, **kwargs: Any) -> AIOKafkaAdminClient:
+    """An admin client (not started) on the configured connection."""
+    return AIOKafkaAdminClient(**connection(settings), **kwargs)
+
+
+def faust_credentials(settings: Settings) -> CredentialsT | None:
+    """The same connection for the Faust app (its consumer and producer)."""
+    import faust
+
+    context = _ssl_context(settings)
+    if settings.kafka_security_protocol.startswith("SASL"):
+        assert settings.kafka_sasl_password is not None
+        return faust.SASLCredentials(
+            username=settings.kafka_sasl_username,
+            password=settings.kafka_sasl_password.get_secret_value(),
+            mechanism=settings.kafka_sasl_mechanism, ssl_context=context)
+    if context is not None:
+        return faust.SSLCredentials(context)
+    return None
