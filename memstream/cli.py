@@ -7,12 +7,31 @@ import logging
 import sys
 
 import click
+from aiokafka.errors import KafkaConnectionError
 
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
+from memstream.ops.rebuild import rebuild
+from memstream.ops.replay_cli import replay
 
 
-@click.group()
+class _Main(click.Group):
+    """A broker that cannot be reached, or refuses the login, is one clear line."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except KafkaConnectionError as exc:
+            settings = ctx.obj if isinstance(ctx.obj, Settings) else None
+            where = settings.bootstrap_servers if settings else "the bootstrap servers"
+            how = settings.kafka_security_protocol if settings else "?"
+            raise click.ClickException(
+                f"Kafka at {where} ({how}): {exc}. Check MEMSTREAM_BOOTSTRAP_SERVERS and, "
+                "for a cluster that wants a login, MEMSTREAM_KAFKA_SECURITY_PROTOCOL and "
+                "MEMSTREAM_KAFKA_SASL_USERNAME / _PASSWORD") from exc
+
+
+@click.group(cls=_Main)
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """memstream: long-term memory for LLM agents on Kafka."""
@@ -303,11 +322,7 @@ def demo(settings: Settings, keep_broker: bool, serve: bool) -> None:
     run_demo(settings, keep_broker=keep_broker, serve=serve)
 
 
-from memstream.ops.replay_cli import replay  # noqa: E402
-
 main.add_command(replay)
-from memstream.ops.rebuild import rebuild  # noqa: E402
-
 main.add_command(rebuild)
 
 

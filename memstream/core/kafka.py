@@ -10,6 +10,7 @@ until the client is built and is never logged.
 
 from __future__ import annotations
 
+import logging
 import ssl
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,22 @@ from memstream.core.settings import Settings
 
 if TYPE_CHECKING:
     from faust.types.auth import CredentialsT
+
+
+class _InTheClearOnce(logging.Filter):
+    """aiokafka warns "Sending username and password in the clear" on every connection of a
+    SASL_PLAINTEXT client: said once per process, it is still said."""
+
+    said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() != "Sending username and password in the clear":
+            return True
+        said, self.said = self.said, True
+        return not said
+
+
+logging.getLogger("aiokafka.conn").addFilter(_InTheClearOnce())
 
 
 def _ssl_context(settings: Settings) -> ssl.SSLContext | None:
@@ -54,6 +71,17 @@ def producer(settings: Settings, **kwargs: Any) -> AIOKafkaProducer:
 def consumer(settings: Settings, *topics: str, **kwargs: Any) -> AIOKafkaConsumer:
     """A consumer (not started) on the configured connection."""
     return AIOKafkaConsumer(*topics, **connection(settings), **kwargs)
+
+
+async def started(client: AIOKafkaConsumer) -> AIOKafkaConsumer:
+    """``client`` started; stopped again if it cannot start (a refused login, no broker),
+    so no half-open client is left behind."""
+    try:
+        await client.start()
+    except BaseException:
+        await client.stop()
+        raise
+    return client
 
 
 def admin(settings: Settings, **kwargs: Any) -> AIOKafkaAdminClient:

@@ -57,7 +57,7 @@ class TopicReader:
         self.records: list[ConsumerRecord[bytes, bytes]] = []
 
     async def start(self) -> TopicReader:
-        await self.consumer.start()
+        await kafka.started(self.consumer)
         return self
 
     async def stop(self) -> None:
@@ -123,8 +123,7 @@ def _range_consumer(settings: Settings, *, committed: bool) -> AIOKafkaConsumer:
 async def end_offsets(settings: Settings, topics: Iterable[str]) -> dict[str, Offsets]:
     """Each partition's high watermark: every record below it is readable once its
     transaction is resolved (a ``read_committed`` reader past it has seen them all)."""
-    consumer = _range_consumer(settings, committed=False)
-    await consumer.start()
+    consumer = await kafka.started(_range_consumer(settings, committed=False))
     try:
         found: dict[str, Offsets] = {}
         for topic in topics:
@@ -147,8 +146,7 @@ async def read_range(settings: Settings, topic: str, end: Offsets,
     todo = {p: e for p, e in end.items() if e > (start or {}).get(p, 0)}
     if not todo:
         return 0
-    consumer = _range_consumer(settings, committed=committed)
-    await consumer.start()
+    consumer = await kafka.started(_range_consumer(settings, committed=committed))
     read = 0
     try:
         tps = {p: TopicPartition(topic, p) for p in todo}

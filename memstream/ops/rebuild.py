@@ -157,6 +157,7 @@ def run_rebuild(settings: Settings, into: Path | None = None, *, tenant: str | N
     path = into or settings.data_dir / "stores" / f"rebuild-{stamp}"
     if (path / "shard").exists():
         raise click.UsageError(f"{path} already holds a store: give a new --into")
+    created = not path.exists()
     store = EdgeStore(path, emb.dim)
     bar: Any = None
 
@@ -172,10 +173,16 @@ def run_rebuild(settings: Settings, into: Path | None = None, *, tenant: str | N
             settings, store, embedder=name, dim=emb.dim, tenant=tenant, user=user,
             reembed=emb.embed if embedder is not None else None, batch=batch,
             progress=lambda n: bar.update(n) if bar is not None else None, total=total))
-    finally:
+    except BaseException:
         if bar is not None:
             bar.__exit__(None, None, None)
         store.close()
+        # A partial copy of users' memories is not left behind (forget-me could miss it).
+        shutil.rmtree(path if created else path / "shard", ignore_errors=True)
+        raise
+    if bar is not None:
+        bar.__exit__(None, None, None)
+    store.close()
     manifest.save(path)
     click.echo(f"rebuilt {path}: {manifest.changes} changes applied, {manifest.skipped} seen "
                f"before, {manifest.unreadable} unreadable (forgotten users), "

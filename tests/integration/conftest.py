@@ -11,16 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import pytest_asyncio
 
 from memstream.core import kafka
+from memstream.core.errors import MemstreamError
 from memstream.core.kafka_io import TopicReader, send_events, send_raw, start_producer
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
@@ -206,3 +209,28 @@ def chat(text: str, *, session: str = "s1", user: str = "u1", tenant: str = "acm
 def end(session: str = "s1", user: str = "u1", tenant: str = "acme") -> SessionEvent:
     return SessionEvent(tenant_id=tenant, user_id=user, session_id=session,
                         ts=datetime.now(UTC))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+T = TypeVar("T")
+
+
+async def until(probe: Callable[[], Awaitable[T | None]], what: str,
+                timeout: float = 60.0) -> T:
+    """Poll ``probe`` until it returns something (a barrier on an observable state)."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            got = await probe()
+            if got is not None:
+                return got
+        except (MemstreamError, OSError) as exc:
+            last = exc
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")

@@ -23,8 +23,8 @@ import pytest_asyncio
 
 from memstream.client import AsyncMemoryClient, MemstreamAPIError
 from memstream.web.keys_topic import create_key
-from tests.integration.conftest import running
-from tests.integration.test_retrieval_api import free_port, remembered, until
+from tests.integration.conftest import free_port, running, until
+from tests.integration.test_retrieval_api import remembered
 
 pytestmark = pytest.mark.integration
 ADMIN = "admin-key-inspector"

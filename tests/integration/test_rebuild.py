@@ -20,9 +20,8 @@ from memstream.memory.rebuild_topics import Manifest
 from memstream.memory.store_edge import EdgeStore
 from memstream.memory.store_switch import current_store_path
 from memstream.ops.rebuild import _ask_worker
-from tests.integration.conftest import running
+from tests.integration.conftest import running, until
 from tests.integration.test_memory_e2e import run_conversations
-from tests.integration.test_retrieval_api import until
 
 pytestmark = pytest.mark.integration
 

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import socket
-import time
-from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import pytest
 import pytest_asyncio
 
 from memstream.client import AsyncMemoryClient, MemstreamAPIError
-from memstream.core.errors import MemstreamError
 from memstream.core.kafka_io import TopicReader
 from memstream.core.settings import Settings
 from memstream.memory.rebuild import rebuild
@@ -26,7 +22,7 @@ from memstream.memory.store import Scope
 from memstream.memory.store_edge import EdgeStore
 from memstream.topics.schemas import AccessEvent, MemoryChange
 from memstream.web.keys_topic import create_key
-from tests.integration.conftest import running
+from tests.integration.conftest import free_port, running, until
 from tests.integration.test_memory_e2e import wait_covered
 
 pytestmark = pytest.mark.integration
@@ -34,29 +30,7 @@ T = TypeVar("T")
 ADMIN = "admin-key-7"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 PORT = free_port()
-
-
-async def until(probe: Callable[[], Awaitable[T | None]], what: str,
-                timeout: float = 60.0) -> T:
-    """Poll ``probe`` until it returns something (a barrier on an observable state)."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            got = await probe()
-            if got is not None:
-                return got
-        except (MemstreamError, OSError) as exc:
-            last = exc
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
