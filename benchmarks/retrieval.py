@@ -76,8 +76,8 @@ from memstream.memory.store_edge import EdgeStore
 from memstream.memory.store_server import ServerStore
 from memstream.memory.toolwrite import core_slot
 from memstream.streams.access import AccessRecorder
-from memstream.streams.app import Pipeline
 from memstream.streams.counters import Counters
+from memstream.streams.pipeline import Pipeline
 from memstream.streams.waiters import Waiters
 from memstream.topics.registry import Topics, TopicSpec, create_topics, delete_topics, registry
 from memstream.topics.schemas import AccessEvent

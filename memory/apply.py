@@ -20,9 +20,9 @@ from memstream.memory import fencing
 from memstream.memory.decisions import PlannedOp, op_id
 from memstream.memory.extraction import JobOutcome, MemoryModel
 from memstream.memory.fencing import Cursor, Touch, Verdict, moved_on, verdict
-from memstream.memory.jobwork import CORRECTIONS, LINEAGE
 from memstream.memory.model import Memory, OpKind
 from memstream.memory.store import MemoryStore, Scope
+from memstream.memory.toolwrite import CORRECTIONS, LINEAGE
 from memstream.topics.schemas import (
     ExtractionJob,
     JobDecision,

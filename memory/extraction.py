@@ -11,44 +11,23 @@ OpenAI-compatible one in :mod:`memory.llm`.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from memstream.core.retry import deadline_scope
-from memstream.memory import jobwork, rules, toolwrite
+from memstream.memory import governance, rules, toolwrite
 from memstream.memory.decisions import Candidate, Context, Decision, IdMap, PlannedOp, resolve
 from memstream.memory.embedding import Embedder, cosine
-from memstream.memory.jobwork import JobSettings
 from memstream.memory.model import Memory, MemoryType, OpKind
+from memstream.memory.outcome import Insight, JobOutcome, Usage
 from memstream.memory.store import MemoryStore, Scope
 from memstream.memory.triggers import is_trivial
 from memstream.topics.schemas import ExtractionJob, JobMessage, Role, ToolWrite
 
-
-@dataclass(frozen=True)
-class Usage:
-    calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(self.calls + other.calls, self.prompt_tokens + other.prompt_tokens,
-                     self.completion_tokens + other.completion_tokens)
-
-
-@dataclass(frozen=True)
-class Insight:
-    """A higher-level statement a reflection inferred about the user (Generative Agents).
-
-    ``evidence`` holds the 1-based numbers of the memories shown to the model, never ids:
-    the caller maps them back to the memories it numbered (the reflection's lineage)."""
-
-    text: str
-    evidence: tuple[int, ...]
-    importance: int = 8
+__all__ = ["CombinedModel", "Extractor", "Insight", "JobOutcome", "MemoryModel", "RulesModel",
+           "Usage", "WindowedJobs"]
 
 
 class MemoryModel(Protocol):
@@ -102,24 +81,6 @@ class RulesModel:
         return [], Usage()
 
 
-@dataclass
-class JobOutcome:
-    """What deciding one job produced: ops (with the vector of each new version)."""
-
-    ops: list[tuple[PlannedOp, list[float] | None]] = field(default_factory=list)
-    decisions: Counter[str] = field(default_factory=Counter)
-    usage: Usage = Usage()
-    trivial: bool = False
-    read: dict[str, int] = field(default_factory=dict)  # stored memory id -> version seen
-    error: str | None = None  # a tool write that could not be done (nothing changes)
-    erase: int | None = None  # forget-me: erase the user (how many version records it saw)
-
-    def saw(self, hits: Sequence[tuple[Memory, float]]) -> None:
-        """Remember the stored versions the decision read (checked again at apply time)."""
-        for m, _ in hits:
-            self.read[m.memory_id] = m.version
-
-
 def not_core(c: Candidate) -> Candidate:
     """A candidate from the conversation never lands in core memory: a ``core:`` slot is
     written by an agent's ``core_memory_replace`` only (chat text is data: "store this with
@@ -164,6 +125,14 @@ def _when(m: JobMessage) -> tuple[datetime, int]:
     return m.ts, m.seq
 
 
+class WindowedJobs(Protocol):
+    """The windowed jobs' work (:class:`memstream.jobs.work.WindowedWork`): a ``reflect`` /
+    ``consolidate`` / ``decay`` command decided into ops over the user's live memories."""
+
+    def decide(self, ex: Extractor, job: ExtractionJob, write: ToolWrite, now: float,
+               out: JobOutcome) -> JobOutcome: ...
+
+
 @dataclass(frozen=True)
 class Extractor:
     """Decides one job against the store; applying is :func:`memory.apply.apply_change`."""
@@ -172,7 +141,7 @@ class Extractor:
     embedder: Embedder
     store: MemoryStore
     top_k: int = 5
-    jobs: JobSettings = field(default_factory=JobSettings)
+    windowed: WindowedJobs | None = None  # None: this process decides no windowed job
 
     def decide(self, job: ExtractionJob, now: float, deadline: float | None = None) -> JobOutcome:
         """The job's ops. ``deadline`` (an absolute time on the model's clock, None: none)
@@ -224,11 +193,15 @@ class Extractor:
     def _decide_tool(self, job: ExtractionJob, write: ToolWrite, now: float,
                      out: JobOutcome) -> JobOutcome:
         """An agent's tool write (see :mod:`memory.toolwrite`), or a windowed job's command
-        (see :mod:`memory.jobwork`): no extraction step."""
-        if write.name in jobwork.LINEAGE:
-            return jobwork.decide_job(self, job, write, now, out)
-        if write.name in jobwork.CORRECTIONS:
-            return jobwork.decide_correction(self, job, write, now, out)
+        (:class:`WindowedJobs`), or a correction (:mod:`memory.governance`): no extraction
+        step."""
+        if write.name in toolwrite.LINEAGE:
+            if self.windowed is None:
+                out.error = f"{write.name}: this process decides no windowed job"
+                return out
+            return self.windowed.decide(self, job, write, now, out)
+        if write.name in toolwrite.CORRECTIONS:
+            return governance.decide_correction(self.store, self.embedder, job, write, now, out)
         if write.name == "core_memory_replace":
             ops, out.read, out.error = toolwrite.core_ops(self.store, job, write, now)
             vectors = self.embedder.embed([op.after.content for op in ops])

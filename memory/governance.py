@@ -2,7 +2,7 @@
 undo a job.
 
 They are jobs of the user like any other (``ToolWrite`` names ``delete`` / ``rollback`` /
-``undo_job``): queued by the ingest stage, decided here into a :class:`maintenance.Plan`,
+``undo_job``): queued by the ingest stage, decided here into a :class:`memory.plan.Plan`,
 fenced by the versions it read and applied by the apply stage, so each correction is a
 change event with lineage (``kind`` deletion / rollback, ``actor`` the key that asked) and
 a rebuild from the memory-change topic replays it. No store, no I/O, no clock.
@@ -25,9 +25,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from memstream.memory.decisions import Context, PlannedOp
-from memstream.memory.maintenance import CLOSE_MARKS, Plan, _bare
-from memstream.memory.maintenance import _close as maintenance_close
+from memstream.memory.embedding import Embedder
 from memstream.memory.model import Memory, OpKind, Status
+from memstream.memory.outcome import JobOutcome
+from memstream.memory.plan import CLOSE_MARKS, Plan, bare
+from memstream.memory.plan import close as maintenance_close
+from memstream.memory.store import MemoryStore, Scope
+from memstream.memory.toolwrite import tool_context
+from memstream.topics.schemas import ExtractionJob, ToolWrite
+
+MAX_VERSIONS = 50_000  # a correction reads at most this many versions of the user
 
 
 @dataclass
@@ -69,14 +76,14 @@ def _become(plan: Plan, ctx: Context, versions: Sequence[Memory], target: Memory
     extra = {k: v for k, v in target.extra.items() if k not in CLOSE_MARKS}
     if live is not None:
         oid = plan.next_id(ctx, OpKind.UPDATE)
-        before = _bare(live)
+        before = bare(live)
         closed = before.evolve(status=Status.SUPERSEDED, valid_to=ctx.now, updated_at=ctx.now,
                                extra={**before.extra, "closed_by": oid,
                                       "closed_job": ctx.job_id})
     else:
         oid = plan.next_id(ctx, OpKind.ADD)
         before, closed = None, None
-    opened = _bare(target).evolve(
+    opened = bare(target).evolve(
         version=latest.version + 1, valid_from=ctx.now, valid_to=None, updated_at=ctx.now,
         status=Status.ACTIVE, source=ctx.source(oid), extra=extra)
     if before is None:
@@ -158,4 +165,35 @@ def plan_undo_job(memories: Sequence[Memory], job_id: str, ctx: Context) -> Outc
         else:
             _become(out.plan, ctx, mine, prior,
                     f"undo of job {short}: back to version {prior.version}")
+    return out
+
+
+def decide_correction(store: MemoryStore, embedder: Embedder, job: ExtractionJob,
+                      write: ToolWrite, now: float, out: JobOutcome) -> JobOutcome:
+    """A delete / rollback / undo / forget of the user or an operator, decided into ops
+    (with the versions they read) like any job of the user."""
+    ctx = tool_context(job, now)
+    versions = store.list(Scope(job.tenant_id, job.user_id), statuses=None,
+                             limit=MAX_VERSIONS)
+    by = "an operator" if write.principal in ("admin", "") else "the user"
+    if write.name == "forget":  # erase everything of the user (apply: store.erase)
+        out.erase = sum(1 for m in versions if m.user_id == job.user_id)
+        out.decisions["erased"] = out.erase
+        return out
+    if write.name == "delete":
+        ids = None if write.all_memories else [write.target_id]
+        found = plan_delete(versions, ids, ctx,
+                                       write.reason or f"deleted by {by}")
+    elif write.name == "rollback":
+        found = plan_rollback(versions, write.target_id, write.version, ctx)
+    else:
+        found = plan_undo_job(versions, write.target_id, ctx)
+    plan = found.plan
+    opened = [op for op in plan.ops if op.kind != OpKind.DELETE]
+    fresh = iter(embedder.embed([op.after.content for op in opened]) if opened else [])
+    out.ops = [(op, None if op.kind == OpKind.DELETE else next(fresh)) for op in plan.ops]
+    out.read = dict(plan.read)
+    out.decisions.update(plan.counts)
+    if found.refused and not plan.ops:
+        out.error = "; ".join(found.refused)[:500]
     return out

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING
 from memstream.core.errors import ConfigError
 from memstream.core.settings import Settings
 from memstream.memory.embedding import Embedder, HashingEmbedder, OpenAIEmbedder, UseEmbedder
-from memstream.memory.extraction import Extractor, MemoryModel, RulesModel
-from memstream.memory.jobwork import JobSettings
+from memstream.memory.extraction import Extractor, MemoryModel, RulesModel, WindowedJobs
 from memstream.memory.scoring import Weights
 from memstream.memory.store import MemoryStore
 
@@ -82,18 +81,9 @@ def weights(settings: Settings) -> Weights:
                    normalise=settings.retrieval_normalise)
 
 
-def job_settings(settings: Settings) -> JobSettings:
-    """What the windowed jobs' work needs from the settings (SPEC §6)."""
-    from memstream.memory.maintenance import DecayPolicy
-
-    return JobSettings(
-        decay=DecayPolicy(downweight_days=settings.decay_downweight_days,
-                          archive_days=settings.decay_archive_days,
-                          slow_factor=settings.decay_slow_factor, weight=settings.decay_weight),
-        reflection_recent=settings.reflection_recent)
-
-
-def build_services(settings: Settings) -> Services:
+def build_services(settings: Settings, windowed: WindowedJobs | None = None) -> Services:
+    """The backends the settings choose; ``windowed``: the windowed jobs' work (the worker
+    passes :class:`memstream.jobs.work.WindowedWork`)."""
     embedder = build_embedder(settings)
     if settings.similarity_threshold is not None:
         embedder.same_threshold = settings.similarity_threshold
@@ -101,4 +91,4 @@ def build_services(settings: Settings) -> Services:
     model = build_model(settings)
     return Services(model, embedder, store,
                     Extractor(model, embedder, store, top_k=settings.top_k_similar,
-                              jobs=job_settings(settings)))
+                              windowed=windowed))

@@ -24,6 +24,11 @@ from memstream.memory.tools import CORE_LABELS, ToolError, replace_core
 from memstream.topics.schemas import ExtractionJob, ToolWrite
 
 CORE_IMPORTANCE = 8
+# The lineage kind of what each other job of kind ``tool`` writes: the windowed jobs
+# (:mod:`jobs.work`) and the corrections (:mod:`memory.governance`).
+LINEAGE = {"reflect": "reflection", "consolidate": "consolidation", "decay": "decay"}
+CORRECTIONS = {"delete": "deletion", "rollback": "rollback", "undo_job": "rollback",
+               "forget": "forget"}
 
 
 CORE_PREFIX = "core:"

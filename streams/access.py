@@ -27,10 +27,10 @@ from memstream.core import kafka
 from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
 from memstream.memory.rebuild import fold_access
-from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.ingest_tables import LoopTable
 from memstream.streams.owned_loop import run_with_app
+from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import Work, until_handled
 from memstream.topics.codec import decode
 from memstream.topics.schemas import AccessEvent

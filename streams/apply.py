@@ -34,12 +34,12 @@ from memstream.core.retry import is_transient, retry_async
 from memstream.memory import fencing, metrics
 from memstream.memory.apply import Applied, apply_decision
 from memstream.streams import privacy
-from memstream.streams.app import Pipeline
 from memstream.streams.counters import Counters, add
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.extract import store_policy
 from memstream.streams.ingest_tables import LoopTable
 from memstream.streams.owned_loop import run_with_app
+from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import Record, Work, until_handled
 from memstream.streams.waiters import Outcome
 from memstream.topics.codec import decode

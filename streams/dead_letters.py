@@ -26,8 +26,8 @@ from pydantic import BaseModel
 
 from memstream.core.errors import InvalidRecord
 from memstream.memory.metrics import DEAD_LETTER_CLASSES, bounded
-from memstream.streams.app import Pipeline
 from memstream.streams.counters import add
+from memstream.streams.pipeline import Pipeline
 from memstream.topics.codec import DEAD_LETTER_KEY_BYTES, check_message, dead_letter, decode
 from memstream.topics.schemas import ChatMessage
 

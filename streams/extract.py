@@ -23,11 +23,11 @@ from memstream.core.settings import Settings
 from memstream.memory import fencing
 from memstream.memory.apply import build_decision
 from memstream.memory.store import Scope
-from memstream.streams.app import Pipeline
 from memstream.streams.counters import Counters
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.ingest_tables import LoopTable
 from memstream.streams.owned_loop import run_with_app
+from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import Work, until_handled
 from memstream.topics.codec import decode
 from memstream.topics.schemas import ExtractionJob, JobDecision, JobRange, JobStatus

@@ -27,6 +27,9 @@ from typing import Any
 import faust
 from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
+from memstream.core.kafka import faust_credentials
+from memstream.core.settings import Settings
+
 #: Loggers whose repeated messages are throttled: the Kafka client and Faust's driver for it.
 THROTTLED_LOGGERS = ("aiokafka", "faust.transport")
 
@@ -135,3 +138,42 @@ class Worker(faust.Worker):
     def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
         super().on_setup_root_logger(logger, level)
         install_throttle(logger, self.log_throttle_s)
+
+
+# --- settings ----------------------------------------------------------------------------
+
+
+def faust_kwargs(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments for ``faust.App``."""
+    instance = settings.instance_id()
+    return {
+        # Static membership: a restart rejoins under the same id and gets its partitions
+        # back without waiting out the dead member's session (SIGTERM does not leave the
+        # group either: a worker stopped for good hands its partitions on after
+        # session_timeout_s).
+        "consumer_group_instance_id": instance or None,
+        # Faust's own views (/router, /table, /stats, ...) have no authentication; only
+        # memstream's views (streams/web.py, behind X-API-Key) are served.
+        "web_router_enabled": False,
+        "web_tables_enabled": False,
+        "web_stats_enabled": False,
+        "web_graph_enabled": False,
+        "web_metrics_enabled": False,
+        "broker": [f"kafka://{host}" for host in settings.bootstrap_servers.split(",")],
+        "broker_credentials": faust_credentials(settings),
+        "store": "memory://",
+        "topic_partitions": settings.partitions,
+        "topic_replication_factor": 1,
+        # Faust reads no topic of the pipeline: every stage runs in its own transactional
+        # loop (streams.owned_loop); Faust's consumer only takes part in its group.
+        "processing_guarantee": "at_least_once",
+        "datadir": str(settings.data_dir / "faust"),
+        # Faust's own web server stays off: the API is memstream's (streams.serve).
+        "web_enabled": False,
+        "table_standby_replicas": 0,
+        "broker_session_timeout": settings.session_timeout_s,
+        "broker_heartbeat_interval": settings.heartbeat_interval_s,
+        "producer_max_request_size": 16 * 1024 * 1024,
+        "broker_commit_interval": 1.0,
+        "stream_wait_empty": False,
+    }

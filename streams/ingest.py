@@ -29,11 +29,11 @@ from memstream.memory import coalescing as machine
 from memstream.memory import metrics
 from memstream.memory.ingest_state import UserState, overdue, restore, snapshot
 from memstream.streams import privacy, window
-from memstream.streams.app import Pipeline
 from memstream.streams.counters import add
 from memstream.streams.dead_letters import decode_input, set_aside
 from memstream.streams.ingest_tables import LoopTable
 from memstream.streams.owned_loop import OwnedLoop, quietly, run_with_app
+from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import Work
 from memstream.topics.schemas import (
     ChatMessage,

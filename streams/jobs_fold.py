@@ -24,9 +24,9 @@ from typing import Any
 from memstream.core.settings import Settings
 from memstream.jobs import triggers
 from memstream.streams import privacy
-from memstream.streams.app import Pipeline
 from memstream.streams.ingest import TickSender
 from memstream.streams.ingest_tables import LoopTable
+from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import Record
 from memstream.topics.schemas import MemoryChange, Tick, ToolRequest, ToolWrite
 

@@ -58,9 +58,9 @@ from memstream.core import kafka
 from memstream.core.retry import RetryPolicy, next_delay
 from memstream.core.settings import Settings
 from memstream.streams import faust_setup
-from memstream.streams.app import Pipeline
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
 from memstream.streams.ingest_tables import restore
+from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import Stage, Work
 
 log = logging.getLogger(__name__)

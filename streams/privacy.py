@@ -19,7 +19,7 @@ from typing import Any
 
 from memstream.memory import crypto
 from memstream.memory.model import Memory
-from memstream.streams.app import Pipeline
+from memstream.streams.pipeline import Pipeline
 from memstream.topics.schemas import MemoryChange
 
 log = logging.getLogger(__name__)

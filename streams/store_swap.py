@@ -22,7 +22,7 @@ from memstream.memory.store_switch import (
     switch,
     write_json,
 )
-from memstream.streams.app import Pipeline
+from memstream.streams.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 CLOSE_AFTER_S = 5.0  # a read that started on a store (milliseconds) finishes before it closes

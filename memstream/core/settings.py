@@ -7,7 +7,7 @@ passed down; nothing else in the code base reads the environment.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -215,40 +215,3 @@ class Settings(BaseSettings):
             return self.group_instance_id
         where = str(self.data_dir.resolve()).encode()
         return f"{socket.gethostname()}-{hashlib.sha256(where).hexdigest()[:12]}"
-
-    def faust_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``faust.App``."""
-        from memstream.core.kafka import faust_credentials
-
-        instance = self.instance_id()
-        return {
-            # Static membership: a restart rejoins under the same id and gets its partitions
-            # back without waiting out the dead member's session (SIGTERM does not leave the
-            # group either: a worker stopped for good hands its partitions on after
-            # session_timeout_s).
-            "consumer_group_instance_id": instance or None,
-            # Faust's own views (/router, /table, /stats, ...) have no authentication; only
-            # memstream's views (streams/web.py, behind X-API-Key) are served.
-            "web_router_enabled": False,
-            "web_tables_enabled": False,
-            "web_stats_enabled": False,
-            "web_graph_enabled": False,
-            "web_metrics_enabled": False,
-            "broker": [f"kafka://{host}" for host in self.bootstrap_servers.split(",")],
-            "broker_credentials": faust_credentials(self),
-            "store": "memory://",
-            "topic_partitions": self.partitions,
-            "topic_replication_factor": 1,
-            # Faust reads no topic of the pipeline: every stage runs in its own transactional
-            # loop (streams.owned_loop); Faust's consumer only takes part in its group.
-            "processing_guarantee": "at_least_once",
-            "datadir": str(self.data_dir / "faust"),
-            # Faust's own web server stays off: the API is memstream's (streams.serve).
-            "web_enabled": False,
-            "table_standby_replicas": 0,
-            "broker_session_timeout": self.session_timeout_s,
-            "broker_heartbeat_interval": self.heartbeat_interval_s,
-            "producer_max_request_size": 16 * 1024 * 1024,
-            "broker_commit_interval": 1.0,
-            "stream_wait_empty": False,
-        }

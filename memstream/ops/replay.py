@@ -35,7 +35,7 @@ from memstream.memory.extraction import Extractor, Insight, MemoryModel, Usage
 from memstream.memory.llm_record import Mode as RecordMode
 from memstream.memory.llm_record import Recorder
 from memstream.memory.model import Memory
-from memstream.memory.services import build_embedder, build_model, job_settings
+from memstream.memory.services import build_embedder, build_model
 from memstream.memory.store import MemoryStore, Scope
 from memstream.topics.codec import check_message, decode
 from memstream.topics.registry import registry
@@ -240,7 +240,7 @@ class _Metered:
 def run(settings: Settings, options: Options, echo: Callable[[str], None] = print) -> Report:
     """Plan, and unless ``dry_run``, run the replay; the report says what happened."""
     messages, ends, invalid, forgotten = asyncio.run(load(settings, options.filters))
-    from memstream.streams.app import policy_from  # the live stage's knobs
+    from memstream.streams.pipeline import policy_from  # the live stage's knobs
 
     plan = pure.plan(pure.by_user(messages, ends), policy_from(settings))
     mode = model_mode(settings)
@@ -262,8 +262,7 @@ def run(settings: Settings, options: Options, echo: Callable[[str], None] = prin
     embedder.embed(["warm-up"])  # the model loads now, not inside the measured run
     budget = pure.Budget(options.max_calls)
     decider: MemoryModel = _Metered(model, budget) if mode == "two_step" else model
-    extractor = Extractor(decider, embedder, store, top_k=settings.top_k_similar,
-                          jobs=job_settings(settings))
+    extractor = Extractor(decider, embedder, store, top_k=settings.top_k_similar)
     started = time.perf_counter()
     try:
         run_jobs(plan.jobs, extractor, model, store, budget, mode, report, echo)

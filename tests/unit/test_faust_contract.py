@@ -123,7 +123,7 @@ def test_worker_takes_the_app_first_and_keyword_options():
 
 def make_app(tmp_path: Path) -> faust.App:
     settings = Settings(data_dir=tmp_path)
-    return faust_setup.App(settings.app_id, **settings.faust_kwargs())
+    return faust_setup.App(settings.app_id, **faust_setup.faust_kwargs(settings))
 
 
 async def test_the_consumer_keeps_the_offset_state_the_metrics_read(tmp_path):

@@ -12,8 +12,8 @@ from memstream.memory.apply import apply_change, apply_decision, build_decision
 from memstream.memory.decisions import Context
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import JobOutcome, RulesModel
-from memstream.memory.maintenance import Plan
-from memstream.memory.model import Memory, OpKind
+from memstream.memory.model import Memory, OpKind, Status
+from memstream.memory.plan import Plan
 from memstream.memory.store import Scope
 from memstream.topics.schemas import ExtractionJob, JobStatus, ToolWrite, TriggerReason
 from tests.unit.helpers import make_store, memory
@@ -179,16 +179,16 @@ def test_the_change_log_replays_corrections_into_the_same_store(store, tmp_path)
 
 
 def test_undo_of_a_merge_or_an_archive_restores_what_the_job_closed(store):
-    from memstream.memory import maintenance
+    from memstream.memory import plan as maintenance
 
     seed(store, ("a", "Likes tea"), ("b", "Likes green tea"), ("c", "Owns a bike"))
     live = {m.memory_id: m for m in store.list(Scope("t1", "u1"))}
     plan, c1 = Plan(), ctx(1, job="consolidate-1")
     governance._become(plan, c1, [live["a"]], live["a"].evolve(content="Likes tea, green"),
                        "merged")
-    maintenance._close(plan, c1, live["b"], maintenance.Status.SUPERSEDED, 100.0, 100.0,
+    maintenance.close(plan, c1, live["b"], Status.SUPERSEDED, 100.0, 100.0,
                        "merged into a", "merged")
-    maintenance._close(plan, c1, live["c"], maintenance.Status.ARCHIVED, 100.0, 100.0,
+    maintenance.close(plan, c1, live["c"], Status.ARCHIVED, 100.0, 100.0,
                        "idle", "archived")
     apply(store, plan, 1, job="consolidate-1", name="rollback")
     assert live_texts(store) == {"a": "Likes tea, green"}

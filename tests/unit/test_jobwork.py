@@ -1,4 +1,4 @@
-"""A windowed job's work (memory.jobwork) decided and applied like any job of the user."""
+"""A windowed job's work (jobs.work) decided and applied like any job of the user."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from memstream.jobs.work import WindowedWork
 from memstream.memory.apply import apply_decision, build_decision
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, Insight, RulesModel, Usage
@@ -62,7 +63,7 @@ class Reflective(RulesModel):
 
 def test_llm_insights_keep_their_evidence_as_real_ids(store):
     model = Reflective()
-    out, applied = run(Extractor(model, EMB, store), "reflect")
+    out, applied = run(Extractor(model, EMB, store, windowed=WindowedWork()), "reflect")
     [change] = applied.publish
     shown = dict(model.shown)
     expected = {mid for text, mid, _ in FACTS if text in (shown[3], shown[1])}
@@ -73,7 +74,7 @@ def test_llm_insights_keep_their_evidence_as_real_ids(store):
 
 
 def test_offline_reflection_is_a_profile_updated_not_duplicated(store):
-    ex = Extractor(RulesModel(), EMB, store)
+    ex = Extractor(RulesModel(), EMB, store, windowed=WindowedWork())
     _, first = run(ex, "reflect", 1)
     [added] = first.publish
     assert added.op == "add" and "Munich" in added.after["content"]
@@ -85,7 +86,7 @@ def test_offline_reflection_is_a_profile_updated_not_duplicated(store):
 
 
 def test_decay_archives_after_ninety_idle_days_through_the_apply_path(store):
-    ex = Extractor(RulesModel(), EMB, store)
+    ex = Extractor(RulesModel(), EMB, store, windowed=WindowedWork())
     j = job("decay")
     out = ex.decide(j, NOW + 91 * 86_400)
     applied = apply_decision(store, build_decision(j, out, ex.model, NOW + 91 * 86_400))

@@ -14,6 +14,7 @@ from memstream.core import kafka
 from memstream.core.errors import BrokerError
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
+from memstream.streams.faust_setup import faust_kwargs
 
 pytestmark = pytest.mark.unit
 LOGIN = {"kafka_security_protocol": "SASL_PLAINTEXT", "kafka_sasl_username": "svc",
@@ -40,7 +41,7 @@ async def test_sasl_reaches_every_client_kind(mechanism):
     faust_login = kafka.faust_credentials(s)
     assert isinstance(faust_login, faust.SASLCredentials)
     assert (faust_login.username, faust_login.password) == ("svc", "pw-123")
-    assert Settings(**LOGIN).faust_kwargs()["broker_credentials"] is not None
+    assert faust_kwargs(Settings(**LOGIN))["broker_credentials"] is not None
     await admin.close()
     await producer.stop()
     await consumer.stop()

@@ -1,5 +1,6 @@
-"""The windowed jobs' planners (memory.maintenance): decay, consolidation, offline reflection,
-with an injected clock, and their plans applied through the real decide -> apply path."""
+"""The windowed jobs' planners (jobs.decay, jobs.consolidation, jobs.reflection: offline
+reflection) with an injected clock, and their plans applied through the real decide -> apply
+path."""
 
 from __future__ import annotations
 
@@ -7,22 +8,16 @@ from datetime import UTC, datetime
 
 import pytest
 
+from memstream.jobs.consolidation import plan_consolidation
+from memstream.jobs.decay import DAY, DecayPolicy, plan_decay
+from memstream.jobs.reflection import profile_reflection
 from memstream.memory import rules
 from memstream.memory.apply import apply_decision, build_decision
 from memstream.memory.decisions import Context, op_id
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import JobOutcome, RulesModel
-from memstream.memory.maintenance import (
-    DAY,
-    REFLECTION,
-    DecayPolicy,
-    Plan,
-    is_reflection,
-    plan_consolidation,
-    plan_decay,
-    profile_reflection,
-)
 from memstream.memory.model import Memory, OpKind, Status
+from memstream.memory.plan import REFLECTION, Plan, is_reflection
 from memstream.memory.store import Scope
 from memstream.topics.schemas import ExtractionJob, JobStatus, TriggerReason
 from tests.unit.helpers import make_store, memory

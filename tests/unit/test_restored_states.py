@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from memstream.memory.coalescing import UserState
-from memstream.streams.app import RestoredStates
+from memstream.streams.pipeline import RestoredStates
 
 pytestmark = pytest.mark.unit
 

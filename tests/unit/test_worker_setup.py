@@ -1,4 +1,4 @@
-"""How the worker runs Faust (streams/faust_setup.py, Settings.faust_kwargs): the log
+"""How the worker runs Faust (streams/faust_setup.py: faust_kwargs): the log
 throttle, static membership ids, a web server that serves memstream's key-protected views
 and none of Faust's own, and the tables' changelogs created up front."""
 
@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
 from memstream.core.settings import Settings
-from memstream.streams.faust_setup import ThrottleFilter, install_throttle
+from memstream.streams.faust_setup import ThrottleFilter, faust_kwargs, install_throttle
 from memstream.worker import build_worker as build_app
 
 pytestmark = pytest.mark.unit
@@ -100,12 +100,12 @@ def test_installed_on_every_handler_of_the_logger():
 
 
 def test_static_membership_id_is_stable_per_data_dir_and_can_be_turned_off(tmp_path):
-    one = Settings(data_dir=tmp_path / "a").faust_kwargs()["consumer_group_instance_id"]
-    again = Settings(data_dir=tmp_path / "a").faust_kwargs()["consumer_group_instance_id"]
-    other = Settings(data_dir=tmp_path / "b").faust_kwargs()["consumer_group_instance_id"]
+    one = faust_kwargs(Settings(data_dir=tmp_path / "a"))["consumer_group_instance_id"]
+    again = faust_kwargs(Settings(data_dir=tmp_path / "a"))["consumer_group_instance_id"]
+    other = faust_kwargs(Settings(data_dir=tmp_path / "b"))["consumer_group_instance_id"]
     assert one == again and one != other and one
-    assert Settings(group_instance_id="w-7").faust_kwargs()["consumer_group_instance_id"] == "w-7"
-    assert Settings(group_instance_id="").faust_kwargs()["consumer_group_instance_id"] is None
+    assert faust_kwargs(Settings(group_instance_id="w-7"))["consumer_group_instance_id"] == "w-7"
+    assert faust_kwargs(Settings(group_instance_id=""))["consumer_group_instance_id"] is None
 
 
 def _pipeline(tmp_path: Path, **overrides: object):
