@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from memstream.core.kafka_io import Offsets, Record, end_offsets, read_range
 from memstream.core.settings import Settings
+from memstream.core.topic_reader import Offsets, Record, end_offsets, read_range
 from memstream.memory.rebuild import Fold, Opener, Reembed, fold_access
 from memstream.memory.store import MemoryStore
 from memstream.topics.registry import registry

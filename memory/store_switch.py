@@ -35,8 +35,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from memstream.core.kafka_io import Record, end_offsets, read_range
 from memstream.core.settings import Settings
+from memstream.core.topic_reader import Record, end_offsets, read_range
 from memstream.memory import checksum
 from memstream.memory.apply import apply_change
 from memstream.memory.rebuild import Opener, fold_access

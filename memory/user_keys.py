@@ -23,10 +23,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from memstream.core import kafka
 from memstream.core.settings import Settings
+from memstream.core.topic_reader import Record, follow
 from memstream.memory import crypto
 
 log = logging.getLogger(__name__)
@@ -85,29 +86,20 @@ class UserKeys:
             self._producer = None
 
     async def _follow(self) -> None:
-        consumer = kafka.consumer(self._settings, group_id=None, enable_auto_commit=False,
-                                  auto_offset_reset="earliest")
-        await consumer.start()
-        try:
-            tps = [TopicPartition(self.topic, p)
-                   for p in sorted(consumer.partitions_for_topic(self.topic) or {0})]
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            ends = await consumer.end_offsets(tps)
-            while True:
-                if self._producer is not None and time.monotonic() - self._rolled > \
-                        self._roll_every:  # an append closes the segment: compaction runs
-                    self._rolled = time.monotonic()
-                    await self._send(ROLL, None)
-                batch = await consumer.getmany(timeout_ms=500)
-                for records in batch.values():
-                    for r in records:
-                        self.take(r.key, r.value)
-                if not self._caught_up.is_set() and all(
-                        [await consumer.position(tp) >= ends[tp] for tp in tps]):
-                    self._caught_up.set()
-        finally:
-            await consumer.stop()
+        async def roll() -> None:
+            if self._producer is not None and time.monotonic() - self._rolled > \
+                    self._roll_every:  # an append closes the segment: compaction runs
+                self._rolled = time.monotonic()
+                await self._send(ROLL, None)
+
+        while True:  # the worker creates the topic at start: wait for it
+            await follow(self._settings, self.topic, self._take_all,
+                         caught_up=self._caught_up.set, each_poll=roll, committed=False)
+            await asyncio.sleep(1.0)
+
+    def _take_all(self, records: list[Record]) -> None:
+        for r in records:
+            self.take(r.key, r.value)
 
     def take(self, key: bytes | None, value: bytes | None) -> None:
         """One record of the topic into the view (later ones win)."""

@@ -23,8 +23,8 @@ from typing import Any
 
 from aiokafka.structs import TopicPartition
 
-from memstream.core import kafka
 from memstream.core.settings import Settings
+from memstream.core.topic_reader import Record, read_ranges
 
 _GONE = object()  # a pending deletion
 
@@ -131,24 +131,9 @@ async def restore(tables: Sequence[LoopTable], partitions: set[int], max_bytes: 
         return
     by_topic = {t.topic: t for t in tables}
     tps = [TopicPartition(t, n) for t in by_topic for n in sorted(partitions)]
-    consumer = kafka.consumer(
-        settings, group_id=None, enable_auto_commit=False, isolation_level="read_committed",
-        auto_offset_reset="earliest", max_partition_fetch_bytes=max_bytes,
-        fetch_max_bytes=4 * max_bytes)
-    await consumer.start()
-    try:
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        await consumer.seek_to_beginning(*tps)
-        todo = {tp for tp in tps if ends[tp] > 0}
-        while todo:
-            got = await consumer.getmany(*todo, timeout_ms=500, max_records=10_000)
-            for tp, records in got.items():
-                for r in records:
-                    if r.offset < ends[tp]:
-                        by_topic[tp.topic].restore(tp.partition, r.key, r.value)
-            for tp in list(todo):
-                if await consumer.position(tp) >= ends[tp]:
-                    todo.discard(tp)
-    finally:
-        await consumer.stop()
+
+    def take(tp: TopicPartition, records: list[Record]) -> None:
+        for r in records:
+            by_topic[tp.topic].restore(tp.partition, r.key, r.value)
+
+    await read_ranges(settings, tps, take, fetch_bytes=max_bytes)

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from typing import Any
 
 from aiokafka import TopicPartition
 
-from memstream.core import kafka
-from memstream.core.kafka_io import topic_partitions
 from memstream.core.settings import Settings
+from memstream.core.topic_reader import Record, follow
 from memstream.topics.schemas import MemoryChange
 
+log = logging.getLogger(__name__)
 PER_TENANT = 10_000  # newest entries kept per tenant in a worker
 SEEN_IDS = 200_000
 
@@ -51,6 +52,7 @@ class AuditLog:
         # publication closely, so a bounded memory is enough)
         self._seen: dict[str, None] = {}
         self._task: asyncio.Task[None] | None = None
+        self._positions: dict[TopicPartition, int] = {}
 
     def take(self, value: bytes | None) -> None:
         if not value:
@@ -84,22 +86,19 @@ class AuditLog:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    def _take_all(self, records: list[Record]) -> None:
+        for r in records:
+            self.take(r.value)
+            self._positions[TopicPartition(r.topic, r.partition)] = r.offset + 1
+
     async def _follow(self) -> None:
-        tps: list[TopicPartition] = []
-        while not tps:  # the topic is created by the worker at start
-            tps = await topic_partitions(self.settings, self.topic)
-            if not tps:
-                await asyncio.sleep(1.0)
-        consumer = kafka.consumer(self.settings, group_id=None, enable_auto_commit=False,
-                                  isolation_level="read_committed")
-        await consumer.start()
-        try:
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            while True:
-                batch = await consumer.getmany(timeout_ms=1000)
-                for records in batch.values():
-                    for r in records:
-                        self.take(r.value)
-        finally:
-            await consumer.stop()
+        """Until stopped: the topic (which the worker creates at start) is waited for, and a
+        broker error resumes where the log had got, after a second."""
+        while True:
+            try:
+                await follow(self.settings, self.topic, self._take_all,
+                             start=self._positions, poll_s=1.0)
+            except Exception as exc:
+                log.warning("audit log: following %s failed (%s); retrying", self.topic,
+                            type(exc).__name__)
+            await asyncio.sleep(1.0)

@@ -18,17 +18,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from memstream.core import kafka
 from memstream.core.errors import BrokerError, ConfigError, InvalidRecord, MemstreamError
-from memstream.core.kafka_io import topic_partitions
 from memstream.core.settings import Settings
+from memstream.core.topic_reader import Record, follow, read_ranges, topic_partitions
 from memstream.topics.registry import KEYS_TOPIC, TopicSpec, create_topics, registry
 from memstream.web.keys import KeyRecord, KeyRing, decode, new_key, revoke, verify
 
@@ -57,36 +56,6 @@ def _take(record: Any, into: dict[str, KeyRecord | None],
         return
     if keep is None or keep(key_id, found):
         into[key_id] = found
-
-
-def _consumer(settings: Settings) -> AIOKafkaConsumer:
-    return kafka.consumer(settings, group_id=None, enable_auto_commit=False,
-                          isolation_level="read_committed")
-
-
-async def _close(consumer: AIOKafkaConsumer) -> None:
-    # aiokafka (0.14) raises CancelledError from stop() when its no-group task never ran;
-    # stop() after a failed start() is safe.
-    await asyncio.sleep(0)
-    await consumer.stop()
-
-
-async def _read_to(consumer: AIOKafkaConsumer, ends: Mapping[TopicPartition, int],
-                   take: Callable[[Any], None], deadline: float | None = None) -> None:
-    """Consume until every partition's position reaches its end offset in ``ends``."""
-    pending = set(ends)
-    while True:
-        for tp in list(pending):
-            if await consumer.position(tp) >= ends[tp]:
-                pending.discard(tp)
-        if not pending:
-            return
-        if deadline is not None and time.monotonic() > deadline:
-            raise BrokerError(f"api keys topic not read to its end in time: {sorted(pending)}")
-        batch = await consumer.getmany(*pending, timeout_ms=200)
-        for records in batch.values():
-            for record in records:
-                take(record)
 
 
 class KeyFollower:
@@ -158,38 +127,30 @@ class KeyFollower:
         self._positions[TopicPartition(record.topic, record.partition)] = record.offset + 1
 
     async def _follow(self) -> None:
-        tps = await topic_partitions(self.settings, self.topic)
-        if not tps:
-            return
-        consumer = _consumer(self.settings)
-        try:
-            await consumer.start()
-            consumer.assign(tps)
-            for tp in tps:
-                if tp in self._positions:
-                    consumer.seek(tp, self._positions[tp])
-                else:
-                    await consumer.seek_to_beginning(tp)
-            if not self._ready.is_set():
-                ends = await consumer.end_offsets(tps)
-                await _read_to(consumer, ends, lambda r: self._take(r, self._staged))
-                self.ring.update(self._staged)
-                self._staged = {}
-                self._ready.set()
-                log.info("api keys: %d key(s) read from %s (%d record(s) ignored: "
-                         "signature does not verify)", len(self.ring), self.topic,
-                         self.ring.rejected)
+        def take(records: list[Record]) -> None:
+            if not self._ready.is_set():  # the initial read: applied at once when done
+                for record in records:
+                    self._take(record, self._staged)
+                return
+            changes: dict[str, KeyRecord | None] = {}
+            for record in records:
+                self._take(record, changes)
+            if changes:
+                self.ring.update(changes)
+
+        def caught_up() -> None:
             self._problem = ""
-            while True:
-                batch = await consumer.getmany(timeout_ms=int(self.poll_s * 1000))
-                changes: dict[str, KeyRecord | None] = {}
-                for records in batch.values():
-                    for record in records:
-                        self._take(record, changes)
-                if changes:
-                    self.ring.update(changes)
-        finally:
-            await _close(consumer)
+            if self._ready.is_set():
+                return
+            self.ring.update(self._staged)
+            self._staged = {}
+            self._ready.set()
+            log.info("api keys: %d key(s) read from %s (%d record(s) ignored: "
+                     "signature does not verify)", len(self.ring), self.topic,
+                     self.ring.rejected)
+
+        await follow(self.settings, self.topic, take, start=self._positions,
+                     caught_up=caught_up, poll_s=self.poll_s)
 
 
 # --- admin helpers (`memstream keys ...`) ----------------------------------------------
@@ -227,16 +188,15 @@ async def _read_all(settings: Settings, timeout: float,
         tps = await topic_partitions(settings, topic)
         if not tps:
             return found
-        consumer = _consumer(settings)
+
+        def take(_: TopicPartition, records: list[Record]) -> None:
+            for r in records:
+                _take(r, found, keep)
+
         try:
-            await consumer.start()
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            ends = await consumer.end_offsets(tps)
-            await _read_to(consumer, ends, lambda r: _take(r, found, keep),
-                           time.monotonic() + timeout)
-        finally:
-            await _close(consumer)
+            await read_ranges(settings, tps, take, idle_timeout_s=timeout)
+        except TimeoutError as exc:
+            raise BrokerError(f"api keys topic not read to its end in time: {exc}") from exc
     return found
 
 

@@ -7,13 +7,12 @@ same: key every record ``tenant/user``, value the event's JSON.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.structs import ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
 
 from memstream.core import kafka
 from memstream.core.settings import Settings
@@ -88,93 +87,3 @@ class TopicReader:
             if await self.poll(0.2):
                 last = time.monotonic()
         return self.records
-
-
-Offsets = dict[int, int]  # partition -> offset
-Record: TypeAlias = ConsumerRecord[bytes, bytes]
-
-
-async def topic_partitions(settings: Settings, topic: str) -> list[TopicPartition]:
-    """The topic's partitions; [] while it does not exist (or has no leader yet).
-
-    Asks for every topic's metadata, never for this one by name, which would auto-create it
-    (without compaction) on a broker that has ``auto.create.topics.enable`` on.
-    """
-    admin = kafka.admin(settings)
-    try:
-        await admin.start()
-        described = await admin.describe_topics()
-    finally:
-        await admin.close()
-    for t in described:
-        if t["topic"] == topic and t["error_code"] == 0:
-            return sorted(TopicPartition(topic, p["partition"]) for p in t["partitions"])
-    return []
-
-
-def _range_consumer(settings: Settings, *, committed: bool) -> AIOKafkaConsumer:
-    return kafka.consumer(
-        settings, group_id=None,
-        enable_auto_commit=False, auto_offset_reset="earliest",
-        isolation_level="read_committed" if committed else "read_uncommitted",
-        max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
-
-
-async def end_offsets(settings: Settings, topics: Iterable[str]) -> dict[str, Offsets]:
-    """Each partition's high watermark: every record below it is readable once its
-    transaction is resolved (a ``read_committed`` reader past it has seen them all)."""
-    consumer = await kafka.started(_range_consumer(settings, committed=False))
-    try:
-        found: dict[str, Offsets] = {}
-        for topic in topics:
-            tps = await topic_partitions(settings, topic)
-            ends = await consumer.end_offsets(tps) if tps else {}
-            found[topic] = {tp.partition: off for tp, off in ends.items()}
-        return found
-    finally:
-        await consumer.stop()
-
-
-async def read_range(settings: Settings, topic: str, end: Offsets,
-                     handle: Callable[[list[Record]], object], *,
-                     start: Offsets | None = None, idle_timeout_s: float | None = None,
-                     committed: bool = True) -> int:
-    """Hand every committed record of ``topic`` from ``start`` (None: the beginning) up to
-    ``end`` to ``handle`` (which may be async), batch by batch, partition order kept;
-    returns how many. ``idle_timeout_s``: give up after that long without a record.
-    ``committed=False``: every record physically in the log, aborted transactions' too."""
-    todo = {p: e for p, e in end.items() if e > (start or {}).get(p, 0)}
-    if not todo:
-        return 0
-    consumer = await kafka.started(_range_consumer(settings, committed=committed))
-    read = 0
-    try:
-        tps = {p: TopicPartition(topic, p) for p in todo}
-        consumer.assign(list(tps.values()))
-        for p, tp in tps.items():
-            if start and p in start:
-                consumer.seek(tp, start[p])
-            else:
-                await consumer.seek_to_beginning(tp)
-        deadline = None if idle_timeout_s is None else time.monotonic() + idle_timeout_s
-        while todo:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {topic} to its end: no record for "
-                                   f"{idle_timeout_s:.0f} s")
-            batch = await consumer.getmany(*[tps[p] for p in todo], timeout_ms=500,
-                                           max_records=20_000)
-            if batch and idle_timeout_s is not None:
-                deadline = time.monotonic() + idle_timeout_s
-            for tp, records in batch.items():
-                wanted = [r for r in records if r.offset < todo.get(tp.partition, 0)]
-                if wanted:
-                    handled = handle(wanted)
-                    if inspect.isawaitable(handled):
-                        await handled
-                    read += len(wanted)
-            for p in list(todo):
-                if await consumer.position(tps[p]) >= todo[p]:
-                    del todo[p]
-        return read
-    finally:
-        await consumer.stop()

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from memstream.core.errors import ConfigError, InvalidRecord, MemstreamError
-from memstream.core.kafka_io import end_offsets, read_range
 from memstream.core.settings import Settings
+from memstream.core.topic_reader import end_offsets, read_range
 from memstream.memory import fencing
 from memstream.memory import replay as pure
 from memstream.memory.apply import apply_decision, build_decision
