@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 from memstream.core.settings import Settings
 from memstream.memory.services import Services
-from memstream.streams.app import Pipeline, build_app
+from memstream.streams.app import build_app
+from memstream.streams.pipeline import Pipeline
 from memstream.web import serve
 
 

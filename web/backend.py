@@ -1,19 +1,18 @@
-"""The worker's side of the HTTP API: the :class:`~memstream.web.http.Backend` that
+"""The worker's side of the HTTP API: the :class:`~memstream.web.http_base.Backend` that
 answers from the store, the window table and the pipeline, and its start / stop.
 
 Reads run in a worker thread against the store the stages write (the embedded store
 lives in this process); they never wait on Kafka: hits go to the
 :class:`~memstream.streams.access.AccessRecorder` queue. Tool writes are sent to the
 tool-requests topic and become jobs of the user (see :mod:`memory.toolwrite`); the call
-waits (``wait_s``) for the apply stage to report the job's changes.
+waits (``wait_s``) for the apply stage to report the job's changes. The reads are
+:class:`~memstream.web.backend_reads.ReadBackend`'s, which this backend extends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
-import json
 import logging
 import time
 import uuid
@@ -26,32 +25,27 @@ from memstream.core import kafka
 from memstream.memory import retrieval
 from memstream.memory import window as windows
 from memstream.memory.coalescing import tool_job_id
-from memstream.memory.model import Memory, MemoryType
-from memstream.memory.prompt_block import prompt_block
-from memstream.memory.scoring import Scored
-from memstream.memory.services import weights
 from memstream.memory.store import Scope
-from memstream.memory.tools import TOOLS, ToolError, parse_arguments, replace_core
+from memstream.memory.tools import ToolError, parse_arguments, replace_core
 from memstream.streams import privacy, window
-from memstream.streams.access import AccessRecorder, access_event
-from memstream.streams.app import Pipeline
+from memstream.streams.access import AccessRecorder
+from memstream.streams.pipeline import Pipeline
 from memstream.streams.waiters import Outcome
 from memstream.topics.schemas import ID_PATTERN, ToolRequest, ToolWrite
 from memstream.web import history
-from memstream.web.http import ApiError
+from memstream.web.backend_reads import (
+    LIST_MAX,
+    ReadBackend,
+    page_offset,
+    page_token,
+    window_out,
+)
+from memstream.web.http_base import ApiError
 from memstream.web.models.api import (
-    Accepted,
-    ContextRequest,
-    ContextResponse,
     ErrorCode,
-    FeedbackRequest,
-    MemoryPage,
     Principal,
-    SearchRequest,
-    SearchResponse,
     ToolCallRequest,
     ToolResult,
-    WindowMessage,
 )
 from memstream.web.models.history import (
     AuditPage,
@@ -64,23 +58,6 @@ from memstream.web.models.history import (
 )
 
 log = logging.getLogger(__name__)
-LIST_MAX = 10_000  # version records of one user a list call reads
-
-
-def _page_token(offset: int) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"o": offset}).encode()).decode()
-
-
-def _page_offset(cursor: str | None) -> int:
-    if not cursor:
-        return 0
-    try:
-        offset = int(json.loads(base64.urlsafe_b64decode(cursor.encode()))["o"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ApiError(400, ErrorCode.BAD_REQUEST, "cursor is not one this API gave") from exc
-    if offset < 0:
-        raise ApiError(400, ErrorCode.BAD_REQUEST, "cursor is not one this API gave")
-    return offset
 
 
 def _request_id(tool_call_id: str | None, write: ToolWrite) -> str:
@@ -91,158 +68,15 @@ def _request_id(tool_call_id: str | None, write: ToolWrite) -> str:
     return "tc-" + hashlib.sha256(raw.encode()).hexdigest()[:40]
 
 
-def _window_out(rows: list[windows.Row]) -> list[WindowMessage]:
-    return [WindowMessage(seq=r[0], message_id=r[1], role=r[2], content=r[3], ts=r[4])
-            for r in rows]
-
-
-def _fence(p: Pipeline, tenant: str, user: str, found: retrieval.Recall) -> retrieval.Recall:
-    """A forget-me hides the user's memories created before it, at once (privacy.visible)."""
-    at = privacy.fenced(p, tenant, user)
-    if at is None:
-        return found
-
-    def shown(m: Memory) -> bool:
-        return m.user_id != user or m.created_at > at  # global knowledge is not theirs
-
-    scored = [x for x in found.scored if shown(x.memory)]
-    core = retrieval.core_blocks(p.services.store, retrieval.Query(tenant, user, "-", 1),
-                                 created_after=at) if found.core else {}
-    return retrieval.Recall(scored, [m for m in found.procedural if shown(m)], core)
-
-
-class WorkerBackend:
-    """Answers the API from this worker's store and tables."""
+class WorkerBackend(ReadBackend):
+    """Answers the API from this worker's store and tables: the reads of
+    :class:`ReadBackend`, the agent tools, history and corrections."""
 
     def __init__(self, p: Pipeline, recorder: AccessRecorder) -> None:
-        self.p = p
-        self.recorder = recorder
-        self.started = False
+        super().__init__(p, recorder)
         self._producer: AIOKafkaProducer | None = None
         self._producer_lock = asyncio.Lock()
         self.audit_log: Any = None  # memstream.web.audit.AuditLog, started by streams.serve
-
-    def ready(self) -> bool:
-        """Serving, and the tables (window, ingest state) restored after a (re)start: until
-        then answers would be silently incomplete, so the API says 503."""
-        if not self.started:
-            return False
-        keys = self.p.user_keys
-        if keys is not None and not keys.ready:  # forget-me markers not all known yet
-            return False
-        try:
-            tables: Any = self.p.app.tables
-            return bool(tables.recovery.completed.is_set())
-        except AttributeError:  # no table manager (not a Faust worker): nothing to restore
-            return True
-
-    def tools(self) -> list[dict[str, Any]]:
-        return TOOLS
-
-    # --- reads ---------------------------------------------------------------------------
-
-    def _query(self, tenant: str, user: str, text: str, k: int | None, **kw: Any,
-               ) -> retrieval.Query:
-        return retrieval.Query(tenant, user, text, k or self.p.settings.retrieval_k, **kw)
-
-    async def _recall(self, q: retrieval.Query, *, procedural: bool = True,
-                      core: bool = True) -> tuple[str, retrieval.Recall]:
-        s = self.p.services
-        found = await asyncio.to_thread(
-            retrieval.recall, s.store, s.embedder, q, self.p.clock(), weights(self.p.settings),
-            self.p.settings.retrieval_candidates, procedural=procedural, core=core)
-        self.p.counters.searches += 1
-        return uuid.uuid4().hex, _fence(self.p, q.tenant_id, q.user_id, found)
-
-    def _hits(self, q: retrieval.Query, query_id: str, returned: list[Scored]) -> None:
-        """Record what the caller was given (queued: the read never waits on Kafka)."""
-        if not returned:
-            return
-        ids = [x.memory.memory_id for x in returned]
-        self.recorder.record(access_event(q.tenant_id, q.user_id, "hit", ids, query_id,
-                                          query_id, self.p.clock()))
-        self.p.counters.hits_recorded += len(ids)
-
-    def _served(self, started: float, returned: list[Scored]) -> None:
-        """A retrieval answered: its latency, and whether it found a relevant memory (the
-        best one returned at or above ``metrics_hit_relevance``: the hit rate, SPEC §8)."""
-        c = self.p.counters
-        c.retrieval_latency.observe(time.perf_counter() - started)
-        floor = self.p.settings.metrics_hit_relevance
-        if floor is None:
-            floor = self.p.services.embedder.related_threshold
-        if any(x.relevance >= floor for x in returned):
-            c.retrievals_with_results += 1
-
-    async def list_memories(self, tenant: str, user: str, *, limit: int, cursor: str | None,
-                            status: str | None, type: str | None) -> MemoryPage:
-        offset = _page_offset(cursor)
-        statuses = None if status == "all" else [status or "active"]
-        types = [MemoryType(type).value] if type else None
-        store = self.p.services.store
-
-        def read() -> tuple[list[Memory], bool]:
-            # The store scrolls in point-id order: read the user's records (bounded), sort by
-            # creation, then cut the page, so pages are stable.
-            found = privacy.visible(self.p, tenant, user,
-                                    store.list(Scope(tenant, user), statuses, LIST_MAX,
-                                               types=types))
-            found.sort(key=lambda m: (m.created_at, m.memory_id, m.version))
-            page = retrieval.join_stats(store, tenant, user, found[offset:offset + limit])
-            return page, len(found) > offset + limit
-
-        page, more = await asyncio.to_thread(read)
-        return MemoryPage.model_validate({
-            "memories": [retrieval.memory_dict(m) for m in page],
-            "next_cursor": _page_token(offset + limit) if more else None})
-
-    async def search(self, tenant: str, user: str, req: SearchRequest) -> SearchResponse:
-        started = time.perf_counter()
-        q = self._query(tenant, user, req.query, req.k, include_global=req.include_global,
-                        statuses=tuple(req.statuses), include_expired=req.include_expired)
-        query_id, found = await self._recall(q, core=False)
-        if req.record_hits:
-            self._hits(q, query_id, found.scored)
-        self._served(started, found.scored)
-        return SearchResponse.model_validate({
-            "query_id": query_id, "memories": [retrieval.scored_dict(x) for x in found.scored],
-            "procedural": [retrieval.memory_dict(m) for m in found.procedural]})
-
-    async def context(self, tenant: str, user: str, req: ContextRequest) -> ContextResponse:
-        started = time.perf_counter()
-        q = self._query(tenant, user, req.query, req.k)
-        query_id, found = await self._recall(q)
-        rows = (window.rows(self.p.window, tenant, user, req.session_id,
-                            self.p.settings.short_term_turns) if req.session_id else [])
-        block = prompt_block(found.core, found.scored, found.procedural,
-                             budget_chars=req.budget_chars, budget_tokens=req.budget_tokens)
-        kept = found.scored[:block.kept]  # what the budget let in: only these count as hits
-        if req.record_hits:
-            self._hits(q, query_id, kept)
-        self._served(started, kept)
-        return ContextResponse.model_validate({
-            "query_id": query_id, "memories": [retrieval.scored_dict(x) for x in kept],
-            "procedural": [retrieval.memory_dict(m) for m in found.procedural],
-            "core": found.core, "window": [w.model_dump() for w in _window_out(rows)],
-            "prompt_block": block.text, "truncated": block.truncated})
-
-    async def feedback(self, tenant: str, user: str, req: FeedbackRequest) -> Accepted:
-        scope = Scope(tenant, user, include_global=True)
-        known = await asyncio.to_thread(self.p.services.store.live_versions, scope,
-                                        [req.memory_id])
-        if not known:  # only memories this user can see: no statistics for made-up ids
-            raise ApiError(404, ErrorCode.NOT_FOUND, "no live memory with this id for the user")
-        kind = "used" if req.useful else "not_useful"
-        # The same feedback counts once; changing one's mind counts both.
-        event_id = "fb-" + hashlib.sha256("\x1f".join(
-            [tenant, user, req.query_id, req.memory_id, kind]).encode()).hexdigest()[:40]
-        self.recorder.record(access_event(tenant, user, kind, [req.memory_id], req.query_id,
-                                          event_id, self.p.clock()))
-        if req.useful:
-            self.p.counters.feedback_used += 1
-        else:
-            self.p.counters.feedback_not_useful += 1
-        return Accepted(id=event_id)
 
     # --- tools ---------------------------------------------------------------------------
 
@@ -286,7 +120,7 @@ class WorkerBackend:
         lines = [f"[{r[4][:16]}] {r[2]}: {r[3]}" for r in hits]
         return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="ok",
                           content="\n".join(lines) or "no matching messages",
-                          data={"messages": [w.model_dump() for w in _window_out(hits)]})
+                          data={"messages": [w.model_dump() for w in window_out(hits)]})
 
     async def _write(self, tenant: str, user: str, req: ToolCallRequest, args: Any,
                      principal: Principal) -> ToolResult:
@@ -358,8 +192,8 @@ class WorkerBackend:
 
     async def changes(self, tenant: str, user: str, *, limit: int,
                       cursor: str | None) -> ChangePage:
-        return await history.changes(self.p, tenant, user, _page_offset(cursor), limit,
-                                        _page_token)
+        return await history.changes(self.p, tenant, user, page_offset(cursor), limit,
+                                        page_token)
 
     async def correct(self, tenant: str, user: str, write: ToolWrite, req: CorrectionRequest,
                       principal: Principal) -> CorrectionResult:
@@ -382,11 +216,11 @@ class WorkerBackend:
                     kind: str | None) -> AuditPage:
         if self.audit_log is None:
             raise ApiError(503, ErrorCode.UNAVAILABLE, "the audit log is not followed here")
-        offset = _page_offset(cursor)
+        offset = page_offset(cursor)
         rows, more = self.audit_log.page(tenant, offset=offset, limit=limit, user=user,
                                          kind=kind)
         return AuditPage.model_validate({
-            "entries": rows, "next_cursor": _page_token(offset + limit) if more else None})
+            "entries": rows, "next_cursor": page_token(offset + limit) if more else None})
 
     async def close(self) -> None:
         if self._producer is not None:

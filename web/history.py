@@ -20,10 +20,10 @@ from memstream.memory.coalescing import tool_job_id
 from memstream.memory.model import Memory
 from memstream.memory.store import Scope
 from memstream.streams import privacy, window
-from memstream.streams.app import Pipeline
+from memstream.streams.pipeline import Pipeline
 from memstream.streams.waiters import Outcome
 from memstream.topics.schemas import ToolRequest, ToolWrite
-from memstream.web.http import ApiError
+from memstream.web.http_base import ApiError
 from memstream.web.models.api import ErrorCode, Principal, WindowMessage
 from memstream.web.models.history import (
     ChangePage,

@@ -20,11 +20,12 @@ from importlib import resources
 
 from aiohttp import web
 
-from memstream.web.http import Handler, Route
+from memstream.web.http_base import Handler, PageRoute, Route
+from memstream.web.models import paths
 
 PACKAGE = "memstream.web"
 FOLDER = "inspector"
-PAGE_PATH = "/inspector"
+PAGE_PATH = paths.INSPECTOR
 
 # 'self' only: scripts and styles from files of this origin, API calls to this origin.
 # No 'unsafe-inline': an injected <script> or onerror= handler cannot run even if a bug ever
@@ -47,27 +48,19 @@ SECURITY_HEADERS: dict[str, str] = {
 
 
 @dataclass(frozen=True)
-class PageRoute(Route):
-    """A route answering text rather than JSON (a page, a script, Prometheus text): the
-    OpenAPI document names its media type."""
-
-    media_type: str = "text/html"
-
-
-@dataclass(frozen=True)
 class Asset:
     name: str  # file name in the package folder
     media_type: str  # with charset: answered as the Content-Type
 
 
 ASSETS: dict[str, Asset] = {
-    PAGE_PATH: Asset("index.html", "text/html; charset=utf-8"),
-    f"{PAGE_PATH}/app.js": Asset("app.js", "text/javascript; charset=utf-8"),
-    f"{PAGE_PATH}/logic.js": Asset("logic.js", "text/javascript; charset=utf-8"),
-    f"{PAGE_PATH}/charts.js": Asset("charts.js", "text/javascript; charset=utf-8"),
-    f"{PAGE_PATH}/dom.js": Asset("dom.js", "text/javascript; charset=utf-8"),
-    f"{PAGE_PATH}/metrics.js": Asset("metrics.js", "text/javascript; charset=utf-8"),
-    f"{PAGE_PATH}/style.css": Asset("style.css", "text/css; charset=utf-8"),
+    paths.INSPECTOR: Asset("index.html", "text/html; charset=utf-8"),
+    paths.INSPECTOR_APP: Asset("app.js", "text/javascript; charset=utf-8"),
+    paths.INSPECTOR_LOGIC: Asset("logic.js", "text/javascript; charset=utf-8"),
+    paths.INSPECTOR_CHARTS: Asset("charts.js", "text/javascript; charset=utf-8"),
+    paths.INSPECTOR_DOM: Asset("dom.js", "text/javascript; charset=utf-8"),
+    paths.INSPECTOR_METRICS: Asset("metrics.js", "text/javascript; charset=utf-8"),
+    paths.INSPECTOR_STYLE: Asset("style.css", "text/css; charset=utf-8"),
 }
 
 
@@ -108,12 +101,12 @@ def _page_route(path: str, name: str, summary: str) -> PageRoute:
 
 
 INSPECTOR_ROUTES: tuple[Route, ...] = (
-    _page_route(PAGE_PATH, "inspector", "The memory inspector page (its data: this API, "
+    _page_route(paths.INSPECTOR, "inspector", "The memory inspector page (its data: this API, "
                 "with the key typed into it)"),
-    _page_route(f"{PAGE_PATH}/app.js", "inspector_app", "The inspector's script"),
-    _page_route(f"{PAGE_PATH}/logic.js", "inspector_logic", "The inspector's pure functions"),
-    _page_route(f"{PAGE_PATH}/charts.js", "inspector_charts", "The inspector's SVG charts"),
-    _page_route(f"{PAGE_PATH}/dom.js", "inspector_dom", "The inspector's DOM helpers"),
-    _page_route(f"{PAGE_PATH}/metrics.js", "inspector_metrics", "The inspector's metrics view"),
-    _page_route(f"{PAGE_PATH}/style.css", "inspector_style", "The inspector's style sheet"),
+    _page_route(paths.INSPECTOR_APP, "inspector_app", "The inspector's script"),
+    _page_route(paths.INSPECTOR_LOGIC, "inspector_logic", "The inspector's pure functions"),
+    _page_route(paths.INSPECTOR_CHARTS, "inspector_charts", "The inspector's SVG charts"),
+    _page_route(paths.INSPECTOR_DOM, "inspector_dom", "The inspector's DOM helpers"),
+    _page_route(paths.INSPECTOR_METRICS, "inspector_metrics", "The inspector's metrics view"),
+    _page_route(paths.INSPECTOR_STYLE, "inspector_style", "The inspector's style sheet"),
 )

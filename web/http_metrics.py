@@ -6,8 +6,6 @@ nothing else, so Prometheus never holds the admin key) or the admin key, present
 key (``Authorization: Bearer`` or ``X-API-Key``); anything else is 401. They answer while
 the worker is still starting too: that is when an operator looks. What they serve is set on
 the app by :func:`memstream.web.prometheus.attach`; an app without it answers 503.
-
-Imported by :mod:`memstream.web.http` (its route table), after that module's helpers.
 """
 
 from __future__ import annotations
@@ -18,8 +16,9 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from memstream.web.http import _DEPS, MAX_KEY_CHARS, ApiError, Route, _ok, _presented_key
-from memstream.web.http_inspector import PageRoute
+from memstream.web.http_base import DEPS, MAX_KEY_CHARS, ApiError, PageRoute, Route
+from memstream.web.http_checks import ok, presented_key
+from memstream.web.models import paths
 from memstream.web.models.api import ErrorCode
 from memstream.web.models.metrics import MetricsSummary
 from memstream.web.prometheus import METRICS, MetricsDeps
@@ -27,15 +26,15 @@ from memstream.web.prometheus import METRICS, MetricsDeps
 
 def _authorised(request: web.Request) -> MetricsDeps:
     deps = request.app.get(METRICS)
-    key = _presented_key(request)
-    ok = False
+    key = presented_key(request)
+    allowed = False
     if key and len(key) <= MAX_KEY_CHARS:
         wanted = deps.metrics_key if deps is not None else None
-        ok = bool(wanted) and hmac.compare_digest(key.encode(), (wanted or "").encode())
-        if not ok:
-            principal = request.app[_DEPS].authoriser.authorise(key)
-            ok = principal is not None and principal.admin
-    if not ok:
+        allowed = bool(wanted) and hmac.compare_digest(key.encode(), (wanted or "").encode())
+        if not allowed:
+            principal = request.app[DEPS].authoriser.authorise(key)
+            allowed = principal is not None and principal.admin
+    if not allowed:
         raise ApiError(401, ErrorCode.UNAUTHORIZED, "the metrics key or the admin key is needed")
     if deps is None:
         raise ApiError(503, ErrorCode.UNAVAILABLE, "metrics are not served here")
@@ -52,14 +51,14 @@ async def _metrics(request: web.Request) -> web.StreamResponse:
 async def _summary(request: web.Request) -> web.StreamResponse:
     deps = _authorised(request)
     await deps.refresh()
-    return _ok(deps.summary())
+    return ok(deps.summary())
 
 
 METRICS_ROUTES: tuple[Route, ...] = (
-    PageRoute("GET", "/metrics", "metrics",
+    PageRoute("GET", paths.METRICS, "metrics",
               "Prometheus metrics (text format; the metrics key or the admin key)",
               _metrics, None, media_type="text/plain; version=0.0.4"),
-    Route("GET", "/v1/metrics/summary", "metrics_summary",
+    Route("GET", paths.METRICS_SUMMARY, "metrics_summary",
           "The governance metrics of this worker since it started (metrics or admin key)",
           _summary, MetricsSummary),
 )

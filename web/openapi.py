@@ -1,30 +1,30 @@
 """The OpenAPI 3.1 document of the worker's HTTP API, built from its route table.
 
-Everything here is derived from :data:`memstream.web.http.ROUTES` and the pydantic
-contract models of :mod:`memstream.web.models.api`, so the served app and its document cannot
-drift apart. Pure: no aiohttp app is built, nothing is served from here.
+Everything here is derived from the route table it is given (the server passes
+:data:`memstream.web.http.ROUTES`) and the pydantic contract models of
+:mod:`memstream.web.models.api`, so the served app and its document cannot drift apart.
+Pure: no aiohttp app is built, nothing is served from here.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from memstream.topics.schemas import ID_PATTERN
-from memstream.web.http import (
+from memstream.web.http_base import (
     DEFAULT_PAGE,
     HTTP_CODES,
     LIST_STATUSES,
     LIST_TYPES,
     MAX_CURSOR_CHARS,
-    ROUTES,
+    PageRoute,
     Route,
 )
-from memstream.web.http_inspector import PageRoute
 from memstream.web.models.api import MAX_PAGE, ErrorBody, ErrorCode
 
 REF = "#/components/schemas/{model}"
@@ -89,15 +89,17 @@ def _operation(r: Route, refs: Mapping[Any, dict[str, Any]]) -> dict[str, Any]:
     return op
 
 
-def openapi_document() -> dict[str, Any]:
-    """OpenAPI 3.1 for :data:`ROUTES`; schemas come from the pydantic contract models."""
+def openapi_document(routes: Iterable[Route]) -> dict[str, Any]:
+    """OpenAPI 3.1 for ``routes`` (the server's :data:`~memstream.web.http.ROUTES`);
+    schemas come from the pydantic contract models."""
+    routes = tuple(routes)
     wanted: list[tuple[type[BaseModel], JsonSchemaMode]] = [
-        (r.body, "validation") for r in ROUTES if r.body is not None]
-    wanted += [(r.out, "serialization") for r in ROUTES if r.out is not None]
+        (r.body, "validation") for r in routes if r.body is not None]
+    wanted += [(r.out, "serialization") for r in routes if r.out is not None]
     wanted.append((ErrorBody, "serialization"))
     refs, defs = models_json_schema(list(dict.fromkeys(wanted)), ref_template=REF)
     paths: dict[str, dict[str, Any]] = {}
-    for r in ROUTES:
+    for r in routes:
         paths.setdefault(r.path, {})[r.method.lower()] = _operation(r, refs)
     return copy.deepcopy({  # callers may edit their copy; the module's constants stay put
         "openapi": "3.1.0",

@@ -41,7 +41,7 @@ Lags = Callable[[], Mapping[tuple[str, int], int]]
 
 @dataclass(frozen=True)
 class MetricsDeps:
-    """What the metrics routes (:mod:`streams.http_metrics`) serve, set on the HTTP app."""
+    """What the metrics routes (:mod:`memstream.web.http_metrics`) serve, set on the HTTP app."""
 
     registry: CollectorRegistry
     metrics_key: str | None  # None: only the admin key opens the metrics

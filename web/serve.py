@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from memstream.streams.access import AccessRecorder
-from memstream.streams.app import Pipeline
+from memstream.streams.pipeline import Pipeline
 from memstream.web import prometheus as metrics
 from memstream.web.audit import AuditLog
 from memstream.web.backend import WorkerBackend

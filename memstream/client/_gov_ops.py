@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from memstream.client._ops import Call, Op, _parse, _user_path, check_id
+from memstream.client._ops import Call, Op, check_id, parse, user_path
 from memstream.core.errors import MemstreamError
+from memstream.web.models import paths
 from memstream.web.models.api import MAX_PAGE
 from memstream.web.models.history import (
     AuditEntry,
@@ -19,25 +20,27 @@ from memstream.web.models.history import (
 
 
 def history_op(tenant: str, user: str, memory_id: str) -> Op[HistoryResponse]:
-    path = _user_path(tenant, user, f"memories/{check_id('memory_id', memory_id)}/history")
-    return _parse((yield Call("GET", path)), HistoryResponse)
+    memory_id = check_id("memory_id", memory_id)
+    path = user_path(paths.MEMORY_HISTORY, tenant, user, memory_id=memory_id)
+    return parse((yield Call("GET", path)), HistoryResponse)
 
 
 def source_op(tenant: str, user: str, memory_id: str,
               version: int | None) -> Op[SourceResponse]:
-    path = _user_path(tenant, user, f"memories/{check_id('memory_id', memory_id)}/source")
+    memory_id = check_id("memory_id", memory_id)
+    path = user_path(paths.MEMORY_SOURCE, tenant, user, memory_id=memory_id)
     params: dict[str, str | int] | None = None if version is None else {"version": version}
-    return _parse((yield Call("GET", path, params=params)), SourceResponse)
+    return parse((yield Call("GET", path, params=params)), SourceResponse)
 
 
 def changes_op(tenant: str, user: str, limit: int | None) -> Op[list[VersionOut]]:
     """The user's change log, newest first (every page, or the first ``limit`` rows)."""
-    path = _user_path(tenant, user, "changes")
+    path = user_path(paths.CHANGES, tenant, user)
     params: dict[str, str | int] = {"limit": min(limit or MAX_PAGE, MAX_PAGE)}
     out: list[VersionOut] = []
     seen: set[str] = set()
     while True:
-        page = _parse((yield Call("GET", path, params=dict(params))), ChangePage)
+        page = parse((yield Call("GET", path, params=dict(params))), ChangePage)
         out.extend(page.changes)
         if page.next_cursor is None or (limit is not None and len(out) >= limit):
             return out[:limit] if limit is not None else out
@@ -50,34 +53,36 @@ def changes_op(tenant: str, user: str, limit: int | None) -> Op[list[VersionOut]
 def _correction(method: str, path: str, body: CorrectionRequest) -> Op[CorrectionResult]:
     call = Call(method, path, json=body.model_dump(mode="json", exclude_defaults=False),
                 min_timeout=body.wait_s + 5.0)
-    return _parse((yield call), CorrectionResult)
+    return parse((yield call), CorrectionResult)
 
 
 def delete_op(tenant: str, user: str, memory_id: str | None, reason: str,
               wait_s: float) -> Op[CorrectionResult]:
     """One memory, or (``memory_id`` None) every memory of the user."""
-    tail = "memories" if memory_id is None else f"memories/{check_id('memory_id', memory_id)}"
+    ids = {} if memory_id is None else {"memory_id": check_id("memory_id", memory_id)}
     body = CorrectionRequest(reason=reason, wait_s=wait_s)
-    return _correction("DELETE", _user_path(tenant, user, tail), body)
+    route = paths.MEMORIES if memory_id is None else paths.MEMORY
+    return _correction("DELETE", user_path(route, tenant, user, **ids), body)
 
 
 def rollback_op(tenant: str, user: str, memory_id: str, version: int, reason: str,
                 wait_s: float) -> Op[CorrectionResult]:
-    tail = f"memories/{check_id('memory_id', memory_id)}/rollback"
+    memory_id = check_id("memory_id", memory_id)
     body = RollbackRequest(version=version, reason=reason, wait_s=wait_s)
-    return _correction("POST", _user_path(tenant, user, tail), body)
+    path = user_path(paths.MEMORY_ROLLBACK, tenant, user, memory_id=memory_id)
+    return _correction("POST", path, body)
 
 
 def undo_job_op(tenant: str, user: str, job_id: str, reason: str,
                 wait_s: float) -> Op[CorrectionResult]:
-    tail = f"jobs/{check_id('job_id', job_id)}/undo"
+    job_id = check_id("job_id", job_id)
     body = CorrectionRequest(reason=reason, wait_s=wait_s)
-    return _correction("POST", _user_path(tenant, user, tail), body)
+    return _correction("POST", user_path(paths.UNDO_JOB, tenant, user, job_id=job_id), body)
 
 
 def forget_op(tenant: str, user: str, reason: str, wait_s: float) -> Op[CorrectionResult]:
     body = CorrectionRequest(reason=reason, wait_s=wait_s)
-    return _correction("POST", _user_path(tenant, user, "forget"), body)
+    return _correction("POST", user_path(paths.FORGET, tenant, user), body)
 
 
 def audit_op(tenant: str, user: str | None, kind: str | None,
@@ -85,10 +90,10 @@ def audit_op(tenant: str, user: str | None, kind: str | None,
     """The tenant's audit log, newest first (the first ``limit`` entries)."""
     params: dict[str, str | int] = {"limit": min(limit, MAX_PAGE)}
     params |= {k: v for k, v in (("user", user), ("kind", kind)) if v is not None}
-    path = f"/v1/tenants/{check_id('tenant_id', tenant)}/audit"
+    path = paths.fill(paths.AUDIT, tenant=check_id("tenant_id", tenant))
     out: list[AuditEntry] = []
     while True:
-        page = _parse((yield Call("GET", path, params=dict(params))), AuditPage)
+        page = parse((yield Call("GET", path, params=dict(params))), AuditPage)
         out.extend(page.entries)
         if page.next_cursor is None or len(out) >= limit:
             return out[:limit]

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from memstream.client._errors import MemstreamAPIError, MemstreamConnectionError
 from memstream.core.errors import MemstreamError
 from memstream.topics.schemas import ID_PATTERN
+from memstream.web.models import paths
 from memstream.web.models.api import (
     MAX_PAGE,
     Accepted,
@@ -77,8 +78,10 @@ def check_id(name: str, value: str) -> str:
     return value
 
 
-def _user_path(tenant_id: str, user_id: str, tail: str) -> str:
-    return f"/v1/tenants/{tenant_id}/users/{check_id('user_id', user_id)}/{tail}"
+def user_path(route: str, tenant_id: str, user_id: str, **ids: str) -> str:
+    """``route`` (a constant of :mod:`memstream.web.models.paths`) for one user; the caller
+    checks the other ids first, ``user_id`` is checked here (the tenant's, by the client)."""
+    return paths.fill(route, tenant=tenant_id, user=check_id("user_id", user_id), **ids)
 
 
 def _body(request: BaseModel) -> dict[str, Any]:
@@ -86,7 +89,7 @@ def _body(request: BaseModel) -> dict[str, Any]:
     return request.model_dump(mode="json", exclude_unset=True, exclude_none=True)
 
 
-def _parse(response: httpx.Response, model: type[M]) -> M:
+def parse(response: httpx.Response, model: type[M]) -> M:
     try:
         return model.model_validate_json(response.content)
     except ValidationError as exc:
@@ -133,26 +136,26 @@ def reaching_api() -> Iterator[None]:
 def search_op(tenant: str, user: str, query: str, limit: int | None,
               options: Mapping[str, Any]) -> Op[SearchResponse]:
     body = SearchRequest(query=query, k=limit, **options)
-    response = yield Call("POST", _user_path(tenant, user, "search"), json=_body(body))
-    return _parse(response, SearchResponse)
+    response = yield Call("POST", user_path(paths.SEARCH, tenant, user), json=_body(body))
+    return parse(response, SearchResponse)
 
 
 def context_op(tenant: str, user: str, request: ContextRequest) -> Op[ContextResponse]:
-    response = yield Call("POST", _user_path(tenant, user, "context"), json=_body(request))
-    return _parse(response, ContextResponse)
+    response = yield Call("POST", user_path(paths.CONTEXT, tenant, user), json=_body(request))
+    return parse(response, ContextResponse)
 
 
 def get_all_op(tenant: str, user: str, status: str | None, type_: str | None,
                page_size: int) -> Op[list[MemoryOut]]:
     if not 1 <= page_size <= MAX_PAGE:
         raise ValueError(f"page_size must be 1..{MAX_PAGE}")
-    path = _user_path(tenant, user, "memories")
+    path = user_path(paths.MEMORIES, tenant, user)
     params: dict[str, str | int] = {"limit": page_size}
     params |= {k: v for k, v in (("status", status), ("type", type_)) if v is not None}
     memories: list[MemoryOut] = []
     seen: set[str] = set()
     while True:
-        page = _parse((yield Call("GET", path, params=dict(params))), MemoryPage)
+        page = parse((yield Call("GET", path, params=dict(params))), MemoryPage)
         memories.extend(page.memories)
         if page.next_cursor is None:
             return memories
@@ -163,7 +166,7 @@ def get_all_op(tenant: str, user: str, status: str | None, type_: str | None,
 
 
 def tools_op() -> Op[list[dict[str, Any]]]:
-    data = (yield Call("GET", "/v1/tools")).json()
+    data = (yield Call("GET", paths.TOOLS)).json()
     tools = data.get("tools") if isinstance(data, dict) else data  # bare list or {"tools": []}
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise MemstreamError("unexpected tool list from the API")
@@ -171,14 +174,14 @@ def tools_op() -> Op[list[dict[str, Any]]]:
 
 
 def execute_tool_op(tenant: str, user: str, request: ToolCallRequest) -> Op[ToolResult]:
-    path = _user_path(tenant, user, "tools/execute")
+    path = user_path(paths.EXECUTE_TOOL, tenant, user)
     call = Call("POST", path, json=_body(request), min_timeout=request.wait_s + 5.0)
-    return _parse((yield call), ToolResult)
+    return parse((yield call), ToolResult)
 
 
 def feedback_op(tenant: str, user: str, request: FeedbackRequest) -> Op[Accepted]:
-    path = _user_path(tenant, user, "feedback")
-    return _parse((yield Call("POST", path, json=_body(request))), Accepted)
+    path = user_path(paths.FEEDBACK, tenant, user)
+    return parse((yield Call("POST", path, json=_body(request))), Accepted)
 
 
 def context_request(query: str, session_id: str | None, limit: int | None,

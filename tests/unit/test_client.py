@@ -26,6 +26,7 @@ from memstream.client import (
 from memstream.core.errors import MemstreamError
 from memstream.core.settings import Settings
 from memstream.topics.schemas import ChatMessage, SessionEvent
+from memstream.web.models import paths
 from memstream.web.models.api import ContextResponse, MemoryOut, SearchResponse, ToolResult
 
 pytestmark = pytest.mark.unit
@@ -33,8 +34,12 @@ pytestmark = pytest.mark.unit
 BASE = "http://memstream.test"
 KEY = "sk-tenant-acme-7f3a9c"
 TENANT, USER = "acme", "u1"
-USER_PATH = f"/v1/tenants/{TENANT}/users/{USER}"
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def at(route: str) -> str:
+    """A route of :mod:`memstream.web.models.paths` for the test's tenant and user."""
+    return paths.fill(route, tenant=TENANT, user=USER)
 
 
 def memory(memory_id: str, content: str = "Lives in Munich", **extra: Any) -> dict[str, Any]:
@@ -160,7 +165,7 @@ def test_search_sends_only_what_was_set_and_returns_typed_memories(make):
         "procedural": [memory("p1", "Answer briefly", type="procedural")]}))
     result = make(server).search("where do I live", user_id=USER, limit=3,
                                  include_global=False)
-    body = sent(server.only(), "POST", f"{USER_PATH}/search")
+    body = sent(server.only(), "POST", at(paths.SEARCH))
     assert body == {"query": "where do I live", "k": 3, "include_global": False}
     assert isinstance(result, SearchResponse) and result.query_id == "q1"
     assert [(m.memory_id, m.content, m.score) for m in result.memories] == [
@@ -192,7 +197,7 @@ def test_context_posts_the_budget_and_parses_every_layer(make):
         "prompt_block": "## Memories\n- Vegetarian", "truncated": True}))
     result = make(server).context("dinner ideas", user_id=USER, session_id="s1",
                                   budget_tokens=500)
-    body = sent(server.only(), "POST", f"{USER_PATH}/context")
+    body = sent(server.only(), "POST", at(paths.CONTEXT))
     assert body == {"query": "dinner ideas", "session_id": "s1", "budget_tokens": 500}
     assert isinstance(result, ContextResponse)
     assert (result.core, result.truncated, result.window[0].seq) == (
@@ -208,7 +213,7 @@ def test_get_all_follows_the_cursor_through_every_page(make):
     result = make(server).get_all(user_id=USER, status="archived", page_size=2)
     first, second = server.requests
     for request in (first, second):
-        assert sent(request, "GET", f"{USER_PATH}/memories") is None
+        assert sent(request, "GET", at(paths.MEMORIES)) is None
     assert dict(first.url.params) == {"limit": "2", "status": "archived"}
     assert dict(second.url.params) == {"limit": "2", "status": "archived", "cursor": "c-2"}
     assert all(isinstance(m, MemoryOut) for m in result)
@@ -230,7 +235,7 @@ TOOL = {"type": "function", "function": {"name": "memory_search", "parameters": 
 def test_tools_returns_the_openai_definitions(make, answer):
     server = Server(httpx.Response(200, json=answer))
     assert make(server).tools() == [TOOL]
-    assert sent(server.only(), "GET", "/v1/tools") is None
+    assert sent(server.only(), "GET", paths.TOOLS) is None
 
 
 @pytest.mark.parametrize("arguments", [{"query": "coffee", "k": None}, '{"query": "coffee"}'])
@@ -240,7 +245,7 @@ def test_execute_tool_passes_the_model_arguments_through(make, arguments):
         "content": "- Drinks oat flat whites", "data": {"hits": 1}}))
     result = make(server).execute_tool("memory_search", arguments, user_id=USER,
                                        tool_call_id="call_1")
-    body = sent(server.only(), "POST", f"{USER_PATH}/tools/execute")
+    body = sent(server.only(), "POST", at(paths.EXECUTE_TOOL))
     assert body == {"name": "memory_search", "arguments": arguments, "tool_call_id": "call_1"}
     assert isinstance(result, ToolResult)
     assert (result.status, result.content, result.data) == (
@@ -250,7 +255,7 @@ def test_execute_tool_passes_the_model_arguments_through(make, arguments):
 def test_feedback_posts_the_verdict(make):
     server = Server(httpx.Response(202, json={"accepted": True}))
     assert make(server).feedback("q1", "m7", user_id=USER, useful=False) is None
-    body = sent(server.only(), "POST", f"{USER_PATH}/feedback")
+    body = sent(server.only(), "POST", at(paths.FEEDBACK))
     assert body == {"query_id": "q1", "memory_id": "m7", "useful": False}
 
 

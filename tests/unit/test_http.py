@@ -14,6 +14,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from memstream.web.http import ROUTES, ApiError, HttpServer, build_http_app
+from memstream.web.models import paths
 from memstream.web.models.api import (
     MAX_PAGE,
     Accepted,
@@ -113,20 +114,23 @@ def bearer(key: str = TENANT_KEY) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def user_path(tail: str, tenant: str = "acme", user: str = "u1") -> str:
-    return f"/v1/tenants/{tenant}/users/{user}/{tail}"
+def user_path(route: str, tenant: str = "acme", user: str = "u1") -> str:
+    """A route of :mod:`memstream.web.models.paths` for one user, the ids put in as given
+    (not quoted: some tests send ids that are already %-escaped, or bad on purpose)."""
+    return route.format(tenant=tenant, user=user)
 
 
-# (method, path tail, a valid body, backend method)
+# (method, path, a valid body, backend method)
 SCOPED = [
-    ("GET", "memories", None, "list_memories"),
-    ("POST", "search", {"query": "tea", "k": 3}, "search"),
-    ("POST", "context", {"query": "tea", "session_id": "s1"}, "context"),
-    ("POST", "feedback", {"query_id": "q1", "memory_id": "m1", "useful": True}, "feedback"),
-    ("POST", "tools/execute", {"name": "memory_search", "arguments": {"query": "tea"}},
+    ("GET", paths.MEMORIES, None, "list_memories"),
+    ("POST", paths.SEARCH, {"query": "tea", "k": 3}, "search"),
+    ("POST", paths.CONTEXT, {"query": "tea", "session_id": "s1"}, "context"),
+    ("POST", paths.FEEDBACK, {"query_id": "q1", "memory_id": "m1", "useful": True},
+     "feedback"),
+    ("POST", paths.EXECUTE_TOOL, {"name": "memory_search", "arguments": {"query": "tea"}},
      "execute_tool"),
 ]
-SCOPED_IDS = [s[1] for s in SCOPED]
+SCOPED_IDS = [s[1].removeprefix(paths.USER + "/") for s in SCOPED]
 
 
 async def error_of(resp: aiohttp.ClientResponse, status: int, code: ErrorCode) -> str:
@@ -137,10 +141,10 @@ async def error_of(resp: aiohttp.ClientResponse, status: int, code: ErrorCode) -
 
 
 # --- keys and tenants -------------------------------------------------------------------
-@pytest.mark.parametrize(("method", "tail", "body", "_call"), SCOPED, ids=SCOPED_IDS)
-async def test_a_missing_key_is_401_and_reaches_nothing(method, tail, body, _call):
+@pytest.mark.parametrize(("method", "route", "body", "_call"), SCOPED, ids=SCOPED_IDS)
+async def test_a_missing_key_is_401_and_reaches_nothing(method, route, body, _call):
     async with serve() as (client, backend):
-        resp = await client.request(method, user_path(tail), json=body)
+        resp = await client.request(method, user_path(route), json=body)
         await error_of(resp, 401, ErrorCode.UNAUTHORIZED)
         assert resp.headers["WWW-Authenticate"] == "Bearer"
         assert backend.calls == []
@@ -153,7 +157,7 @@ async def test_a_missing_key_is_401_and_reaches_nothing(method, tail, body, _cal
 ], ids=["bearer", "x-api-key", "other-scheme", "empty-bearer", "overlong"])
 async def test_a_wrong_key_is_401(headers):
     async with serve() as (client, backend):
-        resp = await client.post(user_path("search"), json={"query": "tea"}, headers=headers)
+        resp = await client.post(user_path(paths.SEARCH), json={"query": "tea"}, headers=headers)
         await error_of(resp, 401, ErrorCode.UNAUTHORIZED)
         assert backend.calls == []
 
@@ -162,24 +166,24 @@ async def test_a_wrong_key_is_401(headers):
                                      {"Authorization": f"bearer {TENANT_KEY}"}])
 async def test_both_key_headers_are_accepted(headers):
     async with serve() as (client, backend):
-        resp = await client.post(user_path("search"), json={"query": "tea"}, headers=headers)
+        resp = await client.post(user_path(paths.SEARCH), json={"query": "tea"}, headers=headers)
         assert resp.status == 200
         assert [c[:3] for c in backend.calls] == [("search", "acme", "u1")]
 
 
-@pytest.mark.parametrize(("method", "tail", "body", "_call"), SCOPED, ids=SCOPED_IDS)
-async def test_a_tenant_key_on_another_tenant_is_403(method, tail, body, _call):
+@pytest.mark.parametrize(("method", "route", "body", "_call"), SCOPED, ids=SCOPED_IDS)
+async def test_a_tenant_key_on_another_tenant_is_403(method, route, body, _call):
     async with serve() as (client, backend):
-        resp = await client.request(method, user_path(tail, tenant="globex"), json=body,
+        resp = await client.request(method, user_path(route, tenant="globex"), json=body,
                                     headers=bearer())
         await error_of(resp, 403, ErrorCode.FORBIDDEN)
         assert backend.calls == []
 
 
-@pytest.mark.parametrize(("method", "tail", "body", "call"), SCOPED, ids=SCOPED_IDS)
-async def test_the_admin_key_opens_any_tenant(method, tail, body, call):
+@pytest.mark.parametrize(("method", "route", "body", "call"), SCOPED, ids=SCOPED_IDS)
+async def test_the_admin_key_opens_any_tenant(method, route, body, call):
     async with serve() as (client, backend):
-        resp = await client.request(method, user_path(tail, tenant="globex", user="u9"),
+        resp = await client.request(method, user_path(route, tenant="globex", user="u9"),
                                     json=body, headers=bearer(ADMIN_KEY))
         assert resp.status == 200, await resp.text()
         assert [c[:3] for c in backend.calls] == [(call, "globex", "u9")]
@@ -187,16 +191,16 @@ async def test_the_admin_key_opens_any_tenant(method, tail, body, call):
 
 async def test_the_key_is_checked_before_the_body_is_read():
     async with serve(max_body=10) as (client, backend):
-        resp = await client.post(user_path("search"), data=b"{not json" * 10)
+        resp = await client.post(user_path(paths.SEARCH), data=b"{not json" * 10)
         await error_of(resp, 401, ErrorCode.UNAUTHORIZED)  # not 413, not 400
         assert backend.calls == []
 
 
 async def test_tools_need_a_valid_key_of_any_tenant():
     async with serve() as (client, _):
-        await error_of(await client.get("/v1/tools"), 401, ErrorCode.UNAUTHORIZED)
+        await error_of(await client.get(paths.TOOLS), 401, ErrorCode.UNAUTHORIZED)
         for key in (TENANT_KEY, ADMIN_KEY):
-            resp = await client.get("/v1/tools", headers={"X-API-Key": key})
+            resp = await client.get(paths.TOOLS, headers={"X-API-Key": key})
             assert resp.status == 200
             assert (await resp.json()) == {"tools": [TOOL]}
 
@@ -207,7 +211,7 @@ async def test_tools_need_a_valid_key_of_any_tenant():
 ])
 async def test_a_bad_path_id_is_400(tenant, user):
     async with serve() as (client, backend):
-        resp = await client.post(user_path("search", tenant, user), json={"query": "tea"},
+        resp = await client.post(user_path(paths.SEARCH, tenant, user), json={"query": "tea"},
                                  headers=bearer(ADMIN_KEY))
         assert "id" in await error_of(resp, 400, ErrorCode.BAD_REQUEST)
         assert backend.calls == []
@@ -217,14 +221,14 @@ async def test_a_bad_path_id_is_400(tenant, user):
                                   b'{"query": NaN}', b"\xff\xfe{", b"[" * 100_000])
 async def test_a_body_that_is_not_a_json_object_is_400(data):
     async with serve(max_body=200_000) as (client, backend):
-        resp = await client.post(user_path("search"), data=data, headers=bearer())
+        resp = await client.post(user_path(paths.SEARCH), data=data, headers=bearer())
         await error_of(resp, 400, ErrorCode.BAD_REQUEST)
         assert backend.calls == []
 
 
 async def test_an_extra_field_is_400_and_named():
     async with serve() as (client, backend):
-        resp = await client.post(user_path("search"), json={"query": "tea", "colour": "red"},
+        resp = await client.post(user_path(paths.SEARCH), json={"query": "tea", "colour": "red"},
                                  headers=bearer())
         assert "colour" in await error_of(resp, 400, ErrorCode.BAD_REQUEST)
         assert backend.calls == []
@@ -234,7 +238,7 @@ async def test_an_extra_field_is_400_and_named():
 async def test_k_out_of_range_is_400_without_echoing_the_input(k):
     big = "secret-query " * 250
     async with serve() as (client, backend):
-        resp = await client.post(user_path("search"), json={"query": big, "k": k},
+        resp = await client.post(user_path(paths.SEARCH), json={"query": big, "k": k},
                                  headers=bearer())
         message = await error_of(resp, 400, ErrorCode.BAD_REQUEST)
         assert "k" in message and "secret-query" not in message and len(message) <= 300
@@ -243,7 +247,7 @@ async def test_k_out_of_range_is_400_without_echoing_the_input(k):
 
 async def test_a_wrong_content_type_is_accepted_when_the_body_parses():
     async with serve() as (client, backend):
-        resp = await client.post(user_path("search"), data=b'{"query": "tea"}',
+        resp = await client.post(user_path(paths.SEARCH), data=b'{"query": "tea"}',
                                  headers={**bearer(), "Content-Type": "text/plain"})
         assert resp.status == 200
         assert backend.calls[0][3] == SearchRequest(query="tea")
@@ -251,7 +255,7 @@ async def test_a_wrong_content_type_is_accepted_when_the_body_parses():
 
 async def test_an_oversized_body_by_content_length_is_413():
     async with serve(max_body=1000) as (client, backend):
-        resp = await client.post(user_path("search"), json={"query": "x" * 2000},
+        resp = await client.post(user_path(paths.SEARCH), json={"query": "x" * 2000},
                                  headers=bearer())
         await error_of(resp, 413, ErrorCode.PAYLOAD_TOO_LARGE)
         assert backend.calls == []
@@ -260,7 +264,7 @@ async def test_an_oversized_body_by_content_length_is_413():
 async def test_a_huge_content_length_is_refused_without_waiting_for_the_body():
     async with serve(max_body=1000) as (client, backend):
         reader, writer = await asyncio.open_connection(client.host, client.port)
-        writer.write(f"POST {user_path('search')} HTTP/1.1\r\nHost: t\r\n"
+        writer.write(f"POST {user_path(paths.SEARCH)} HTTP/1.1\r\nHost: t\r\n"
                      f"Authorization: Bearer {TENANT_KEY}\r\nContent-Type: application/json\r\n"
                      "Content-Length: 1000000000\r\n\r\n{".encode())
         await writer.drain()
@@ -279,7 +283,7 @@ async def chunks(n: int, size: int = 100) -> AsyncIterator[bytes]:
 
 async def test_an_oversized_chunked_body_is_413():
     async with serve(max_body=1000) as (client, backend):
-        resp = await client.post(user_path("search"), data=chunks(30), headers=bearer())
+        resp = await client.post(user_path(paths.SEARCH), data=chunks(30), headers=bearer())
         assert resp.request_info.headers.get("Transfer-Encoding") == "chunked"
         await error_of(resp, 413, ErrorCode.PAYLOAD_TOO_LARGE)
         assert backend.calls == []
@@ -287,17 +291,17 @@ async def test_an_oversized_chunked_body_is_413():
 
 async def test_a_chunked_body_within_the_limit_is_read():
     async with serve(max_body=1000) as (client, backend):
-        resp = await client.post(user_path("search"), data=chunks(5), headers=bearer())
+        resp = await client.post(user_path(paths.SEARCH), data=chunks(5), headers=bearer())
         assert resp.status == 200
         assert backend.calls[0][3].query == "x" * 500
 
 
 async def test_list_parameters_reach_the_backend():
     async with serve() as (client, backend):
-        resp = await client.get(user_path("memories"), headers=bearer(), params={
+        resp = await client.get(user_path(paths.MEMORIES), headers=bearer(), params={
             "limit": "5", "cursor": "abc", "status": "all", "type": "episodic"})
         assert MemoryPage.model_validate(await resp.json()).next_cursor == "next-1"
-        resp = await client.get(user_path("memories"), headers=bearer())
+        resp = await client.get(user_path(paths.MEMORIES), headers=bearer())
         assert resp.status == 200
     assert [c[3] for c in backend.calls] == [
         {"limit": 5, "cursor": "abc", "status": "all", "type": "episodic"},
@@ -310,7 +314,7 @@ async def test_list_parameters_reach_the_backend():
 ])
 async def test_bad_list_parameters_are_400(params):
     async with serve() as (client, backend):
-        resp = await client.get(user_path("memories"), headers=bearer(), params=params)
+        resp = await client.get(user_path(paths.MEMORIES), headers=bearer(), params=params)
         await error_of(resp, 400, ErrorCode.BAD_REQUEST)
         assert backend.calls == []
 
@@ -318,10 +322,10 @@ async def test_bad_list_parameters_are_400(params):
 async def test_requests_reach_the_backend_typed_with_their_tenant_and_user():
     async with serve() as (client, backend):
         body = {"name": "memory_search", "arguments": '{"query": "tea"}', "tool_call_id": "c1"}
-        resp = await client.post(user_path("tools/execute", "acme", "u7"), json=body,
+        resp = await client.post(user_path(paths.EXECUTE_TOOL, "acme", "u7"), json=body,
                                  headers=bearer())
         result = ToolResult.model_validate(await resp.json())
-        resp = await client.post(user_path("context", "acme", "u8"), headers=bearer(),
+        resp = await client.post(user_path(paths.CONTEXT, "acme", "u8"), headers=bearer(),
                                  json={"query": "tea", "budget_chars": 500})
         assert ContextResponse.model_validate(await resp.json()).prompt_block == "block"
     assert result.tool_call_id == "c1"
@@ -339,17 +343,17 @@ async def test_an_unknown_route_is_404_json():
 
 async def test_a_wrong_method_is_405_json():
     async with serve() as (client, _):
-        resp = await client.get(user_path("search"), headers=bearer())
+        resp = await client.get(user_path(paths.SEARCH), headers=bearer())
         await error_of(resp, 405, ErrorCode.METHOD_NOT_ALLOWED)
         assert "POST" in resp.headers["Allow"]
-        await error_of(await client.delete("/v1/health"), 405, ErrorCode.METHOD_NOT_ALLOWED)
+        await error_of(await client.delete(paths.HEALTH), 405, ErrorCode.METHOD_NOT_ALLOWED)
 
 
 async def test_an_api_error_of_the_backend_passes_through():
     backend = FakeBackend()
     backend.fail = ApiError(404, ErrorCode.NOT_FOUND, "no such memory")
     async with serve(backend) as (client, _):
-        resp = await client.post(user_path("feedback"), headers=bearer(),
+        resp = await client.post(user_path(paths.FEEDBACK), headers=bearer(),
                                  json={"query_id": "q1", "memory_id": "m9", "useful": False})
         assert await error_of(resp, 404, ErrorCode.NOT_FOUND) == "no such memory"
 
@@ -358,7 +362,7 @@ async def test_a_transient_backend_failure_is_503(caplog):
     backend = FakeBackend()
     backend.fail = ConnectionError("qdrant at 10.0.0.7 refused")
     async with serve(backend) as (client, _):
-        resp = await client.post(user_path("search"), json={"query": "tea"}, headers=bearer())
+        resp = await client.post(user_path(paths.SEARCH), json={"query": "tea"}, headers=bearer())
         message = await error_of(resp, 503, ErrorCode.UNAVAILABLE)
         assert "10.0.0.7" not in message and resp.headers["Retry-After"]
 
@@ -368,7 +372,7 @@ async def test_a_crash_is_500_without_detail_and_logged_without_key_or_body(capl
     backend.fail = RuntimeError("internal detail /srv/db")
     caplog.set_level(logging.DEBUG)
     async with serve(backend) as (client, _):
-        resp = await client.post(user_path("search"), json={"query": "body-text-42"},
+        resp = await client.post(user_path(paths.SEARCH), json={"query": "body-text-42"},
                                  headers=bearer())
         message = await error_of(resp, 500, ErrorCode.INTERNAL)
     assert "/srv/db" not in message and "RuntimeError" not in message
@@ -381,12 +385,12 @@ async def test_health_follows_readiness_and_gates_the_scoped_routes():
     backend = FakeBackend()
     backend.is_ready = False
     async with serve(backend) as (client, _):
-        resp = await client.get("/v1/health")
+        resp = await client.get(paths.HEALTH)
         assert (resp.status, await resp.json()) == (503, {"status": "starting"})
-        resp = await client.post(user_path("search"), json={"query": "tea"}, headers=bearer())
+        resp = await client.post(user_path(paths.SEARCH), json={"query": "tea"}, headers=bearer())
         await error_of(resp, 503, ErrorCode.UNAVAILABLE)
         backend.is_ready = True
-        resp = await client.get("/v1/health")
+        resp = await client.get(paths.HEALTH)
         assert (resp.status, await resp.json()) == (200, {"status": "ok"})
     assert backend.calls == []
 
@@ -402,7 +406,7 @@ def refs_in(node: Any) -> set[str]:
 
 
 async def test_the_openapi_document_matches_the_served_routes():
-    doc = openapi_document()
+    doc = openapi_document(ROUTES)
     app = build_http_app(FakeBackend(), FakeAuthoriser(KEYS))
     served = {(r.method.lower(), r.resource.canonical) for r in app.router.routes()
               if r.resource is not None}
@@ -421,17 +425,17 @@ async def test_the_openapi_document_matches_the_served_routes():
             assert ref.endswith("/" + route.body.__name__)
         names = {p["name"] for p in op.get("parameters", [])}
         assert {n for n in ("tenant", "user") if "{" + n + "}" in route.path} <= names
-    list_op = doc["paths"]["/v1/tenants/{tenant}/users/{user}/memories"]["get"]
+    list_op = doc["paths"][paths.MEMORIES]["get"]
     assert {p["name"] for p in list_op["parameters"]} >= {"limit", "cursor", "status", "type"}
-    assert doc["paths"]["/v1/health"]["get"]["security"] == []
-    assert "security" not in doc["paths"]["/v1/tools"]["get"]  # the global one applies
+    assert doc["paths"][paths.HEALTH]["get"]["security"] == []
+    assert "security" not in doc["paths"][paths.TOOLS]["get"]  # the global one applies
 
 
 async def test_the_openapi_document_is_served_without_a_key():
     async with serve() as (client, _):
-        resp = await client.get("/v1/openapi.json")
+        resp = await client.get(paths.OPENAPI)
         assert resp.status == 200
-        assert await resp.json() == json.loads(json.dumps(openapi_document()))
+        assert await resp.json() == json.loads(json.dumps(openapi_document(ROUTES)))
 
 
 # --- serving ----------------------------------------------------------------------------
@@ -441,10 +445,10 @@ async def test_the_server_binds_a_free_port_and_stops():
     try:
         assert server.port > 0
         async with aiohttp.ClientSession() as session, \
-                session.get(f"http://127.0.0.1:{server.port}/v1/health") as resp:
+                session.get(f"http://127.0.0.1:{server.port}{paths.HEALTH}") as resp:
             assert (resp.status, await resp.json()) == (200, {"status": "ok"})
     finally:
         await server.stop()
     with pytest.raises(aiohttp.ClientConnectionError):
         async with aiohttp.ClientSession() as session:
-            await session.get(f"http://127.0.0.1:{server.port}/v1/health")
+            await session.get(f"http://127.0.0.1:{server.port}{paths.HEALTH}")

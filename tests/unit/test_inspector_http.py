@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from memstream.web.http import ROUTES
+from memstream.web.http_base import PageRoute
 from memstream.web.http_inspector import (
     ASSETS,
     CSP,
     FOLDER,
     INSPECTOR_ROUTES,
     PAGE_PATH,
-    PageRoute,
     load,
 )
 from memstream.web.openapi import openapi_document
@@ -114,7 +114,7 @@ def test_the_key_goes_in_a_header_never_in_a_url():
 
 
 def test_the_openapi_document_calls_the_pages_text():
-    doc = openapi_document()
+    doc = openapi_document(ROUTES)
     for route in INSPECTOR_ROUTES:
         assert isinstance(route, PageRoute)
         op = doc["paths"][route.path]["get"]

@@ -13,6 +13,7 @@ import pytest
 
 from memstream.topics.schemas import ToolWrite
 from memstream.web.http import ROUTES
+from memstream.web.models import paths
 from memstream.web.models.api import ErrorCode, Principal
 from memstream.web.models.history import (
     AuditPage,
@@ -127,8 +128,8 @@ async def test_the_residue_view_is_for_operators_only():
 
 async def test_deleting_all_never_names_a_memory_and_one_never_means_all():
     async with serve(GovBackend()) as (client, backend):
-        assert (await client.delete("/v1/tenants/acme/users/u1/memories",
-                                    headers=bearer())).status == 200
-        assert (await client.delete("/v1/tenants/acme/users/u1/memories/m7",
-                                    headers=bearer())).status == 200
+        every = paths.fill(paths.MEMORIES, tenant="acme", user="u1")
+        one = paths.fill(paths.MEMORY, tenant="acme", user="u1", memory_id="m7")
+        assert (await client.delete(every, headers=bearer())).status == 200
+        assert (await client.delete(one, headers=bearer())).status == 200
     assert [c[3:] for c in backend.calls] == [("delete", "", True), ("delete", "m7", False)]

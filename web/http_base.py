@@ -1,0 +1,132 @@
+"""What every part of the worker's HTTP API shares: the :class:`Backend` and
+:class:`Authoriser` it is built on, the :class:`ApiError` it answers with, the :class:`Route`
+of its table and the limits it checks. Imports nothing of its own package but the contract
+models, so the route modules (:mod:`.http_core`, :mod:`.http_governance`,
+:mod:`.http_inspector`, :mod:`.http_metrics`), the OpenAPI document (:mod:`.openapi`) and
+the server (:mod:`.http`) all import it and it imports none of them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from memstream.core.errors import MemstreamError
+from memstream.memory.model import MemoryType, Status
+from memstream.topics.schemas import ToolWrite
+from memstream.web.models.api import (
+    Accepted,
+    ContextRequest,
+    ContextResponse,
+    ErrorCode,
+    FeedbackRequest,
+    MemoryPage,
+    Principal,
+    SearchRequest,
+    SearchResponse,
+    ToolCallRequest,
+    ToolResult,
+)
+from memstream.web.models.history import (
+    AuditPage,
+    ChangePage,
+    CorrectionRequest,
+    CorrectionResult,
+    HistoryResponse,
+    Residue,
+    SourceResponse,
+)
+
+DEFAULT_PAGE = 100
+MAX_CURSOR_CHARS = 200
+MAX_KEY_CHARS = 1024  # longer "keys" are refused without asking the authoriser
+MAX_MESSAGE_CHARS = 300  # error messages stay short and never carry the caller's input back
+LIST_STATUSES = (*(s.value for s in Status), "all")
+LIST_TYPES = tuple(t.value for t in MemoryType)
+LIMIT_RE = re.compile(r"[0-9]{1,6}")
+
+# The stable code of each error status (the OpenAPI document names them the same way).
+HTTP_CODES = {400: ErrorCode.BAD_REQUEST, 401: ErrorCode.UNAUTHORIZED,
+               403: ErrorCode.FORBIDDEN, 404: ErrorCode.NOT_FOUND,
+               405: ErrorCode.METHOD_NOT_ALLOWED, 413: ErrorCode.PAYLOAD_TOO_LARGE,
+               503: ErrorCode.UNAVAILABLE}
+
+
+class ApiError(MemstreamError):
+    """An answer given on purpose: HTTP status, stable code, short message for the caller.
+    A :class:`Backend` raises it too (e.g. 404 for an unknown memory); it passes through."""
+
+    def __init__(self, status: int, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = ErrorCode(code)
+        self.message = message
+
+
+class Authoriser(Protocol):
+    def authorise(self, presented: str) -> Principal | None: ...
+
+
+class Backend(Protocol):
+    def ready(self) -> bool: ...
+    def tools(self) -> list[dict[str, Any]]: ...
+    async def list_memories(self, tenant: str, user: str, *, limit: int, cursor: str | None,
+                            status: str | None, type: str | None) -> MemoryPage: ...
+    async def search(self, tenant: str, user: str, req: SearchRequest) -> SearchResponse: ...
+    async def context(self, tenant: str, user: str, req: ContextRequest) -> ContextResponse: ...
+    async def feedback(self, tenant: str, user: str, req: FeedbackRequest) -> Accepted: ...
+    async def execute_tool(self, tenant: str, user: str, req: ToolCallRequest,
+                           principal: Principal) -> ToolResult: ...
+    async def history(self, tenant: str, user: str, memory_id: str) -> HistoryResponse: ...
+    async def source(self, tenant: str, user: str, memory_id: str,
+                     version: int | None) -> SourceResponse: ...
+    async def changes(self, tenant: str, user: str, *, limit: int,
+                      cursor: str | None) -> ChangePage: ...
+    async def correct(self, tenant: str, user: str, write: ToolWrite, req: CorrectionRequest,
+                      principal: Principal) -> CorrectionResult: ...
+    async def forget(self, tenant: str, user: str, req: CorrectionRequest,
+                     principal: Principal) -> CorrectionResult: ...
+    async def residue(self, tenant: str, user: str) -> Residue: ...
+    async def audit(self, tenant: str, *, limit: int, cursor: str | None, user: str | None,
+                    kind: str | None) -> AuditPage: ...
+
+
+@dataclass(frozen=True)
+class Deps:
+    """What the handlers read from the app (``request.app[DEPS]``)."""
+
+    backend: Backend
+    authoriser: Authoriser
+    max_body_bytes: int
+    openapi: dict[str, Any]
+
+
+DEPS = web.AppKey("memstream_http", Deps)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str  # a constant of memstream.web.models.paths
+    name: str
+    summary: str
+    handler: Handler
+    out: type[BaseModel] | None  # None: a free-form object
+    body: type[BaseModel] | None = None
+    keyed: bool = True
+    body_required: bool = True
+
+
+@dataclass(frozen=True)
+class PageRoute(Route):
+    """A route answering text rather than JSON (a page, a script, Prometheus text): the
+    OpenAPI document names its media type."""
+
+    media_type: str = "text/html"

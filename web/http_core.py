@@ -1,0 +1,67 @@
+"""The core routes of the HTTP API: health, the OpenAPI document, the agent tools and one
+user's memories (list, search, context, feedback, tool calls): their handlers and their
+entries of the route table."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from memstream.web.http_base import DEPS, Route
+from memstream.web.http_checks import authenticate, list_params, ok, post, scope
+from memstream.web.models import paths
+from memstream.web.models.api import (
+    Accepted,
+    ContextRequest,
+    ContextResponse,
+    FeedbackRequest,
+    Health,
+    MemoryPage,
+    SearchRequest,
+    SearchResponse,
+    ToolCallRequest,
+    ToolList,
+    ToolResult,
+)
+
+
+async def _health(request: web.Request) -> web.StreamResponse:
+    ready = request.app[DEPS].backend.ready()
+    return ok(Health(status="ok" if ready else "starting"), 200 if ready else 503)
+
+
+async def _openapi(request: web.Request) -> web.StreamResponse:
+    return web.json_response(request.app[DEPS].openapi)
+
+
+async def _tools(request: web.Request) -> web.StreamResponse:
+    authenticate(request)
+    return ok(ToolList(tools=request.app[DEPS].backend.tools()))
+
+
+async def _list(request: web.Request) -> web.StreamResponse:
+    tenant, user, _ = scope(request)
+    params = list_params(request.query)
+    return ok(await request.app[DEPS].backend.list_memories(tenant, user, **params))
+
+
+CORE_ROUTES: tuple[Route, ...] = (
+    Route("GET", paths.HEALTH, "health", "Liveness and readiness", _health, Health,
+          keyed=False),
+    Route("GET", paths.OPENAPI, "openapi", "This document", _openapi, None, keyed=False),
+    Route("GET", paths.TOOLS, "tools", "Agent tools as OpenAI tool definitions", _tools,
+          ToolList),
+    Route("GET", paths.MEMORIES, "list_memories", "One page of the user's memories",
+          _list, MemoryPage),
+    Route("POST", paths.SEARCH, "search", "Ranked memories for a query",
+          post(SearchRequest, lambda b, t, u, r, p: b.search(t, u, r)),
+          SearchResponse, SearchRequest),
+    Route("POST", paths.CONTEXT, "context", "Memories, core and session as a prompt block",
+          post(ContextRequest, lambda b, t, u, r, p: b.context(t, u, r)),
+          ContextResponse, ContextRequest),
+    Route("POST", paths.FEEDBACK, "feedback", "Was a retrieved memory useful",
+          post(FeedbackRequest, lambda b, t, u, r, p: b.feedback(t, u, r)),
+          Accepted, FeedbackRequest),
+    Route("POST", paths.EXECUTE_TOOL, "execute_tool", "Run one agent tool call",
+          post(ToolCallRequest, lambda b, t, u, r, p: b.execute_tool(t, u, r, p)),
+          ToolResult, ToolCallRequest),
+)
