@@ -18,6 +18,7 @@ used: their expiry is unreliable after rebalances and restarts (faust-streaming 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -111,17 +112,23 @@ class MaintenanceFold:
         return out
 
     def due_users(self, now: float) -> list[tuple[str, str]]:
-        index = self.index
-        if not index.built:  # once per assignment: the table was restored, the heap was not
-            for key, raw in list(self.table.items()):
-                if raw:
-                    index.push(key, triggers.next_due(triggers.UserJobs.restore(raw)))
-            index.built = True
-        out = []
-        for key in index.pop_due(now):
-            tenant, _, user = key.decode().partition("/")
-            out.append((tenant, user))
-        return out
+        return due_users(self.table, self.index, now)
+
+
+def due_users(table: LoopTable | Mapping[bytes, Any], index: DueIndex,
+              now: float) -> list[tuple[str, str]]:
+    """The users whose next job is due by ``now`` (the heap built from the table once per
+    assignment: the table was restored, the heap was not)."""
+    if not index.built:
+        for key, raw in list(table.items()):
+            if raw:
+                index.push(key, triggers.next_due(triggers.UserJobs.restore(raw)))
+        index.built = True
+    out = []
+    for key in index.pop_due(now):
+        tenant, _, user = key.decode().partition("/")
+        out.append((tenant, user))
+    return out
 
 
 def register(p: Pipeline) -> MaintenanceFold:
