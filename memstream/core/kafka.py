@@ -10,6 +10,7 @@ until the client is built and is never logged.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from typing import TYPE_CHECKING, Any
@@ -79,9 +80,17 @@ async def started(client: AIOKafkaConsumer) -> AIOKafkaConsumer:
     try:
         await client.start()
     except BaseException:
-        await client.stop()
+        await stopped(client)
         raise
     return client
+
+
+async def stopped(client: AIOKafkaConsumer) -> None:
+    """Stop a consumer, also one stopped right after its start: aiokafka (0.14) raises
+    CancelledError from ``stop()`` when the consumer's own task has not run once yet, which
+    would cancel the caller (a timer of the Faust app stops for good on it)."""
+    await asyncio.sleep(0)
+    await client.stop()
 
 
 def admin(settings: Settings, **kwargs: Any) -> AIOKafkaAdminClient:

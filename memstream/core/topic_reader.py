@@ -74,7 +74,7 @@ async def end_offsets(settings: Settings, topics: Iterable[str]) -> dict[str, Of
             found[topic] = {tp.partition: off for tp, off in ends.items()}
         return found
     finally:
-        await consumer.stop()
+        await kafka.stopped(consumer)
 
 
 async def read_ranges(settings: Settings, tps: Iterable[TopicPartition],
@@ -121,7 +121,7 @@ async def read_ranges(settings: Settings, tps: Iterable[TopicPartition],
                     await _call(handle(tp, inside))
                     read += len(inside)
     finally:
-        await consumer.stop()
+        await kafka.stopped(consumer)
 
 
 async def read_range(settings: Settings, topic: str, end: Offsets,
@@ -173,4 +173,4 @@ async def follow(settings: Settings, topic: str, handle: Callable[[list[Record]]
                 if records:
                     await _call(handle(records))
     finally:
-        await consumer.stop()
+        await kafka.stopped(consumer)
