@@ -25,8 +25,7 @@ from memstream.memory.store_server import ServerStore
 from memstream.memory.user_keys import UserKeys
 from memstream.ops.forget_verify import verify
 from memstream.topics.schemas import MemoryChange
-from tests.integration.conftest import free_port, running, until
-from tests.integration.test_retrieval_api import remembered
+from tests.integration.conftest import free_port, remembered, running, until
 
 pytestmark = pytest.mark.integration
 ADMIN = "admin-key-forget"

@@ -12,9 +12,7 @@ import pytest_asyncio
 from memstream.client import AsyncMemoryClient, MemstreamAPIError
 from memstream.memory.store import Scope
 from memstream.web.keys_topic import create_key
-from tests.integration.conftest import free_port, running, until
-from tests.integration.test_memory_e2e import rebuild
-from tests.integration.test_retrieval_api import remembered
+from tests.integration.conftest import free_port, rebuild, remembered, running, until
 
 pytestmark = pytest.mark.integration
 ADMIN = "admin-key-gov"

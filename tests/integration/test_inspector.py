@@ -23,8 +23,7 @@ import pytest_asyncio
 
 from memstream.client import AsyncMemoryClient, MemstreamAPIError
 from memstream.web.keys_topic import create_key
-from tests.integration.conftest import free_port, running, until
-from tests.integration.test_retrieval_api import remembered
+from tests.integration.conftest import free_port, remembered, running, until
 
 pytestmark = pytest.mark.integration
 ADMIN = "admin-key-inspector"

@@ -16,8 +16,7 @@ from memstream.core.kafka_io import TopicReader
 from memstream.dev.process import WorkerProcess
 from memstream.topics.schemas import MemoryChange
 from tests.fakes.openai_server import OpenAITestServer, Reply, chat_json
-from tests.integration.conftest import chat, end
-from tests.integration.test_memory_e2e import turns, wait_covered
+from tests.integration.conftest import chat, end, turns, wait_covered
 
 pytestmark = pytest.mark.integration
 DAY = 86_400.0

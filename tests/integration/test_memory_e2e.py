@@ -16,14 +16,18 @@ from collections import defaultdict
 
 import pytest
 import pytest_asyncio
-from qdrant_client import QdrantClient
 
-from memstream.core.kafka_io import TopicReader
-from memstream.memory.apply import apply_change
 from memstream.memory.store import Scope
-from memstream.memory.store_server import ServerStore
-from memstream.topics.schemas import DeadLetter, ExtractionJob, JobResult, JobStatus, MemoryChange
-from tests.integration.conftest import chat, end, running
+from memstream.topics.schemas import DeadLetter, ExtractionJob, JobResult, JobStatus
+from tests.integration.conftest import (
+    chat,
+    end,
+    rebuild,
+    run_conversations,
+    running,
+    turns,
+    wait_covered,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -58,70 +62,6 @@ async def shared(kafka_bootstrap, tmp_path_factory):
     async with running(kafka_bootstrap, tmp_path_factory.mktemp("e2e"), extract_enabled=True,
                        web_enabled=True, web_port=WEB_PORT, admin_key=API_KEY) as h:
         yield h
-
-
-def turns(user: str, session: str, texts: list[str], tenant: str = "acme"):
-    out = []
-    for text in texts:
-        out.append(chat(text, user=user, session=session, tenant=tenant))
-        out.append(chat("Noted.", user=user, session=session, role="assistant", tenant=tenant))
-    return out
-
-
-async def run_conversations(h, convs, tenant: str = "acme"):
-    """Send each session and wait until the job results cover its messages. A session id
-    sent before (the same user's ``{user}-s{i}`` in a later call) already has messages
-    covered: the barrier counts on top of those, or it would pass before the new messages
-    are in the store (and their job would land in the middle of whatever comes next)."""
-    sent: dict[tuple[str, str], int] = {}
-    for user, sessions in convs.items():
-        for i, texts in enumerate(sessions):
-            session = f"{user}-s{i}"
-            msgs = turns(user, session, texts, tenant)
-            before = covered_messages(h.results.records, tenant)[(user, session)]
-            await h.send(*msgs, end(session=session, user=user, tenant=tenant))
-            sent[(user, session)] = len(msgs)
-            await wait_covered(h, {(user, session): before + len(msgs)}, tenant=tenant)
-    return sent
-
-
-def covered_messages(records, tenant: str) -> dict[tuple[str, str], int]:
-    """Messages of each (user, session) the job results report done (or trivial)."""
-    got: dict[tuple[str, str], int] = defaultdict(int)
-    for r in records:
-        res = JobResult.model_validate_json(r.value)
-        if res.tenant_id == tenant and res.status in (JobStatus.DONE, JobStatus.TRIVIAL):
-            got[(res.user_id, res.session_id)] += res.to_seq - res.from_seq
-    return got
-
-
-async def wait_covered(h, expected: dict[tuple[str, str], int], timeout: float = 60,
-                       tenant: str = "acme"):
-    def covered(records):
-        got = covered_messages(records, tenant)
-        return all(got[k] >= n for k, n in expected.items())
-
-    try:
-        await h.results.wait_for(covered, timeout)
-    except TimeoutError as exc:
-        seen = [JobResult.model_validate_json(r.value) for r in h.results.records]
-        raise AssertionError(f"not covered {expected}; results: "
-                             f"{[(r.session_id, r.from_seq, r.to_seq, r.status) for r in seen]}; "
-                             f"jobs: {[(j.session_id, j.from_seq, j.to_seq) for j in h.job_list()]}"
-                             ) from exc
-
-
-async def rebuild(h, tenant: str = "acme") -> tuple[ServerStore, list[MemoryChange]]:
-    reader = await TopicReader(h.settings,
-                               h.topics.memory_changes.name).start()
-    await reader.settle(1.5)
-    await reader.stop()
-    changes = [c for c in (MemoryChange.model_validate_json(r.value) for r in reader.records)
-               if c.tenant_id == tenant]
-    store = ServerStore("rebuilt", 512, client=QdrantClient(":memory:"))
-    for change in sorted(changes, key=lambda c: c.decided_at):
-        apply_change(store, change)
-    return store, changes
 
 
 def live(store, user, tenant="acme"):

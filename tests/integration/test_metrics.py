@@ -12,8 +12,7 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from memstream.client import AsyncMemoryClient
-from tests.integration.conftest import free_port, running, until
-from tests.integration.test_memory_e2e import wait_covered
+from tests.integration.conftest import free_port, running, until, wait_covered
 
 pytestmark = pytest.mark.integration
 ADMIN = "admin-key-metrics-1"

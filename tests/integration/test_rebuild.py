@@ -20,8 +20,7 @@ from memstream.memory.rebuild_topics import Manifest
 from memstream.memory.store_edge import EdgeStore
 from memstream.memory.store_switch import current_store_path
 from memstream.ops.rebuild import _ask_worker
-from tests.integration.conftest import running, until
-from tests.integration.test_memory_e2e import run_conversations
+from tests.integration.conftest import run_conversations, running, until
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,7 @@ from memstream.memory.store import Scope
 from memstream.memory.store_edge import EdgeStore
 from memstream.topics.schemas import AccessEvent, MemoryChange
 from memstream.web.keys_topic import create_key
-from tests.integration.conftest import free_port, running, until
-from tests.integration.test_memory_e2e import wait_covered
+from tests.integration.conftest import free_port, remembered, running, until, wait_covered
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
@@ -51,14 +50,6 @@ def client_for(h, tenant: str, key: str = ADMIN) -> AsyncMemoryClient:
     return AsyncMemoryClient(f"http://127.0.0.1:{PORT}", key, tenant_id=tenant,
                              bootstrap_servers=h.settings.bootstrap_servers,
                              topic_prefix=h.settings.topic_prefix)
-
-
-async def remembered(h, client: AsyncMemoryClient, tenant: str, user: str, session: str,
-                     texts: list[str]) -> None:
-    await client.add([{"role": "user", "content": t} for t in texts], user_id=user,
-                      session_id=session)
-    await client.end_session(user_id=user, session_id=session)
-    await wait_covered(h, {(user, session): len(texts)}, tenant=tenant)
 
 
 async def test_add_then_context_round_trip(api, tenant):

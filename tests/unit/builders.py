@@ -1,20 +1,48 @@
-"""Builders shared by the unit tests."""
+"""Builders shared by the unit tests: the one module test modules import helpers from
+(no test module imports another). Fixtures shared by several modules live in a
+``conftest.py`` instead (``tests/unit/memory/conftest.py``: the ``store`` fixture)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from typing import Any
 
+import aiohttp
+from aiohttp.test_utils import TestClient, TestServer
 from aiokafka.structs import TopicPartition
 
+from memstream.memory.coalescing import Policy, UserState, on_message
+from memstream.memory.store import Scope
 from memstream.topics.schemas import (
     ChatMessage,
     ExtractionJob,
     JobMessage,
     JobResult,
     JobStatus,
+    Lineage,
+    MemoryChange,
     TriggerReason,
+)
+from memstream.web.http import build_http_app
+from memstream.web.models.api import (
+    Accepted,
+    ContextRequest,
+    ContextResponse,
+    ErrorBody,
+    ErrorCode,
+    FeedbackRequest,
+    MemoryOut,
+    MemoryPage,
+    Principal,
+    ScoredMemory,
+    SearchRequest,
+    SearchResponse,
+    ToolCallRequest,
+    ToolResult,
 )
 
 _ids = itertools.count()
@@ -129,3 +157,130 @@ class FakeConsumer:
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.seeks.append((tp, offset))
+
+
+# --- the ingest machine of the tool-job and forget tests (memory.coalescing) ----------------
+
+P = Policy(min_new_messages=4, context_messages=2, idle_timeout_s=100, job_timeout_s=50)
+
+
+def fresh() -> UserState:
+    return UserState("t1", "u1")
+
+
+def feed(state, texts, now=0.0):
+    jobs = []
+    for text in texts:
+        step = on_message(state, msg(text), now, P)
+        state, jobs = step.state, jobs + step.jobs
+    return state, jobs
+
+
+def forget_request(rid: str = "forget-1", user: str = "u1"):
+    return tool_request("", rid=rid, name="forget", user=user)
+
+
+def live(store, user="u1"):
+    """The contents of a user's live memories, sorted."""
+    return sorted(m.content for m in store.list(Scope("t1", user)))
+
+
+# --- a change event with a canary in it (memory.crypto, web.audit) --------------------------
+
+CANARY = "canary-7f3a Lives in Reykjavik"
+
+
+def change(user: str = "u1", cid: str = "c1") -> MemoryChange:
+    after = {"memory_id": "m1", "content": CANARY, "version": 1}
+    return MemoryChange(
+        change_id=cid, op="add", tenant_id="t1", user_id=user, memory_id="m1", version=1,
+        before=None, after=after, records=[after], vector=[0.25, -0.5], reason=CANARY,
+        lineage=Lineage(session_id="s1", from_seq=0, to_seq=1, job_id="j1"), model="rules",
+        prompt_version="v1", decided_at=datetime(2026, 1, 1, tzinfo=UTC))
+
+
+# --- the HTTP layer against a fake backend and fake keys (web.http) -------------------------
+
+TENANT_KEY = "key-acme-0123456789"
+ADMIN_KEY = "key-admin-9876543210"
+KEYS = {TENANT_KEY: Principal(key_id="k-acme", tenant_id="acme"),
+        ADMIN_KEY: Principal(key_id="k-admin", admin=True)}
+TOOL = {"type": "function", "function": {"name": "memory_search", "parameters": {}}}
+MEMORY = MemoryOut(memory_id="m1", version=1, type="episodic", content="likes tea",
+                   importance=5, status="active", scope="user", created_at=1.0,
+                   updated_at=1.0, valid_from=1.0)
+SCORED = ScoredMemory(**MEMORY.model_dump(), score=0.9, recency=1.0, importance_score=0.5,
+                      relevance=0.8)
+
+
+class FakeBackend:
+    """Records every call; ``fail`` makes the next calls raise it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.is_ready = True
+        self.fail: BaseException | None = None
+
+    def ready(self) -> bool:
+        return self.is_ready
+
+    def tools(self) -> list[dict[str, Any]]:
+        return [TOOL]
+
+    def _record(self, *call: Any) -> None:
+        self.calls.append(call)
+        if self.fail is not None:
+            raise self.fail
+
+    async def list_memories(self, tenant: str, user: str, *, limit: int, cursor: str | None,
+                            status: str | None, type: str | None) -> MemoryPage:
+        self._record("list_memories", tenant, user,
+                     {"limit": limit, "cursor": cursor, "status": status, "type": type})
+        return MemoryPage(memories=[MEMORY], next_cursor="next-1")
+
+    async def search(self, tenant: str, user: str, req: SearchRequest) -> SearchResponse:
+        self._record("search", tenant, user, req)
+        return SearchResponse(query_id="q1", memories=[SCORED])
+
+    async def context(self, tenant: str, user: str, req: ContextRequest) -> ContextResponse:
+        self._record("context", tenant, user, req)
+        return ContextResponse(query_id="q1", memories=[SCORED], procedural=[],
+                               core={"profile": "p"}, window=[], prompt_block="block")
+
+    async def feedback(self, tenant: str, user: str, req: FeedbackRequest) -> Accepted:
+        self._record("feedback", tenant, user, req)
+        return Accepted(id="f1")
+
+    async def execute_tool(self, tenant: str, user: str, req: ToolCallRequest,
+                           principal: Principal) -> ToolResult:
+        self._record("execute_tool", tenant, user, req, principal)
+        return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="ok",
+                          content="done")
+
+
+class FakeAuthoriser:
+    def __init__(self, keys: dict[str, Principal]) -> None:
+        self.keys = keys
+
+    def authorise(self, presented: str) -> Principal | None:
+        return self.keys.get(presented)
+
+
+@asynccontextmanager
+async def serve(backend: FakeBackend | None = None,
+                max_body: int = 65536) -> AsyncIterator[tuple[TestClient, FakeBackend]]:
+    backend = backend or FakeBackend()
+    app = build_http_app(backend, FakeAuthoriser(KEYS), max_body_bytes=max_body)
+    async with TestClient(TestServer(app)) as client:
+        yield client, backend
+
+
+def bearer(key: str = TENANT_KEY) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def error_of(resp: aiohttp.ClientResponse, status: int, code: ErrorCode) -> str:
+    assert resp.status == status, await resp.text()
+    body = ErrorBody.model_validate(await resp.json())
+    assert body.error.code == code
+    return body.error.message

@@ -10,7 +10,7 @@ from memstream.core.settings import Settings
 from memstream.dev import settings_doc
 
 pytestmark = pytest.mark.unit
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "settings.md"
 FIX = "python -m memstream.dev.settings_doc --write docs/settings.md"
 

@@ -12,7 +12,7 @@ from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, Insight, RulesModel, Usage
 from memstream.memory.store import Scope
 from memstream.topics.schemas import ExtractionJob, ToolWrite, TriggerReason
-from tests.unit.helpers import make_store, memory
+from tests.unit.builders import make_store, memory
 
 pytestmark = pytest.mark.unit
 

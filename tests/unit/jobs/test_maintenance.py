@@ -20,7 +20,7 @@ from memstream.memory.model import Memory, OpKind, Status
 from memstream.memory.plan import REFLECTION, Plan, is_reflection
 from memstream.memory.store import Scope
 from memstream.topics.schemas import ExtractionJob, JobStatus, TriggerReason
-from tests.unit.helpers import make_store, memory
+from tests.unit.builders import make_store, memory
 
 pytestmark = pytest.mark.unit
 

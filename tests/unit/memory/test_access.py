@@ -10,7 +10,7 @@ from memstream.memory.access import Access, AccessStats, fold, fold_one, memory_
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.fencing import Cursor
 from memstream.memory.store import Scope
-from tests.unit.helpers import make_store, memory
+from tests.unit.builders import make_store, memory
 
 pytestmark = pytest.mark.unit
 

@@ -17,7 +17,7 @@ from memstream.memory.coalescing import (
 )
 from memstream.memory.ingest_state import restore, snapshot
 from memstream.topics.schemas import JobStatus, TriggerReason
-from tests.unit.helpers import msg, result
+from tests.unit.builders import msg, result
 
 pytestmark = pytest.mark.unit
 

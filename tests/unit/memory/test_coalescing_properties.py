@@ -15,7 +15,7 @@ from memstream.memory.coalescing import (
     on_tick,
 )
 from memstream.topics.schemas import JobStatus, TriggerReason
-from tests.unit.helpers import msg, result
+from tests.unit.builders import msg, result
 
 pytestmark = pytest.mark.unit
 

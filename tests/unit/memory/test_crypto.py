@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 
 import pytest
 
 from memstream.core.errors import ConfigError, InvalidRecord
 from memstream.memory import crypto
-from memstream.topics.schemas import Lineage, MemoryChange
+from memstream.topics.schemas import MemoryChange
+from tests.unit.builders import CANARY, change
 
 pytestmark = pytest.mark.unit
-CANARY = "canary-7f3a Lives in Reykjavik"
-
-
-def change(user: str = "u1", cid: str = "c1") -> MemoryChange:
-    after = {"memory_id": "m1", "content": CANARY, "version": 1}
-    return MemoryChange(
-        change_id=cid, op="add", tenant_id="t1", user_id=user, memory_id="m1", version=1,
-        before=None, after=after, records=[after], vector=[0.25, -0.5], reason=CANARY,
-        lineage=Lineage(session_id="s1", from_seq=0, to_seq=1, job_id="j1"), model="rules",
-        prompt_version="v1", decided_at=datetime(2026, 1, 1, tzinfo=UTC))
-
-
 def test_a_sealed_change_keeps_no_content_and_opens_back():
     key = crypto.new_data_key()
     sealed = crypto.seal_change(change(), "k1", key)

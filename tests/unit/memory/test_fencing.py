@@ -25,8 +25,7 @@ from memstream.memory.fencing import Cursor, Touch, Verdict, decide_or_skip, mov
 from memstream.memory.ingest_state import restore, snapshot
 from memstream.memory.store import Scope
 from memstream.topics.schemas import JobStatus
-from tests.unit.helpers import msg, result
-from tests.unit.test_memory_core import job, live, store  # noqa: F401  (fixture)
+from tests.unit.builders import job, live, msg, result
 
 pytestmark = pytest.mark.unit
 C = Cursor(5, "job-5", "d-5")
@@ -73,7 +72,7 @@ def decide(ex, j, now, seq):
     return build_decision(j, ex.decide(j, now), ex.model, now)
 
 
-def test_an_old_job_decided_again_never_rolls_a_fact_back(store):  # noqa: F811
+def test_an_old_job_decided_again_never_rolls_a_fact_back(store):
     ex = Extractor(RulesModel(), HashingEmbedder(), store)
     first = apply_decision(store, decide(ex, job(["I live in Dublin"], job_id="j0"), 10, 1))
     assert first.verdict == Verdict.APPLY and [c.op for c in first.publish] == ["add"]
@@ -92,7 +91,7 @@ def test_an_old_job_decided_again_never_rolls_a_fact_back(store):  # noqa: F811
     assert store.cursor(Scope("t1", "u1")) == Cursor(3, "jB", b.decision_id)
 
 
-def test_a_decision_seen_again_is_republished_never_reapplied(store):  # noqa: F811
+def test_a_decision_seen_again_is_republished_never_reapplied(store):
     ex = Extractor(RulesModel(), HashingEmbedder(), store)
     d = decide(ex, job(["I live in Oslo", "I am allergic to nuts"]), 10, 1)
     first = apply_decision(store, d)
@@ -108,7 +107,7 @@ def test_a_decision_seen_again_is_republished_never_reapplied(store):  # noqa: F
     assert live(store) == ["Allergic to nuts", "Lives in Oslo"]
 
 
-def test_a_decision_whose_memory_moved_on_is_refused_whole(store):  # noqa: F811
+def test_a_decision_whose_memory_moved_on_is_refused_whole(store):
     ex = Extractor(RulesModel(), HashingEmbedder(), store)
     apply_decision(store, decide(ex, job(["I live in Rome"], job_id="j1"), 10, 1))
     stale = decide(ex, job(["We moved from Rome to Paris", "I am allergic to cats"],
@@ -120,7 +119,7 @@ def test_a_decision_whose_memory_moved_on_is_refused_whole(store):  # noqa: F811
     assert store.cursor(Scope("t1", "u1")).seq == 2
 
 
-def test_a_half_applied_decision_is_completed_by_its_replay(store):  # noqa: F811
+def test_a_half_applied_decision_is_completed_by_its_replay(store):
     ex = Extractor(RulesModel(), HashingEmbedder(), store)
     apply_decision(store, decide(ex, job(["I live in Rome"], job_id="j1"), 10, 1))
     move = decide(ex, job(["We moved from Rome to Paris"], job_id="j2"), 20, 2)
@@ -134,7 +133,7 @@ def test_a_half_applied_decision_is_completed_by_its_replay(store):  # noqa: F81
     assert out.verdict == Verdict.APPLY and live(store) == ["Lives in Paris"]
 
 
-def test_cursor_is_invisible_to_memory_queries(store):  # noqa: F811
+def test_cursor_is_invisible_to_memory_queries(store):
     store.set_cursor(Scope("t1", "u1"), Cursor(7, "j7", "d7"))
     assert store.list(Scope("t1", "u1"), statuses=None) == []
     assert store.cursor(Scope("t1", "u1")) == Cursor(7, "j7", "d7")

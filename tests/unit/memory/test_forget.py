@@ -18,15 +18,10 @@ from memstream.memory.fencing import Verdict
 from memstream.memory.rebuild import rebuild
 from memstream.memory.store import Scope
 from memstream.topics.schemas import JobResult, JobStatus
-from tests.unit.helpers import make_store, memory, tool_request
-from tests.unit.test_tool_jobs import P, feed, fresh
+from tests.unit.builders import P, feed, forget_request, fresh, make_store, memory, tool_request
 
 pytestmark = pytest.mark.unit
 CANARY = "Lives in canary-town-41"
-
-
-def forget_request(rid: str = "forget-1", user: str = "u1"):
-    return tool_request("", rid=rid, name="forget", user=user)
 
 
 def test_the_machine_drops_buffered_content_and_runs_the_erasure_next():
@@ -139,7 +134,7 @@ def test_a_rebuild_of_one_tenant_never_touches_another(store):
 def test_messages_written_before_the_forget_and_read_after_it_are_dropped():
     from memstream.memory.coalescing import next_deadline, on_message, on_tick
     from memstream.memory.ingest_state import restore, snapshot
-    from tests.unit.helpers import msg
+    from tests.unit.builders import msg
 
     step = on_tool(fresh(), forget_request(), 10.0, P)  # asked at 2026-01-01 (the ts)
     state = restore(snapshot(step.state))  # survives the changelog

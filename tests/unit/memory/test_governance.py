@@ -16,7 +16,7 @@ from memstream.memory.model import Memory, OpKind, Status
 from memstream.memory.plan import Plan
 from memstream.memory.store import Scope
 from memstream.topics.schemas import ExtractionJob, JobStatus, ToolWrite, TriggerReason
-from tests.unit.helpers import make_store, memory
+from tests.unit.builders import make_store, memory
 
 pytestmark = pytest.mark.unit
 

@@ -14,12 +14,11 @@ from memstream.memory.extraction import Extractor, JobOutcome, RulesModel
 from memstream.memory.model import Memory, OpKind, Source, Status
 from memstream.memory.store import Scope
 from memstream.memory.store_edge import EdgeStore
-from memstream.memory.store_server import ServerStore
 from memstream.topics.schemas import ExtractionJob
-from tests.unit.helpers import job
+from tests.unit.builders import job, live
 
 pytestmark = pytest.mark.unit
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def ctx(job="j1", now=100.0, user="u1"):
@@ -96,19 +95,6 @@ def test_per_embedder_threshold_matches_the_labelled_pairs(embedder, min_accurac
 
 # --- stores and the extractor -----------------------------------------------------------
 
-@pytest.fixture(params=["edge", "server"])
-def store(request, tmp_path):
-    dim = HashingEmbedder().dim
-    if request.param == "edge":
-        s = EdgeStore(tmp_path / "edge", dim)
-    else:
-        from qdrant_client import QdrantClient
-
-        s = ServerStore("memories", dim, client=QdrantClient(":memory:"))
-    yield s
-    s.close()
-
-
 def run(ex: Extractor, j: ExtractionJob, now: float) -> tuple[JobOutcome, list]:
     """Decide, then apply every change like the apply stage does; returns applied ops."""
     out = ex.decide(j, now)
@@ -116,10 +102,6 @@ def run(ex: Extractor, j: ExtractionJob, now: float) -> tuple[JobOutcome, list]:
     applied = [op for (op, _), ch in zip(out.ops, changes, strict=True)
                if apply_change(ex.store, ch)]
     return out, applied
-
-
-def live(store, user="u1"):
-    return sorted(m.content for m in store.list(Scope("t1", user)))
 
 
 def test_move_leaves_one_live_address_and_keeps_history(store):

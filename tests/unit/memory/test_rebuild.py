@@ -13,7 +13,7 @@ from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.model import Memory
 from memstream.memory.rebuild import Fold, rebuild
 from memstream.memory.store import Scope
-from tests.unit.helpers import make_store
+from tests.unit.builders import make_store
 
 pytestmark = pytest.mark.unit
 DIM = 16

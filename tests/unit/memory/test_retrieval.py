@@ -10,7 +10,7 @@ from memstream.memory.model import GLOBAL_USER
 from memstream.memory.retrieval import Query, memory_dict, recall
 from memstream.memory.scoring import Weights
 from memstream.memory.store import Scope
-from tests.unit.helpers import make_store, memory
+from tests.unit.builders import make_store, memory
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ from memstream.memory.fencing import Cursor
 from memstream.memory.rebuild import rebuild
 from memstream.memory.store import Scope
 from memstream.memory.store_swap import SwappableStore, copy_cursors, copy_user
-from tests.unit.helpers import make_store
+from tests.unit.builders import make_store
 
 pytestmark = pytest.mark.unit
 DIM = 16

@@ -12,10 +12,7 @@ import pytest
 from memstream.memory.apply import apply_decision, build_decision
 from memstream.memory.coalescing import (
     TOOL_SESSION,
-    Policy,
-    UserState,
     next_deadline,
-    on_message,
     on_result,
     on_tick,
     on_tool,
@@ -28,24 +25,11 @@ from memstream.memory.ingest_state import restore, snapshot
 from memstream.memory.model import OpKind, Status
 from memstream.memory.store import Scope
 from memstream.topics.schemas import JobResult, JobStatus, TriggerReason
-from tests.unit.helpers import make_store, msg, result, tool_request
+from tests.unit.builders import P, feed, fresh, make_store, result, tool_request
 
 pytestmark = pytest.mark.unit
 
-P = Policy(min_new_messages=4, context_messages=2, idle_timeout_s=100, job_timeout_s=50)
 FACTS = ["f1 x", "f2 x", "f3 x", "f4 x"]
-
-
-def fresh() -> UserState:
-    return UserState("t1", "u1")
-
-
-def feed(state, texts, now=0.0):
-    jobs = []
-    for text in texts:
-        step = on_message(state, msg(text), now, P)
-        state, jobs = step.state, jobs + step.jobs
-    return state, jobs
 
 
 # --- the queue ------------------------------------------------------------------------------

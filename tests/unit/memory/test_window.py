@@ -8,7 +8,7 @@ from memstream.core.settings import Settings
 from memstream.memory import window
 from memstream.memory.window import CHUNK
 from memstream.streams import window as table_window
-from tests.unit.helpers import msg
+from tests.unit.builders import msg
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 pytestmark = pytest.mark.unit
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_compose_has_kafka_qdrant_and_worker():

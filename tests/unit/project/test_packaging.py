@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.unit
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_wheel_has_one_top_level_package(tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ def test_an_install_declares_its_data_folders() -> None:
     about each undeclared one on every install: issue 16's warning flood)."""
     import tomllib
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     conf = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
     packages, data = set(conf["packages"]), conf["package-data"]
     assert set(data) <= packages

@@ -26,10 +26,7 @@ from memstream.streams.counters import Counters
 from memstream.streams.extract import failed_decision, skip_decided
 from memstream.streams.stage import Work
 from memstream.topics.schemas import JobResult, JobStatus, MemoryChange
-from tests.unit.helpers import make_store
-from tests.unit.test_forget import forget_request
-from tests.unit.test_memory_core import job, live
-from tests.unit.test_tool_jobs import P, fresh
+from tests.unit.builders import P, forget_request, fresh, job, live, make_store
 
 pytestmark = pytest.mark.unit
 SCOPE = Scope("t1", "u1")

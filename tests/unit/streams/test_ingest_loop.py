@@ -30,7 +30,7 @@ from memstream.topics.schemas import (
     JobStatus,
     SessionEvent,
 )
-from tests.unit.helpers import FakeConsumer, FakeProducer
+from tests.unit.builders import FakeConsumer, FakeProducer
 
 pytestmark = pytest.mark.unit
 T0 = datetime(2026, 12, 1, tzinfo=UTC)

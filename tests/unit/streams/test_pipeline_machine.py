@@ -99,7 +99,7 @@ from memstream.topics.schemas import (
     MemoryChange,
     TriggerReason,
 )
-from tests.unit.helpers import make_store
+from tests.unit.builders import make_store
 
 pytestmark = pytest.mark.unit
 

@@ -22,7 +22,7 @@ from memstream.core.settings import Settings
 from memstream.streams.app import Pipeline, build_app
 from memstream.streams.owned_loop import OwnedLoop
 from memstream.topics.schemas import JobDecision, JobResult, JobStatus, MemoryChange, Tick
-from tests.unit.helpers import FakeConsumer, FakeProducer, job
+from tests.unit.builders import FakeConsumer, FakeProducer, job
 
 pytestmark = pytest.mark.unit
 NOW = 1_780_000_000.0

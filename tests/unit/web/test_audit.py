@@ -6,7 +6,7 @@ import pytest
 
 from memstream.core.settings import Settings
 from memstream.web.audit import AuditLog, entry
-from tests.unit.test_crypto import CANARY, change
+from tests.unit.builders import CANARY, change
 
 pytestmark = pytest.mark.unit
 

@@ -6,113 +6,37 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from memstream.web.http import ROUTES, ApiError, HttpServer, build_http_app
 from memstream.web.models import paths
 from memstream.web.models.api import (
     MAX_PAGE,
-    Accepted,
     ContextRequest,
     ContextResponse,
-    ErrorBody,
     ErrorCode,
-    FeedbackRequest,
-    MemoryOut,
     MemoryPage,
-    Principal,
-    ScoredMemory,
     SearchRequest,
-    SearchResponse,
     ToolCallRequest,
     ToolResult,
 )
 from memstream.web.openapi import error_statuses, openapi_document
+from tests.unit.builders import (
+    ADMIN_KEY,
+    KEYS,
+    TENANT_KEY,
+    TOOL,
+    FakeAuthoriser,
+    FakeBackend,
+    bearer,
+    error_of,
+    serve,
+)
 
 pytestmark = pytest.mark.unit
-
-TENANT_KEY = "key-acme-0123456789"
-ADMIN_KEY = "key-admin-9876543210"
-KEYS = {TENANT_KEY: Principal(key_id="k-acme", tenant_id="acme"),
-        ADMIN_KEY: Principal(key_id="k-admin", admin=True)}
-TOOL = {"type": "function", "function": {"name": "memory_search", "parameters": {}}}
-MEMORY = MemoryOut(memory_id="m1", version=1, type="episodic", content="likes tea",
-                   importance=5, status="active", scope="user", created_at=1.0,
-                   updated_at=1.0, valid_from=1.0)
-SCORED = ScoredMemory(**MEMORY.model_dump(), score=0.9, recency=1.0, importance_score=0.5,
-                      relevance=0.8)
-
-
-class FakeBackend:
-    """Records every call; ``fail`` makes the next calls raise it."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-        self.is_ready = True
-        self.fail: BaseException | None = None
-
-    def ready(self) -> bool:
-        return self.is_ready
-
-    def tools(self) -> list[dict[str, Any]]:
-        return [TOOL]
-
-    def _record(self, *call: Any) -> None:
-        self.calls.append(call)
-        if self.fail is not None:
-            raise self.fail
-
-    async def list_memories(self, tenant: str, user: str, *, limit: int, cursor: str | None,
-                            status: str | None, type: str | None) -> MemoryPage:
-        self._record("list_memories", tenant, user,
-                     {"limit": limit, "cursor": cursor, "status": status, "type": type})
-        return MemoryPage(memories=[MEMORY], next_cursor="next-1")
-
-    async def search(self, tenant: str, user: str, req: SearchRequest) -> SearchResponse:
-        self._record("search", tenant, user, req)
-        return SearchResponse(query_id="q1", memories=[SCORED])
-
-    async def context(self, tenant: str, user: str, req: ContextRequest) -> ContextResponse:
-        self._record("context", tenant, user, req)
-        return ContextResponse(query_id="q1", memories=[SCORED], procedural=[],
-                               core={"profile": "p"}, window=[], prompt_block="block")
-
-    async def feedback(self, tenant: str, user: str, req: FeedbackRequest) -> Accepted:
-        self._record("feedback", tenant, user, req)
-        return Accepted(id="f1")
-
-    async def execute_tool(self, tenant: str, user: str, req: ToolCallRequest,
-                           principal: Principal) -> ToolResult:
-        self._record("execute_tool", tenant, user, req, principal)
-        return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="ok",
-                          content="done")
-
-
-class FakeAuthoriser:
-    def __init__(self, keys: dict[str, Principal]) -> None:
-        self.keys = keys
-
-    def authorise(self, presented: str) -> Principal | None:
-        return self.keys.get(presented)
-
-
-@asynccontextmanager
-async def serve(backend: FakeBackend | None = None,
-                max_body: int = 65536) -> AsyncIterator[tuple[TestClient, FakeBackend]]:
-    backend = backend or FakeBackend()
-    app = build_http_app(backend, FakeAuthoriser(KEYS), max_body_bytes=max_body)
-    async with TestClient(TestServer(app)) as client:
-        yield client, backend
-
-
-def bearer(key: str = TENANT_KEY) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
 
 def user_path(route: str, tenant: str = "acme", user: str = "u1") -> str:
     """A route of :mod:`memstream.web.models.paths` for one user, the ids put in as given
@@ -131,13 +55,6 @@ SCOPED = [
      "execute_tool"),
 ]
 SCOPED_IDS = [s[1].removeprefix(paths.USER + "/") for s in SCOPED]
-
-
-async def error_of(resp: aiohttp.ClientResponse, status: int, code: ErrorCode) -> str:
-    assert resp.status == status, await resp.text()
-    body = ErrorBody.model_validate(await resp.json())
-    assert body.error.code == code
-    return body.error.message
 
 
 # --- keys and tenants -------------------------------------------------------------------

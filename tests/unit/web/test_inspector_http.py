@@ -24,10 +24,10 @@ from memstream.web.http_inspector import (
     load,
 )
 from memstream.web.openapi import openapi_document
-from tests.unit.test_http import serve
+from tests.unit.builders import serve
 
 pytestmark = pytest.mark.unit
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 JS = [a.name for a in ASSETS.values() if a.name.endswith(".js")]
 
 

@@ -24,7 +24,7 @@ from memstream.web.models.history import (
     Residue,
     SourceResponse,
 )
-from tests.unit.test_http import ADMIN_KEY, FakeBackend, bearer, error_of, serve
+from tests.unit.builders import ADMIN_KEY, FakeBackend, bearer, error_of, serve
 
 pytestmark = pytest.mark.unit
 

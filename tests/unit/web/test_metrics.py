@@ -27,7 +27,7 @@ from memstream.web import prometheus as sm
 from memstream.web.http import build_http_app
 from memstream.web.models.api import Principal
 from memstream.web.prometheus import METRICS, MetricsDeps
-from tests.unit.helpers import msg, result
+from tests.unit.builders import msg, result
 
 pytestmark = pytest.mark.unit
 

@@ -20,7 +20,7 @@ from memstream.web.models import paths
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 JS_FOLDER = ROOT / "web" / "inspector"
 BASE = "http://memstream.test"
 KEY = "sk-tenant-acme-7f3a9c"
