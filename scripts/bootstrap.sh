@@ -38,7 +38,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "installing memstream and its dependencies into .venv (pip install -e .[dev]) ..." >&2
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[dev]"
+  # setuptools warns on every editable install that folders named like the package may
+  # shadow it: ours are mapped into the one memstream namespace on purpose (pyproject.toml).
+  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[dev]"
   touch "$stamp"
+  echo "installed: .venv/bin/memstream" >&2
 fi

@@ -27,7 +27,7 @@ unset MEMSTREAM_KAFKA_PORT MEMSTREAM_KAFKA_CONTROLLER_PORT
 export MEMSTREAM_REQUIRE_INTEGRATION=1
 .venv/bin/ruff check .
 .venv/bin/mypy memstream
-.venv/bin/lint-imports --no-cache  # the layer contracts of pyproject.toml
+.venv/bin/lint-imports --no-cache --no-logo  # the layer contracts of pyproject.toml
 .venv/bin/python scripts/import_graph.py --check >/dev/null || {
   .venv/bin/python scripts/import_graph.py | tail -5; echo "import cycles (above)"; exit 1; }
 .venv/bin/python -m pytest -m "unit or integration" "$@"
