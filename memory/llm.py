@@ -131,7 +131,7 @@ class OpenAIModel:
         self._client = client
         self._sleep = sleep
         self._clock = clock
-        self._json_mode = False  # set once the server rejected json_schema
+        self._format = "json_schema"  # the structured output the server accepts
         self.recorder = recorder  # recorded answers (memory.llm_record): replays offline
 
     # --- the protocol -------------------------------------------------------------------
@@ -260,20 +260,22 @@ class OpenAIModel:
         import openai
 
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        if not self._json_mode:
-            fmt: dict[str, Any] = {"type": "json_schema", "json_schema": {
-                "name": schema.__name__, "schema": schema.model_json_schema()}}
+        resp: Any = None
+        while resp is None:
+            fmt = _response_format(self._format, schema)
             try:
                 resp = self._client_for(deadline).chat.completions.create(
                     model=self.model, messages=messages, response_format=fmt, temperature=0)
-            except openai.BadRequestError as exc:
-                if "response_format" not in str(exc) and "json_schema" not in str(exc):
+            except (openai.BadRequestError, openai.InternalServerError) as exc:
+                # A server without this kind of structured output says so (OpenAI: 400;
+                # llama.cpp's server: 500 on json_schema): the next kind, remembered.
+                # Any other 500 is transient (retried by the caller), as before.
+                fallback = _FALLBACK.get(self._format)
+                if fallback is None or not _about_format(exc, self._format):
                     raise
-                self._json_mode = True
-        if self._json_mode:
-            resp = self._client_for(deadline).chat.completions.create(
-                model=self.model, messages=messages, response_format={"type": "json_object"},
-                temperature=0)
+                log.info("%s: the server refused response_format %s (%s); using %s",
+                         self.model, self._format, type(exc).__name__, fallback)
+                self._format = fallback
         used = Usage(1, getattr(resp.usage, "prompt_tokens", 0) or 0,
                      getattr(resp.usage, "completion_tokens", 0) or 0)
         text = resp.choices[0].message.content or ""
@@ -281,6 +283,28 @@ class OpenAIModel:
             return schema.model_validate_json(_strip_fences(text)), used
         except ValidationError as exc:
             raise InvalidReply(f"invalid {schema.__name__}: {exc.errors()[:3]}", used) from exc
+
+
+# json_schema (OpenAI, vLLM) -> json_object with the schema (llama.cpp's server turns it
+# into a grammar) -> plain json_object (the prompt carries the schema; replies validated).
+_FALLBACK = {"json_schema": "json_object+schema", "json_object+schema": "json_object"}
+
+
+def _response_format(kind: str, schema: type[BaseModel]) -> dict[str, Any]:
+    if kind == "json_schema":
+        return {"type": "json_schema", "json_schema": {
+            "name": schema.__name__, "schema": schema.model_json_schema()}}
+    if kind == "json_object+schema":
+        return {"type": "json_object", "schema": schema.model_json_schema()}
+    return {"type": "json_object"}
+
+
+def _about_format(exc: Exception, kind: str) -> bool:
+    """Does the server's error name the structured output it was asked for?"""
+    text = str(exc).lower()
+    if kind == "json_schema":
+        return "json_schema" in text or "response_format" in text
+    return "schema" in text or "response_format" in text
 
 
 def _line(m: JobMessage) -> str:

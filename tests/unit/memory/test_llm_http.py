@@ -71,6 +71,28 @@ def test_falls_back_to_json_mode_and_remembers(server):
     assert formats == ["json_schema", "json_object", "json_object"]
 
 
+def test_a_500_that_names_json_schema_falls_back_to_json_object_with_the_schema(server):
+    # llama.cpp's server answers json_schema with a 500; it takes json_object + schema
+    m = model(server)
+    server.script = [error(500, "Unsupported response_format type: json_schema"),
+                     chat_json(FACTS), chat_json(FACTS)]
+    m.extract(msgs("x"), [])
+    m.extract(msgs("y"), [])
+    formats = [body["response_format"] for _, body in server.requests]
+    assert [f["type"] for f in formats] == ["json_schema", "json_object", "json_object"]
+    assert formats[1]["schema"]["title"] == "ExtractReply" and formats[2] == formats[1]
+
+
+def test_a_server_that_refuses_the_schema_gets_plain_json_object(server):
+    server.script = [error(400, "response_format json_schema is not supported"),
+                     error(400, "Additional properties are not allowed ('schema' was unexpected)"),
+                     chat_json(FACTS)]
+    cands, _ = model(server).extract(msgs("We moved to Munich"), [])
+    assert [c.text for c in cands] == ["Lives in Munich"]
+    formats = [body["response_format"] for _, body in server.requests]
+    assert formats[-1] == {"type": "json_object"} and len(formats) == 3
+
+
 @pytest.mark.parametrize("failure", [
     error(429, "rate limited"), error(500), error(503), error(408), error(409),
     chat("this is not json {"), chat_json({"facts": [{"text": "x", "importance": 42}]}),

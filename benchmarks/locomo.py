@@ -1,0 +1,155 @@
+"""LOCOMO through the real pipeline: evidence recall per category and trigger policy, and J
+with an answering endpoint. Prints a table and one JSON line.
+
+    .venv/bin/python benchmarks/locomo.py --data ../shared/data/locomo10.json
+    .venv/bin/python benchmarks/locomo.py --data ../shared/data/locomo10.json \\
+        --conversations 2 --limit 20 --policies shipped \\
+        --base-url http://127.0.0.1:8080/v1 --model smollm2 --record answers.jsonl
+
+The data (CC BY-NC 4.0) is never part of the project: give its path. The broker is the
+benchmark's own (port 39092, started and stopped here) unless ``--bootstrap`` names one.
+Without ``--base-url`` the worker runs the rules model and no answer is judged: evidence
+recall, calls, tokens and latency are the figures (docs/benchmarks.md, "LOCOMO").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from memstream.core.settings import Settings
+from memstream.dev import broker as local_broker
+from memstream.dev.locomo import CATEGORIES, load
+from memstream.dev.locomo_judge import Calls, Judge
+from memstream.dev.locomo_run import POLICIES, Result, run_policy
+
+ORDER = [*CATEGORIES.values(), "overall"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def table(results: list[Result]) -> str:
+    lines = ["", "evidence recall@5 / @10 (J when judged), per category",
+             f"{'policy':16}" + "".join(f"{c:>20}" for c in ORDER)]
+    for r in results:
+        cells = []
+        for c in ORDER:
+            row = r.tally.row(c)
+            if not row["questions"]:
+                cells.append(f"{'-':>20}")
+                continue
+            text = f"{row['recall@5']:.2f}/{row['recall@10']:.2f}"
+            if row["J"] is not None:
+                text += f" J{row['J']:.2f}"
+            cells.append(f"{text:>20}")
+        lines.append(f"{r.policy:16}" + "".join(cells))
+    lines += ["", f"{'policy':16}{'jobs/100':>10}{'calls/100':>10}{'tok in/100':>11}"
+              f"{'tok out/100':>12}{'mem/conv':>9}{'search p50':>11}{'p95 ms':>8}"
+              f"{'ctx tok':>8}{'conv tok':>9}{'lineage':>8}{'s':>7}"]
+    for r in results:
+        s = r.summary()
+        lines.append(
+            f"{r.policy:16}{s['jobs_per_100_messages']:>10}{s['llm_calls_per_100_messages']:>10}"
+            f"{s['prompt_tokens_per_100_messages']:>11}"
+            f"{s['completion_tokens_per_100_messages']:>12}"
+            f"{s['memories_per_conversation']:>9}{s['search_ms_p50']!s:>11}"
+            f"{s['search_ms_p95']!s:>8}{s['context_tokens_mean']:>8}"
+            f"{s['conversation_tokens_mean']:>9}{s['lineage_turns_mean']:>8}{s['seconds']:>7}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, required=True, help="locomo10.json (LOCOMO format)")
+    ap.add_argument("--conversations", type=int, default=None, help="the first N (all)")
+    ap.add_argument("--limit", type=int, default=None, help="questions per conversation")
+    ap.add_argument("--policies", default="per-turn,shipped",
+                    help=f"comma-separated, of {', '.join(POLICIES)}")
+    ap.add_argument("-k", type=int, default=10, help="memories retrieved per question")
+    ap.add_argument("--bootstrap", default=None, help="a running broker (else our own)")
+    ap.add_argument("--port", type=int, default=39092, help="the benchmark's own broker")
+    ap.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint: the "
+                    "worker extracts with it, and answers are written and judged")
+    ap.add_argument("--model", default="gpt-4o-mini", help="extraction and answering model")
+    ap.add_argument("--judge-model", default=None, help="judging model (--model)")
+    ap.add_argument("--record", type=Path, default=None,
+                    help="append every answer/judge reply to this JSONL file")
+    ap.add_argument("--recorded", type=Path, default=None,
+                    help="answers and verdicts from this file only (offline)")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="per policy, for the jobs")
+    ap.add_argument("--pace", type=float, default=0.0,
+                    help="seconds between produced events (0: as fast as the producer goes; "
+                    "users are interleaved either way)")
+    args = ap.parse_args(argv)
+
+    conversations = load(args.data, args.conversations)
+    policies = [POLICIES[p.strip()] for p in args.policies.split(",")]
+    judge = None
+    if args.base_url or args.recorded:
+        mode = "recorded" if args.recorded else "record" if args.record else "live"
+        calls = Calls(args.base_url, os.environ.get("OPENAI_API_KEY", "none"), mode,
+                      args.recorded or args.record)
+        judge = Judge(calls, args.model, args.judge_model or args.model)
+    base = {"bootstrap_servers": args.bootstrap or f"127.0.0.1:{args.port}",
+            "web_port": free_port()}
+    if args.base_url:
+        base.update(llm="openai", llm_base_url=args.base_url, llm_model=args.model,
+                    llm_api_key=os.environ.get("OPENAI_API_KEY", "none"))
+    broker = Settings(kafka_port=args.port, kafka_controller_port=args.port + 1)
+    started = False
+    if args.bootstrap is None and local_broker.read_pid(local_broker.paths_for(broker)) is None:
+        local_broker.start(broker, 180.0)
+        started = True
+    questions = sum(len(c.qa[:args.limit]) for c in conversations)
+    print(f"LOCOMO: {len(conversations)} conversations, {questions} questions per policy, "
+          f"policies {', '.join(p.name for p in policies)}; model "
+          f"{args.model if args.base_url else 'rules (offline)'}", flush=True)
+    results: list[Result] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="memstream-locomo-") as tmp:
+            for policy in policies:
+                seen = {"messages": 0, "questions": 0}
+                t0 = time.monotonic()
+
+                def progress(what: str, n: int, seen: dict[str, int] = seen,
+                             t0: float = t0, name: str = policy.name) -> None:
+                    seen[what] += n
+                    print(f"\r  {name}: {seen['messages']} messages covered, "
+                          f"{seen['questions']}/{questions} questions "
+                          f"({time.monotonic() - t0:.0f} s)", end="", file=sys.stderr,
+                          flush=True)
+
+                settings = Settings(**base)  # type: ignore[arg-type]
+                results.append(asyncio.run(run_policy(
+                    policy, conversations, settings, Path(tmp), k=args.k, limit=args.limit,
+                    judge=judge, timeout=args.timeout, pace_s=args.pace,
+                    progress=progress)))
+                print(file=sys.stderr)
+    finally:
+        if started:
+            local_broker.stop(broker)
+    print(table(results))
+    out = {"data": args.data.name, "conversations": len(conversations),
+           "questions": questions, "k": args.k,
+           "model": args.model if args.base_url else "rules",
+           "results": [r.summary() for r in results]}
+    if judge is not None:
+        out["judge"] = {"calls": judge.calls.calls, "prompt_tokens": judge.calls.prompt_tokens,
+                        "completion_tokens": judge.calls.completion_tokens}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
