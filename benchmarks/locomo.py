@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, required=True, help="locomo10.json (LOCOMO format)")
     ap.add_argument("--conversations", type=int, default=None, help="the first N (all)")
     ap.add_argument("--limit", type=int, default=None, help="questions per conversation")
+    ap.add_argument("--sessions", type=int, default=None, help="each conversation cut to "
+                    "its first N sessions (the questions whose evidence they hold)")
     ap.add_argument("--policies", default="per-turn,shipped",
                     help=f"comma-separated, of {', '.join(POLICIES)}")
     ap.add_argument("-k", type=int, default=10, help="memories retrieved per question")
@@ -84,16 +86,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="gpt-4o-mini", help="extraction and answering model")
     ap.add_argument("--judge-model", default=None, help="judging model (--model)")
     ap.add_argument("--record", type=Path, default=None,
-                    help="append every answer/judge reply to this JSONL file")
+                    help="record every LLM answer: the answers and verdicts to FILE, the "
+                    "worker's extraction answers to FILE's .extraction.jsonl sibling")
     ap.add_argument("--recorded", type=Path, default=None,
-                    help="answers and verdicts from this file only (offline)")
+                    help="replay a --record run offline, answer for answer (no endpoint)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="per policy, for the jobs")
     ap.add_argument("--pace", type=float, default=0.0,
                     help="seconds between produced events (0: as fast as the producer goes; "
                     "users are interleaved either way)")
     args = ap.parse_args(argv)
 
-    conversations = load(args.data, args.conversations)
+    conversations = load(args.data, args.conversations, args.sessions)
     policies = [POLICIES[p.strip()] for p in args.policies.split(",")]
     judge = None
     if args.base_url or args.recorded:
@@ -106,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.base_url:
         base.update(llm="openai", llm_base_url=args.base_url, llm_model=args.model,
                     llm_api_key=os.environ.get("OPENAI_API_KEY", "none"))
+    if args.record or args.recorded:  # the worker's extraction calls: <file>.extraction
+        recording = args.recorded or args.record
+        base.update(llm_record=recording.with_suffix(".extraction.jsonl"),
+                    llm_record_mode="replay" if args.recorded else "record")
+        if args.recorded:  # offline: the model named, no endpoint
+            base.update(llm="openai", llm_model=args.model)
     broker = Settings(kafka_port=args.port, kafka_controller_port=args.port + 1)
     started = False
     if args.bootstrap is None and local_broker.read_pid(local_broker.paths_for(broker)) is None:
@@ -114,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     questions = sum(len(c.qa[:args.limit]) for c in conversations)
     print(f"LOCOMO: {len(conversations)} conversations, {questions} questions per policy, "
           f"policies {', '.join(p.name for p in policies)}; model "
-          f"{args.model if args.base_url else 'rules (offline)'}", flush=True)
+          f"{args.model if args.base_url or args.recorded else 'rules (offline)'}"
+          f"{' replayed from ' + str(args.recorded) if args.recorded else ''}", flush=True)
     results: list[Result] = []
     try:
         with tempfile.TemporaryDirectory(prefix="memstream-locomo-") as tmp:
@@ -142,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     out = {"data": args.data.name, "conversations": len(conversations),
            "questions": questions, "k": args.k,
-           "model": args.model if args.base_url else "rules",
+           "model": args.model if args.base_url or args.recorded else "rules",
            "results": [r.summary() for r in results]}
     if judge is not None:
         out["judge"] = {"calls": judge.calls.calls, "prompt_tokens": judge.calls.prompt_tokens,

@@ -88,7 +88,12 @@ def build_services(settings: Settings, windowed: WindowedJobs | None = None) -> 
     if settings.similarity_threshold is not None:
         embedder.same_threshold = settings.similarity_threshold
     store = build_store(settings, embedder.dim)
-    model = build_model(settings)
+    recorder = None
+    if settings.llm == "openai" and settings.llm_record is not None:
+        from memstream.memory.llm_record import Recorder
+
+        recorder = Recorder(settings.llm_record, settings.llm_record_mode)
+    model = build_model(settings, recorder)
     return Services(model, embedder, store,
                     Extractor(model, embedder, store, top_k=settings.top_k_similar,
                               windowed=windowed))

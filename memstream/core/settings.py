@@ -185,6 +185,12 @@ class Settings(BaseSettings):
         "within the job deadline")
     llm_backoff_s: float = Field(1.0, gt=0, description="First LLM retry delay (doubles)")
     llm_backoff_max_s: float = Field(10.0, gt=0, description="Cap of one LLM call's retry delay")
+    llm_record: Path | None = Field(
+        None, description="Record the worker's validated LLM answers to this JSONL file, or "
+        "answer from it (llm_record_mode): a run replayed offline with the same answers")
+    llm_record_mode: Literal["record", "replay", "auto"] = Field(
+        "record", description="record: call and append; replay: answers from the file only "
+        "(a miss is an error, never a call); auto: from the file, else call and append")
 
     # --- The local broker (memstream broker ...) --------------------------------------
     kafka_version: str = Field("4.4.0", description="org.apache.kafka:kafka_2.13 version")

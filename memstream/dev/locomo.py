@@ -100,9 +100,20 @@ def parse(raw: dict) -> Conversation:
                         tuple(sessions), qa)
 
 
-def load(path: Path, conversations: int | None = None) -> list[Conversation]:
+def load(path: Path, conversations: int | None = None,
+         sessions: int | None = None) -> list[Conversation]:
+    """The first ``conversations``, each cut to its first ``sessions`` (then only the
+    questions whose evidence lies in what is kept)."""
     found = [parse(raw) for raw in json.loads(path.read_text("utf-8"))]
-    return found[:conversations] if conversations else found
+    found = found[:conversations] if conversations else found
+    return [shorten(c, sessions) for c in found] if sessions else found
+
+
+def shorten(conv: Conversation, sessions: int) -> Conversation:
+    kept = conv.sessions[:sessions]
+    turns = {t.dia_id for s in kept for t in s.turns}
+    qa = tuple(q for q in conv.qa if q.evidence and set(q.evidence) <= turns)
+    return Conversation(conv.sample_id, conv.speakers, kept, qa)
 
 
 def events(conv: Conversation, tenant: str, gap_s: float = 30.0) -> list[Event]:

@@ -35,6 +35,12 @@ def test_a_conversation_is_parsed_with_its_sessions_dates_and_questions(conv):
     assert conv.qa[-1].answer == "blue"  # an adversarial question's answer field
 
 
+def test_a_conversation_cut_to_its_first_sessions_keeps_the_questions_they_answer():
+    (short,) = locomo.load(MINI, sessions=1)
+    assert [s.number for s in short.sessions] == [1] and len(short.turns) == 6
+    assert [q.evidence for q in short.qa] == [("D1:2",), ("D1:3",), ("D1:4",)]
+
+
 def test_each_speaker_is_a_user_whose_own_turns_are_user_messages(conv):
     evs = locomo.events(conv, "t", gap_s=30)
     ana = [e for e in evs if e.user_id == "mini-1.Ana"]

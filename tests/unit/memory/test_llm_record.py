@@ -177,3 +177,27 @@ def test_model_records_then_replays_offline(tmp_path):
     assert again == cands and usage_again == usage == Usage(1, 321, 12)
     with pytest.raises(RecordingMiss, match=EXTRACT_PROMPT):
         offline.extract(msgs("We moved to Hamburg"), [])
+
+
+def test_a_worker_records_its_answers_and_replays_them_offline(tmp_path):
+    from memstream.memory.services import build_services
+
+    path = tmp_path / "worker.jsonl"
+    msg = [JobMessage(seq=0, message_id="m0", role="user", content="We moved to Munich",
+                      ts=datetime(2026, 1, 1, tzinfo=UTC))]
+    facts = {"facts": [{"text": "Lives in Munich", "type": "episodic", "importance": 7,
+                        "slot": "residence"}]}
+    common = {"llm": "openai", "llm_mode": "two_step", "llm_model": "m", "embedder": "hashing",
+              "store": "edge", "llm_record": path}
+    with OpenAITestServer() as server:
+        server.script.append(chat_json(facts))
+        recording = build_services(Settings(data_dir=tmp_path / "a", llm_base_url=server.url,
+                                            llm_record_mode="record", **common))
+        live_found, _ = recording.model.extract(msg, [])
+        recording.store.close()
+    replaying = build_services(Settings(data_dir=tmp_path / "b", llm_record_mode="replay",
+                                        **common))  # no endpoint: answers from the file
+    replayed, usage = replaying.model.extract(msg, [])
+    replaying.store.close()
+    assert [c.text for c in replayed] == [c.text for c in live_found] == ["Lives in Munich"]
+    assert usage.calls == 1 and len(server.requests) == 1
