@@ -54,13 +54,16 @@ def table(results: list[Result]) -> str:
                 text += f" J{row['J']:.2f}"
             cells.append(f"{text:>20}")
         lines.append(f"{r.policy:16}" + "".join(cells))
-    lines += ["", f"{'policy':16}{'jobs/100':>10}{'calls/100':>10}{'tok in/100':>11}"
+    lines += ["", f"{'policy':16}{'covered':>9}{'jobs/100':>10}{'failed':>7}"
+              f"{'calls/100':>10}{'tok in/100':>11}"
               f"{'tok out/100':>12}{'mem/conv':>9}{'search p50':>11}{'p95 ms':>8}"
               f"{'ctx tok':>8}{'conv tok':>9}{'lineage':>8}{'s':>7}"]
     for r in results:
         s = r.summary()
         lines.append(
-            f"{r.policy:16}{s['jobs_per_100_messages']:>10}{s['llm_calls_per_100_messages']:>10}"
+            f"{r.policy:16}{s['messages_covered']:>9}{s['jobs_per_100_messages']:>10}"
+            f"{s['jobs_failed']:>7}"
+            f"{s['llm_calls_per_100_messages']:>10}"
             f"{s['prompt_tokens_per_100_messages']:>11}"
             f"{s['completion_tokens_per_100_messages']:>12}"
             f"{s['memories_per_conversation']:>9}{s['search_ms_p50']!s:>11}"
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recorded", type=Path, default=None,
                     help="replay a --record run offline, answer for answer (no endpoint)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="per policy, for the jobs")
+    ap.add_argument("--stall", type=float, default=120.0, help="stop waiting for jobs when "
+                    "no message was covered for this long (a model that keeps failing)")
     ap.add_argument("--pace", type=float, default=0.0,
                     help="seconds between produced events (0: as fast as the producer goes; "
                     "users are interleaved either way)")
@@ -143,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 settings = Settings(**base)  # type: ignore[arg-type]
                 results.append(asyncio.run(run_policy(
                     policy, conversations, settings, Path(tmp), k=args.k, limit=args.limit,
-                    judge=judge, timeout=args.timeout, pace_s=args.pace,
+                    judge=judge, timeout=args.timeout, pace_s=args.pace, stall_s=args.stall,
                     progress=progress)))
                 print(file=sys.stderr)
     finally:

@@ -56,6 +56,8 @@ class Result:
     tally: Tally
     messages: int = 0
     jobs: int = 0
+    failed: int = 0  # jobs that ended failed (a dead letter each)
+    covered: int = 0  # messages a job result covers (decided, trivial or failed)
     llm_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -74,8 +76,9 @@ class Result:
             return round(statistics.quantiles(xs, n=100)[q - 1], 2) if len(xs) > 1 else None
 
         return {
-            "policy": self.policy, "messages": self.messages, "jobs": self.jobs,
-            "jobs_per_100_messages": self.per_100(self.jobs),
+            "policy": self.policy, "messages": self.messages,
+            "messages_covered": self.covered, "jobs": self.jobs,
+            "jobs_per_100_messages": self.per_100(self.jobs), "jobs_failed": self.failed,
             "llm_calls_per_100_messages": self.per_100(self.llm_calls),
             "prompt_tokens_per_100_messages": self.per_100(self.prompt_tokens),
             "completion_tokens_per_100_messages": self.per_100(self.completion_tokens),
@@ -120,36 +123,46 @@ async def _produce(settings: Settings, evs: list[Any], pace_s: float) -> None:
         await producer.stop()
 
 
-async def _decided(settings: Settings, expected: int, timeout: float,
-                   progress: Callable[[int], None]) -> tuple[list[JobDecision], int]:
-    """Every decision and the number of jobs (trivial ones included), once the job
-    results cover ``expected`` messages."""
+async def _decided(settings: Settings, expected: int, timeout: float, stall_s: float,
+                   progress: Callable[[int], None],
+                   ) -> tuple[list[JobDecision], int, int, int]:
+    """Every decision, the number of jobs (trivial ones included) and of failed ones, and
+    how many messages the results cover: decided, trivial, or failed (a job a model cannot
+    answer ends failed with its dead letter; its retry is not waited for). Waits until all
+    ``expected`` are covered, or nothing new was covered for ``stall_s``: a user whose range
+    keeps failing holds its later messages back (the watermark never passes them)."""
     topics = registry(settings)
     reader = await TopicReader(settings, topics.decisions.name, topics.job_results.name).start()
-    covered = 0
+    seen: set[tuple[str, int]] = set()
+    read = 0
+    moved = time.monotonic()
 
     def done(records: list[Any]) -> bool:
-        nonlocal covered
-        total = 0
-        for r in records:
+        nonlocal read, moved
+        before = len(seen)
+        for r in records[read:]:
             if r.topic == topics.job_results.name:
                 data = json.loads(r.value)
-                if data["status"] in ("done", "trivial"):
-                    total += data["to_seq"] - data["from_seq"]
-        if total != covered:
-            progress(total - covered)
-            covered = total
-        return total >= expected
+                if data["status"] in ("done", "trivial", "failed"):
+                    seen.update((data["user_id"], s)
+                                for s in range(data["from_seq"], data["to_seq"]))
+        read = len(records)
+        if len(seen) != before:
+            progress(len(seen) - before)
+            moved = time.monotonic()
+        return len(seen) >= expected or time.monotonic() - moved > stall_s
 
     try:
         await reader.wait_for(done, timeout)
         await reader.settle(1.0)
     finally:
         await reader.stop()
-    jobs = {json.loads(r.value)["job_id"] for r in reader.records
-            if r.topic == topics.job_results.name}
+    results = [json.loads(r.value) for r in reader.records
+               if r.topic == topics.job_results.name]
+    jobs = {d["job_id"] for d in results}
+    failed = {d["job_id"] for d in results if d["status"] == "failed"}
     return [JobDecision.model_validate_json(r.value) for r in reader.records
-            if r.topic == topics.decisions.name], len(jobs)
+            if r.topic == topics.decisions.name], len(jobs), len(failed), len(seen)
 
 
 def lineages(decisions: Sequence[JobDecision]) -> dict[str, frozenset[str]]:
@@ -180,7 +193,7 @@ async def _ask(client: AsyncMemoryClient, conv: Conversation, qa: QA, k: int,
 async def run_policy(policy: Policy, conversations: Sequence[Conversation], base: Settings,
                      work: Path, *, k: int = 10, limit: int | None = None,
                      judge: Judge | None = None, timeout: float = 1800.0,
-                     pace_s: float = 0.0,
+                     pace_s: float = 0.0, stall_s: float = 120.0,
                      progress: Callable[[str, int], None] = lambda what, n: None) -> Result:
     """One worker on ``policy``: produce, wait, ask; its topics are deleted afterwards."""
     tag = uuid.uuid4().hex[:8]
@@ -196,10 +209,10 @@ async def run_policy(policy: Policy, conversations: Sequence[Conversation], base
     started = time.perf_counter()
     try:
         await asyncio.to_thread(worker.start, 180.0)
-        waiting = asyncio.create_task(_decided(settings, result.messages, timeout,
+        waiting = asyncio.create_task(_decided(settings, result.messages, timeout, stall_s,
                                                lambda n: progress("messages", n)))
         await _produce(settings, evs, pace_s)
-        decisions, result.jobs = await waiting
+        decisions, result.jobs, result.failed, result.covered = await waiting
         turns = lineages(decisions)
         for d in {d.job_id: d for d in decisions}.values():
             result.llm_calls += d.llm_calls
