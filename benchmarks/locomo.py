@@ -40,35 +40,34 @@ def free_port() -> int:
 
 
 def table(results: list[Result]) -> str:
-    lines = ["", "evidence recall@5 / @10 (J when judged), per category",
-             f"{'policy':16}" + "".join(f"{c:>20}" for c in ORDER)]
+    """Two markdown tables: recall (and J) per category, then cost and latency."""
+    lines = ["", "Evidence recall@5 / @10 (J when judged), per category:", "",
+             "| policy | " + " | ".join(ORDER) + " |", "|---" * (len(ORDER) + 1) + "|"]
     for r in results:
         cells = []
         for c in ORDER:
             row = r.tally.row(c)
             if not row["questions"]:
-                cells.append(f"{'-':>20}")
+                cells.append("-")
                 continue
-            text = f"{row['recall@5']:.2f}/{row['recall@10']:.2f}"
+            text = f"{row['recall@5']:.3f} / {row['recall@10']:.3f}"
             if row["J"] is not None:
-                text += f" J{row['J']:.2f}"
-            cells.append(f"{text:>20}")
-        lines.append(f"{r.policy:16}" + "".join(cells))
-    lines += ["", f"{'policy':16}{'covered':>9}{'jobs/100':>10}{'failed':>7}"
-              f"{'calls/100':>10}{'tok in/100':>11}"
-              f"{'tok out/100':>12}{'mem/conv':>9}{'search p50':>11}{'p95 ms':>8}"
-              f"{'ctx tok':>8}{'conv tok':>9}{'lineage':>8}{'s':>7}"]
+                text += f", J {row['J']:.2f}"
+            cells.append(text)
+        lines.append(f"| {r.policy} | " + " | ".join(cells) + " |")
+    heads = ["policy", "messages covered", "jobs / 100 msgs", "jobs failed", "LLM calls / 100",
+             "prompt tokens / 100", "completion tokens / 100", "memories / conv",
+             "search p50 ms", "search p95 ms", "context tokens", "conversation tokens",
+             "lineage turns", "s"]
+    keys = ["messages_covered", "jobs_per_100_messages", "jobs_failed",
+            "llm_calls_per_100_messages", "prompt_tokens_per_100_messages",
+            "completion_tokens_per_100_messages", "memories_per_conversation",
+            "search_ms_p50", "search_ms_p95", "context_tokens_mean",
+            "conversation_tokens_mean", "lineage_turns_mean", "seconds"]
+    lines += ["", "| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
     for r in results:
         s = r.summary()
-        lines.append(
-            f"{r.policy:16}{s['messages_covered']:>9}{s['jobs_per_100_messages']:>10}"
-            f"{s['jobs_failed']:>7}"
-            f"{s['llm_calls_per_100_messages']:>10}"
-            f"{s['prompt_tokens_per_100_messages']:>11}"
-            f"{s['completion_tokens_per_100_messages']:>12}"
-            f"{s['memories_per_conversation']:>9}{s['search_ms_p50']!s:>11}"
-            f"{s['search_ms_p95']!s:>8}{s['context_tokens_mean']:>8}"
-            f"{s['conversation_tokens_mean']:>9}{s['lineage_turns_mean']:>8}{s['seconds']:>7}")
+        lines.append(f"| {r.policy} | " + " | ".join(str(s[k]) for k in keys) + " |")
     return "\n".join(lines)
 
 
