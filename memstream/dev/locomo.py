@@ -135,6 +135,15 @@ def events(conv: Conversation, tenant: str, gap_s: float = 30.0) -> list[Event]:
     return out
 
 
+ENDED = ("done", "trivial", "failed")  # job results that end a range (failed: set aside)
+
+
+def covered(results: Iterable[dict]) -> set[tuple[str, str, int]]:
+    """The messages, (user, session, seq in the session), that ended job results cover."""
+    return {(r["user_id"], r["session_id"], s) for r in results if r["status"] in ENDED
+            for s in range(r["from_seq"], r["to_seq"])}
+
+
 # --- scoring -------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

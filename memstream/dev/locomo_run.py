@@ -24,7 +24,16 @@ from typing import Any
 from memstream.client import AsyncMemoryClient
 from memstream.core.kafka_io import TopicReader, send_events, start_producer
 from memstream.core.settings import Settings
-from memstream.dev.locomo import QA, Conversation, Retrieved, Tally, events, merge, tokens
+from memstream.dev.locomo import (
+    QA,
+    Conversation,
+    Retrieved,
+    Tally,
+    covered,
+    events,
+    merge,
+    tokens,
+)
 from memstream.dev.locomo_judge import Judge
 from memstream.dev.process import WorkerProcess
 from memstream.topics.registry import all_topic_names, create_topics, delete_topics, registry
@@ -133,7 +142,7 @@ async def _decided(settings: Settings, expected: int, timeout: float, stall_s: f
     keeps failing holds its later messages back (the watermark never passes them)."""
     topics = registry(settings)
     reader = await TopicReader(settings, topics.decisions.name, topics.job_results.name).start()
-    seen: set[tuple[str, int]] = set()
+    seen: set[tuple[str, str, int]] = set()  # (user, session, message seq in the session)
     read = 0
     moved = time.monotonic()
 
@@ -142,10 +151,7 @@ async def _decided(settings: Settings, expected: int, timeout: float, stall_s: f
         before = len(seen)
         for r in records[read:]:
             if r.topic == topics.job_results.name:
-                data = json.loads(r.value)
-                if data["status"] in ("done", "trivial", "failed"):
-                    seen.update((data["user_id"], s)
-                                for s in range(data["from_seq"], data["to_seq"]))
+                seen.update(covered([json.loads(r.value)]))
         read = len(records)
         if len(seen) != before:
             progress(len(seen) - before)

@@ -74,6 +74,16 @@ def test_recall_counts_a_question_when_a_top_k_memory_holds_an_evidence_turn():
     assert locomo.lineage_width(ranked) == 1.5 and locomo.lineage_width([]) == 0.0
 
 
+def test_coverage_counts_each_session_s_messages_once_and_failed_ranges_too():
+    def result(session: str, first: int, last: int, status: str = "done") -> dict:
+        return {"user_id": "u", "session_id": session, "from_seq": first, "to_seq": last,
+                "status": status}
+
+    found = locomo.covered([result("s1", 0, 4), result("s2", 0, 4), result("s1", 2, 6),
+                            result("s2", 4, 5, "failed"), result("s2", 5, 9, "fenced")])
+    assert len(found) == 6 + 5  # s1: 0..5; s2: 0..4 (a fenced range is decided again)
+
+
 def test_the_tally_reports_per_category_and_overall(conv):
     t = Tally()
     hit = [Retrieved("m", 1.0, frozenset({"D1:2"}))]
