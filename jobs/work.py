@@ -20,7 +20,7 @@ from memstream.jobs.reflection import plan_reflection
 from memstream.memory import retrieval, toolwrite
 from memstream.memory.decisions import Candidate, Decision
 from memstream.memory.extraction import Extractor, JobOutcome
-from memstream.memory.model import Memory, OpKind
+from memstream.memory.model import Memory
 from memstream.memory.plan import Plan
 from memstream.memory.store import Scope
 from memstream.topics.schemas import ExtractionJob, ToolWrite
@@ -83,9 +83,4 @@ def decide_job(ex: Extractor, job: ExtractionJob, write: ToolWrite, now: float,
         plan, usage = plan_reflection(live, jobs.reflection_recent,
                                       getattr(ex.model, "reflect", None), now, ctx)
         out.usage += usage
-    opened = [op for op in plan.ops if op.kind != OpKind.DELETE]
-    fresh = iter(ex.embedder.embed([op.after.content for op in opened]) if opened else [])
-    out.ops = [(op, None if op.kind == OpKind.DELETE else next(fresh)) for op in plan.ops]
-    out.read = dict(plan.read)
-    out.decisions.update(plan.counts)
-    return out
+    return plan.into(out, ex.embedder)

@@ -182,18 +182,12 @@ def decide_correction(store: MemoryStore, embedder: Embedder, job: ExtractionJob
         return out
     if write.name == "delete":
         ids = None if write.all_memories else [write.target_id]
-        found = plan_delete(versions, ids, ctx,
-                                       write.reason or f"deleted by {by}")
+        found = plan_delete(versions, ids, ctx, write.reason or f"deleted by {by}")
     elif write.name == "rollback":
         found = plan_rollback(versions, write.target_id, write.version, ctx)
     else:
         found = plan_undo_job(versions, write.target_id, ctx)
-    plan = found.plan
-    opened = [op for op in plan.ops if op.kind != OpKind.DELETE]
-    fresh = iter(embedder.embed([op.after.content for op in opened]) if opened else [])
-    out.ops = [(op, None if op.kind == OpKind.DELETE else next(fresh)) for op in plan.ops]
-    out.read = dict(plan.read)
-    out.decisions.update(plan.counts)
-    if found.refused and not plan.ops:
+    found.plan.into(out, embedder)
+    if found.refused and not found.plan.ops:
         out.error = "; ".join(found.refused)[:500]
     return out

@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memstream.memory.decisions import Context, PlannedOp, op_id
+from memstream.memory.embedding import Embedder
 from memstream.memory.model import Memory, OpKind, Status
+from memstream.memory.outcome import JobOutcome
 from memstream.memory.toolwrite import CORE_PREFIX
 
 # on a closed version: which op and job closed it, why, of what kind, who asked
@@ -50,6 +52,16 @@ class Plan:
     def next_id(self, ctx: Context, kind: OpKind) -> str:
         """The id of the op added next (the index is its position: unique in the plan)."""
         return op_id(ctx.job_id, len(self.ops), kind, ctx.seq)
+
+    def into(self, out: JobOutcome, embedder: Embedder) -> JobOutcome:
+        """The plan as the job's outcome: its ops, each version it opens embedded (a closed
+        one carries no vector), the versions it read and its counts."""
+        opened = [op for op in self.ops if op.kind != OpKind.DELETE]
+        fresh = iter(embedder.embed([op.after.content for op in opened]) if opened else [])
+        out.ops = [(op, None if op.kind == OpKind.DELETE else next(fresh)) for op in self.ops]
+        out.read = dict(self.read)
+        out.decisions.update(self.counts)
+        return out
 
     def add(self, op: PlannedOp, count: str | None) -> None:
         self.ops.append(op)
