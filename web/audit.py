@@ -89,7 +89,6 @@ class AuditLog:
     def _take_all(self, records: list[Record]) -> None:
         for r in records:
             self.take(r.value)
-            self._positions[TopicPartition(r.topic, r.partition)] = r.offset + 1
 
     async def _follow(self) -> None:
         """Until stopped: the topic (which the worker creates at start) is waited for, and a
@@ -97,7 +96,7 @@ class AuditLog:
         while True:
             try:
                 await follow(self.settings, self.topic, self._take_all,
-                             start=self._positions, poll_s=1.0)
+                             positions=self._positions, poll_s=1.0)
             except Exception as exc:
                 log.warning("audit log: following %s failed (%s); retrying", self.topic,
                             type(exc).__name__)

@@ -124,7 +124,6 @@ class KeyFollower:
 
     def _take(self, record: Any, into: dict[str, KeyRecord | None]) -> None:
         _take(record, into, self.ring.admit)
-        self._positions[TopicPartition(record.topic, record.partition)] = record.offset + 1
 
     async def _follow(self) -> None:
         def take(records: list[Record]) -> None:
@@ -149,7 +148,7 @@ class KeyFollower:
                      "signature does not verify)", len(self.ring), self.topic,
                      self.ring.rejected)
 
-        await follow(self.settings, self.topic, take, start=self._positions,
+        await follow(self.settings, self.topic, take, positions=self._positions,
                      caught_up=caught_up, poll_s=self.poll_s)
 
 

@@ -60,7 +60,7 @@ class TopicReader:
         return self
 
     async def stop(self) -> None:
-        await self.consumer.stop()
+        await kafka.stopped(self.consumer)
 
     async def poll(self, timeout: float = 0.2) -> list[ConsumerRecord[bytes, bytes]]:
         batch = await self.consumer.getmany(timeout_ms=int(timeout * 1000))

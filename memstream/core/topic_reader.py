@@ -139,13 +139,15 @@ async def read_range(settings: Settings, topic: str, end: Offsets,
 
 
 async def follow(settings: Settings, topic: str, handle: Callable[[list[Record]], object], *,
-                 start: Mapping[TopicPartition, int] | None = None,
+                 positions: dict[TopicPartition, int] | None = None,
                  caught_up: Callable[[], object] | None = None,
                  each_poll: Callable[[], Awaitable[None] | None] | None = None,
                  poll_s: float = 0.5, committed: bool = True) -> None:
-    """Hand every record of ``topic`` from ``start`` (None: the beginning) on to ``handle``
-    until cancelled; ``caught_up()`` once, when the ends seen at the start are reached;
-    ``each_poll()`` before every poll. Returns at once while the topic does not exist."""
+    """Hand every record of ``topic`` on to ``handle`` until cancelled, from ``positions``
+    (a partition it lacks: from the beginning), which is kept at the offset after each
+    handled batch, so a caller that follows again after an error resumes there;
+    ``caught_up()`` once, when the ends seen at the start are reached; ``each_poll()``
+    before every poll. Returns at once while the topic does not exist."""
     tps = await topic_partitions(settings, topic)
     if not tps:
         return
@@ -154,8 +156,8 @@ async def follow(settings: Settings, topic: str, handle: Callable[[list[Record]]
     try:
         consumer.assign(tps)
         for tp in tps:
-            if start and tp in start:
-                consumer.seek(tp, start[tp])
+            if positions and tp in positions:
+                consumer.seek(tp, positions[tp])
             else:
                 await consumer.seek_to_beginning(tp)
         ends = await consumer.end_offsets(tps) if caught_up is not None else {}
@@ -169,8 +171,10 @@ async def follow(settings: Settings, topic: str, handle: Callable[[list[Record]]
             if each_poll is not None:
                 await _call(each_poll())
             batch = await consumer.getmany(timeout_ms=int(poll_s * 1000))
-            for records in batch.values():
+            for tp, records in batch.items():
                 if records:
                     await _call(handle(records))
+                    if positions is not None:
+                        positions[tp] = records[-1].offset + 1
     finally:
         await kafka.stopped(consumer)
