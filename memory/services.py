@@ -54,6 +54,12 @@ def build_store(settings: Settings, dim: int) -> MemoryStore:
         return ServerStore.connect(settings.qdrant_url, key, settings.qdrant_collection, dim)
     from memstream.memory.store_edge import EdgeStore
     from memstream.memory.store_swap import SwappableStore
+
+    if settings.store_partitioned:  # shards opened as partitions come (streams.shards)
+        from memstream.memory.shards import PartitionedStore, partition_of
+
+        n = settings.partitions
+        return PartitionedStore(lambda tenant, user: partition_of(tenant, user, n))
     from memstream.memory.store_switch import current_store_path
 
     # the worker's store can be switched to a rebuilt one (memstream.memory.store_switch)

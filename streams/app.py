@@ -21,6 +21,7 @@ from memstream.streams import (
     faust_setup,
     ingest,
     privacy,
+    scaling,
     store_swap,
 )
 from memstream.streams.ingest_tables import LoopTable
@@ -54,6 +55,7 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
             settings, windowed=WindowedWork(JobSettings.from_settings(settings))),
         clock=clock,
     )
+    scaling.register(pipeline)  # the cluster map; the store shards (store_partitioned)
     if settings.ingest_enabled:
         ingest.register(pipeline)
     if settings.extract_enabled or settings.web_enabled:

@@ -33,6 +33,7 @@ from memstream.core.errors import InvalidRecord
 from memstream.core.retry import is_transient, retry_async
 from memstream.memory import fencing, metrics
 from memstream.memory.apply import Applied, apply_decision
+from memstream.memory.shards import ShardNotHere
 from memstream.streams import privacy
 from memstream.streams.counters import Counters, add
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
@@ -79,6 +80,8 @@ async def apply_or_set_aside(p: Pipeline, work: Work, decision: JobDecision,
     looping on it forever."""
     try:
         return await apply_with_retries(p, decision)
+    except ShardNotHere:
+        raise  # not this worker's shard (now): the loop reads the decision again
     except Exception as exc:  # permanent (is_transient said no)
         reason = f"{type(exc).__name__}: {exc}"[:500]
         log.error("decision of job %s cannot be applied: %s", decision.job_id, reason)
@@ -160,6 +163,15 @@ class ApplyStage:
     def assigned(self, partitions: set[int]) -> None:
         if self.fold is not None:
             self.fold.assigned()
+
+    async def prepare(self, new: set[int], gone: set[int]) -> None:
+        """Before any record of ``new`` is handled (after the fence): the store shards of
+        the partitions (store_partitioned: streams.shards) restored, those of ``gone``
+        closed."""
+        keeper = self.p.shards
+        if keeper is not None and self.decisions:
+            await keeper.release(gone)
+            await keeper.take(new)
 
     async def handle(self, partition: int, records: list[Any]) -> Work:
         work, users = Work(), set()

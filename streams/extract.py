@@ -22,6 +22,7 @@ from memstream.core.retry import RetryPolicy, retry_async
 from memstream.core.settings import Settings
 from memstream.memory import fencing
 from memstream.memory.apply import build_decision
+from memstream.memory.shards import ShardNotHere
 from memstream.memory.store import Scope
 from memstream.streams.counters import Counters
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
@@ -87,6 +88,8 @@ async def decide_with_retries(p: Pipeline, job: ExtractionJob) -> JobDecision:
         return await retry_async(attempt, policy=job_policy(s), deadline=deadline,
                                  clock=p.clock, on_retry=logged,
                                  max_attempts=s.extract_retries + 1)
+    except ShardNotHere:
+        raise  # not decided here: the loop reads the job again
     except Exception as exc:  # permanent, or no time left: reported, never raised
         reason = f"{type(exc).__name__}: {exc}"[:500]
         log.warning("job %s failed: %s", job.job_id, reason)

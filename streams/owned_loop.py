@@ -57,7 +57,9 @@ from aiokafka.structs import OffsetAndMetadata, TopicPartition
 from memstream.core import kafka
 from memstream.core.retry import RetryPolicy, next_delay
 from memstream.core.settings import Settings
+from memstream.memory.shards import ShardNotHere
 from memstream.streams import faust_setup
+from memstream.streams.cluster import assignor_for
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
 from memstream.streams.ingest_tables import restore
 from memstream.streams.pipeline import Pipeline
@@ -74,11 +76,18 @@ REFUSED = (MessageSizeTooLargeError, RecordTooLargeError, TopicAuthorizationFail
 MAX_FAILED_IN_ROW = 10
 TRANSACTION_TIMEOUT_S = 60.0
 STOP_WAIT_S = 10.0  # one batch's transaction; past it, renewed and read again
+SHARD_WAIT_S = 0.5  # a batch whose shard is not here is read again after this
 
 def run_with_app(p: Pipeline, stage: Stage) -> OwnedLoop:
     """Run ``stage`` in its loop in the worker: started with the app (not after Faust's
     table recovery: the loop has its own tables), stopped before it, its lag reported."""
-    loop = OwnedLoop(p.settings, stage)
+    assignor = None
+    if p.cluster is not None:
+        cluster = p.cluster
+        assignor = assignor_for(cluster.me, p.settings.store_standby_replicas,
+                                lambda the_map: cluster.update(stage.name, the_map))
+    loop = OwnedLoop(p.settings, stage, assignor=assignor)
+    p.loops.append(loop)
     p.loop_lags.append(loop.lags)
     faust_setup.start_with_app(p.app, loop.start)
 
@@ -113,13 +122,15 @@ class OwnedLoop:
     """See the module docstring. ``start()`` / ``stop()`` from the worker's lifecycle."""
 
     def __init__(self, settings: Settings, stage: Stage, *,
-                 on_fatal: Callable[..., None] = halt) -> None:
+                 on_fatal: Callable[..., None] = halt, assignor: Any = None) -> None:
         self.settings = settings
         self.stage = stage
         self.inputs = list(stage.inputs)
         self.group = f"{settings.app_id}-{stage.name}"
         self.tables = stage.tables
         self.on_fatal = on_fatal
+        self.assignor = assignor or RangePartitionAssignor  # streams.cluster: the workers'
+        self.shard_waits = 0  # batches read again: their partition's shard was not here
         self.consumer: AIOKafkaConsumer | None = None
         self.producers: dict[int, AIOKafkaProducer] = {}
         self.owned: set[int] = set()
@@ -143,7 +154,7 @@ class OwnedLoop:
             self.settings, group_id=self.group,
             group_instance_id=f"{instance}-{self.stage.name}" if instance else None,
             enable_auto_commit=False, isolation_level="read_committed",
-            auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
+            auto_offset_reset="earliest", partition_assignment_strategy=(self.assignor,),
             session_timeout_ms=int(s.session_timeout_s * 1000),
             heartbeat_interval_ms=int(s.heartbeat_interval_s * 1000),
             # a batch may wait for LLM calls up to a job's deadline, and a rebalance for the
@@ -218,7 +229,11 @@ class OwnedLoop:
 
     async def _partition(self, partition: int, records: list[Any]) -> None:
         while records:
-            work = await self.stage.handle(partition, records)
+            try:
+                work = await self.stage.handle(partition, records)
+            except ShardNotHere as exc:
+                await self._not_here(partition, exc)
+                return
             taken = len(records) if work.handled is None else max(1, work.handled)
             done, records = records[:taken], records[taken:]
             offsets = {TopicPartition(r.topic, r.partition): r.offset + 1 for r in done}
@@ -306,6 +321,18 @@ class OwnedLoop:
                             partition, type(err).__name__)
         return True
 
+    async def _not_here(self, partition: int, exc: ShardNotHere) -> None:
+        """The partition's store shard is not served here (yet): the group of the apply
+        stage has not given it to this worker, or is restoring it. Nothing of the batch is
+        committed; it is read again after a pause (or by the next owner)."""
+        self.shard_waits += 1
+        log.info("%s partition %d: %s; reading the batch again", self.stage.name, partition,
+                 exc)
+        for table in self.tables:
+            table.discard(partition)
+        await asyncio.sleep(SHARD_WAIT_S)
+        self._seek(partition)
+
     def _seek(self, partition: int) -> None:
         assert self.consumer is not None
         assigned = self.consumer.assignment()
@@ -345,6 +372,9 @@ class OwnedLoop:
         for n in sorted(new):
             self.producers[n] = await self._producer(n)  # fences the previous owner
         await self._restore(new)
+        prepare = getattr(self.stage, "prepare", None)
+        if prepare is not None:  # e.g. the apply stage's store shards (streams.shards)
+            await prepare(new, gone)
         for tp in sorted(assigned):
             if tp.partition in new or tp not in self.next:
                 committed = await self.consumer.committed(tp)  # after the fence

@@ -84,6 +84,12 @@ class Pipeline:
     api: Any = None  # the HTTP API's backend when web_enabled (streams.api.WorkerBackend)
     # per-user data keys when MEMSTREAM_MASTER_KEY is set (memstream.memory.user_keys)
     user_keys: Any = None
+    # the cluster map of each stage's group (streams.cluster); the shards' keeper and
+    # standbys with store_partitioned (streams.shards, streams.standby)
+    cluster: Any = None
+    shards: Any = None
+    standbys: Any = None
+    loops: list[Any] = field(default_factory=list)  # the owned loops (streams.owned_loop)
     # the owned loops' consumer lag per (topic, partition), of those that run here
     loop_lags: list[Callable[[], dict[tuple[str, int], int]]] = field(default_factory=list)
 

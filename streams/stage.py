@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from memstream.core.errors import InvalidRecord
 from memstream.core.retry import RetryPolicy, is_transient, next_delay
+from memstream.memory.shards import ShardNotHere
 from memstream.streams.ingest_tables import LoopTable
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,8 @@ async def until_handled(record: Any, handle: Callable[[], Awaitable[Any]], *,
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if isinstance(exc, fatal):
-                raise
+            if isinstance(exc, (*fatal, ShardNotHere)):
+                raise  # ShardNotHere: the loop reads the batch again (streams.owned_loop)
             attempt += 1
             where = f"{record.topic}[{record.partition}]@{record.offset}"
             if is_transient(exc):

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from aiohttp import web
 
 from memstream.core.retry import is_transient
+from memstream.memory.shards import ShardNotHere
 from memstream.web.http_base import (
     DEPS,
     HTTP_CODES,
@@ -38,6 +40,7 @@ from memstream.web.http_inspector import INSPECTOR_ROUTES
 from memstream.web.http_metrics import METRICS_ROUTES
 from memstream.web.models.api import ErrorBody, ErrorCode, ErrorDetail
 from memstream.web.openapi import openapi_document
+from memstream.web.routing import Router
 
 __all__ = ["ROUTES", "ApiError", "Authoriser", "Backend", "HttpServer", "Route",
            "build_http_app"]
@@ -70,6 +73,10 @@ async def _errors(request: web.Request,
         return await handler(request)
     except ApiError as exc:
         return _error(exc.status, exc.code, exc.message)
+    except ShardNotHere as exc:  # its owner is restoring it, or cannot be reached
+        log.info("http: %s", exc)
+        return _error(503, ErrorCode.UNAVAILABLE, "this user's memories are moving between "
+                      "workers; retry shortly")
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -89,8 +96,11 @@ async def _errors(request: web.Request,
 
 
 def build_http_app(backend: Backend, authoriser: Authoriser, *,
-                   max_body_bytes: int = 65536) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=max_body_bytes)
+                   max_body_bytes: int = 65536, router: Router | None = None,
+                   ) -> web.Application:
+    """``router``: requests for users another worker owns go there (web.routing)."""
+    middlewares: list[Any] = [_errors] + ([router.middleware] if router is not None else [])
+    app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
     app[DEPS] = Deps(backend, authoriser, max_body_bytes, openapi_document(ROUTES))
     for r in ROUTES:  # add_route, not add_get: no implicit HEAD routes outside the table
         app.router.add_route(r.method, r.path, r.handler, name=r.name)

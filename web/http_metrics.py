@@ -54,6 +54,13 @@ async def _summary(request: web.Request) -> web.StreamResponse:
     return ok(deps.summary())
 
 
+async def _cluster(request: web.Request) -> web.StreamResponse:
+    deps = _authorised(request)
+    if deps.cluster is None:
+        raise ApiError(503, ErrorCode.UNAVAILABLE, "no cluster map here")
+    return web.json_response(deps.cluster())
+
+
 METRICS_ROUTES: tuple[Route, ...] = (
     PageRoute("GET", paths.METRICS, "metrics",
               "Prometheus metrics (text format; the metrics key or the admin key)",
@@ -61,4 +68,7 @@ METRICS_ROUTES: tuple[Route, ...] = (
     Route("GET", paths.METRICS_SUMMARY, "metrics_summary",
           "The governance metrics of this worker since it started (metrics or admin key)",
           _summary, MetricsSummary),
+    Route("GET", paths.CLUSTER, "cluster",
+          "Workers, partitions (owner, standbys), this worker's shards (serving, restoring, "
+          "standby) and its loops' lag (metrics or admin key)", _cluster, None),
 )

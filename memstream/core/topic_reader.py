@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import TypeAlias
 
 from aiokafka import AIOKafkaConsumer
@@ -142,13 +142,16 @@ async def follow(settings: Settings, topic: str, handle: Callable[[list[Record]]
                  positions: dict[TopicPartition, int] | None = None,
                  caught_up: Callable[[], object] | None = None,
                  each_poll: Callable[[], Awaitable[None] | None] | None = None,
-                 poll_s: float = 0.5, committed: bool = True) -> None:
-    """Hand every record of ``topic`` on to ``handle`` until cancelled, from ``positions``
+                 poll_s: float = 0.5, committed: bool = True,
+                 partitions: Collection[int] | None = None) -> None:
+    """Hand every record of ``topic`` (of ``partitions``, None: all) on to ``handle`` until
+    cancelled, from ``positions``
     (a partition it lacks: from the beginning), which is kept at the offset after each
     handled batch, so a caller that follows again after an error resumes there;
     ``caught_up()`` once, when the ends seen at the start are reached; ``each_poll()``
     before every poll. Returns at once while the topic does not exist."""
-    tps = await topic_partitions(settings, topic)
+    tps = [tp for tp in await topic_partitions(settings, topic)
+           if partitions is None or tp.partition in partitions]
     if not tps:
         return
     consumer = await kafka.started(_consumer(settings, committed=committed,

@@ -46,6 +46,7 @@ AUDIT = TENANT + "/audit"
 # Metrics (the metrics key or the admin key).
 METRICS = "/metrics"
 METRICS_SUMMARY = V1 + "/metrics/summary"
+CLUSTER = V1 + "/cluster"
 
 # The inspector page and its files (no key: they hold no data).
 INSPECTOR = "/inspector"
@@ -59,7 +60,7 @@ INSPECTOR_STYLE = INSPECTOR + "/style.css"
 ROUTE_PATHS: tuple[str, ...] = (
     HEALTH, OPENAPI, TOOLS, MEMORIES, SEARCH, CONTEXT, FEEDBACK, EXECUTE_TOOL,
     MEMORY, MEMORY_HISTORY, MEMORY_SOURCE, MEMORY_ROLLBACK, CHANGES, FORGET, RESIDUE,
-    UNDO_JOB, AUDIT, METRICS, METRICS_SUMMARY, INSPECTOR, INSPECTOR_APP, INSPECTOR_LOGIC,
+    UNDO_JOB, AUDIT, METRICS, METRICS_SUMMARY, CLUSTER, INSPECTOR, INSPECTOR_APP, INSPECTOR_LOGIC,
     INSPECTOR_CHARTS, INSPECTOR_DOM, INSPECTOR_METRICS, INSPECTOR_STYLE,
 )
 """Every path the server serves (some with more than one method)."""

@@ -1,0 +1,179 @@
+"""Which worker owns which partition, and where its API is: one map the whole cluster shares.
+
+Every stage loop (ingest, extract, apply, access) is a consumer group of its own. With the
+range assignor of the client the groups order their members by member id, which the broker
+makes up at each join, so partition *p* of the ingest group and of the apply group could
+land on two workers. The embedded store's shard of *p* lives with its apply stage, and the
+extract and access stages read and write that shard; the API's window and tool waits live
+with the ingest stage. So every group assigns with :class:`WorkerAssignor`: members in the
+order of their **worker id** (the same in every group), partitions by range over them. The
+same workers give the same map in every group, whatever the broker's member ids.
+
+The group's leader puts the whole map (:class:`ClusterMap`: owner and standbys of every
+partition, every worker's API URL) into each member's assignment, so every worker knows
+where any user's partition is served (the API forwards to it) and which shards it keeps
+warm as a standby. :func:`plan` is pure; the assignor is a thin shell over it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+
+log = logging.getLogger(__name__)
+ASSIGNOR_NAME = "memstream-workers"
+
+
+@dataclass(frozen=True)
+class Worker:
+    worker_id: str
+    url: str
+
+
+@dataclass(frozen=True)
+class ClusterMap:
+    """One generation of a group's assignment: per partition its owner and standbys."""
+
+    workers: dict[str, str] = field(default_factory=dict)  # worker id -> API URL
+    owners: dict[int, str] = field(default_factory=dict)  # partition -> worker id
+    standbys: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    made_at: float = 0.0
+
+    def owner_url(self, partition: int) -> str | None:
+        owner = self.owners.get(partition)
+        return self.workers.get(owner) if owner is not None else None
+
+    def owned_by(self, worker_id: str) -> set[int]:
+        return {p for p, w in self.owners.items() if w == worker_id}
+
+    def standby_of(self, worker_id: str) -> set[int]:
+        return {p for p, ws in self.standbys.items() if worker_id in ws}
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"workers": self.workers,
+                           "owners": {str(p): w for p, w in self.owners.items()},
+                           "standbys": {str(p): list(w) for p, w in self.standbys.items()},
+                           "made_at": self.made_at}, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ClusterMap:
+        raw = json.loads(data)
+        return cls({str(k): str(v) for k, v in raw["workers"].items()},
+                   {int(p): str(w) for p, w in raw["owners"].items()},
+                   {int(p): tuple(str(x) for x in w) for p, w in raw["standbys"].items()},
+                   float(raw.get("made_at", 0.0)))
+
+
+def plan(workers: Iterable[Worker], partitions: Iterable[int], standby_replicas: int | None,
+         now: float = 0.0) -> ClusterMap:
+    """Range over the workers in id order; the standbys of a partition are the next workers
+    after its owner (``None`` replicas: 1 when there are several workers)."""
+    ordered = sorted({w.worker_id: w for w in workers}.values(), key=lambda w: w.worker_id)
+    parts = sorted(set(partitions))
+    if not ordered:
+        return ClusterMap(made_at=now)
+    n = len(ordered)
+    replicas = (1 if n > 1 else 0) if standby_replicas is None else standby_replicas
+    replicas = min(replicas, n - 1)
+    per, extra = divmod(len(parts), n)
+    owners: dict[int, str] = {}
+    standbys: dict[int, tuple[str, ...]] = {}
+    start = 0
+    for i, w in enumerate(ordered):
+        length = per + (1 if i < extra else 0)
+        for p in parts[start:start + length]:
+            owners[p] = w.worker_id
+            standbys[p] = tuple(ordered[(i + j) % n].worker_id for j in range(1, replicas + 1))
+        start += length
+    return ClusterMap({w.worker_id: w.url for w in ordered}, owners, standbys, now)
+
+
+def assignor_for(worker: Worker, standby_replicas: int | None,
+                 on_map: Callable[[ClusterMap], None]) -> type[AbstractPartitionAssignor]:
+    """An assignor class (the client takes classes) that announces ``worker`` and hands
+    every map it receives to ``on_map``."""
+
+    class _WorkerAssignor(AbstractPartitionAssignor):
+        name = ASSIGNOR_NAME
+        version = 0
+
+        @classmethod
+        def metadata(cls, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
+            me = json.dumps({"worker": worker.worker_id, "url": worker.url}).encode()
+            return ConsumerProtocolMemberMetadata(cls.version, list(topics), me)
+
+        @classmethod
+        def assign(cls, cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata],
+                   ) -> dict[str, ConsumerProtocolMemberAssignment]:
+            return assign(cluster, members, standby_replicas)
+
+        @classmethod
+        def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
+            if assignment.user_data:
+                try:
+                    on_map(ClusterMap.from_bytes(assignment.user_data))
+                except (ValueError, KeyError) as exc:
+                    log.warning("cluster map not read (%s)", exc)
+
+    return _WorkerAssignor
+
+
+def assign(cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata],
+           standby_replicas: int | None) -> dict[str, ConsumerProtocolMemberAssignment]:
+    """The leader's work: the members' worker ids, the plan, each member its partitions of
+    every topic it subscribes to and the whole map."""
+    workers: dict[str, Worker] = {}
+    for member_id, meta in members.items():
+        try:
+            raw = json.loads(meta.user_data or b"{}")
+            workers[member_id] = Worker(str(raw["worker"]), str(raw.get("url", "")))
+        except (ValueError, KeyError):  # a member without our metadata: its member id
+            workers[member_id] = Worker(member_id, "")
+    topics = sorted({t for m in members.values() for t in m.subscription})
+    parts: set[int] = set()
+    for topic in topics:
+        parts |= set(cluster.partitions_for_topic(topic) or ())
+    the_map = plan(workers.values(), parts, standby_replicas, time.time())
+    out: dict[str, ConsumerProtocolMemberAssignment] = {}
+    for member_id, meta in members.items():
+        mine = the_map.owned_by(workers[member_id].worker_id)
+        by_topic = [(t, sorted(p for p in (cluster.partitions_for_topic(t) or ()) if p in mine))
+                    for t in sorted(meta.subscription)]
+        out[member_id] = ConsumerProtocolMemberAssignment(0, by_topic, the_map.to_bytes())
+    return out
+
+
+def worker_of(instance_id: str, url: str) -> Worker:
+    """This process as a member: its static instance id (a random one without)."""
+    return Worker(instance_id or f"anon-{uuid.uuid4().hex[:12]}", url)
+
+
+class Cluster:
+    """The latest map each stage's group handed this worker (the API routes with it)."""
+
+    def __init__(self, me: Worker) -> None:
+        self.me = me
+        self.maps: dict[str, ClusterMap] = {}
+        self.listeners: list[Callable[[str, ClusterMap], None]] = []
+
+    def update(self, stage: str, the_map: ClusterMap) -> None:
+        self.maps[stage] = the_map
+        for listener in self.listeners:
+            listener(stage, the_map)
+
+    def routing(self, prefer: tuple[str, ...] = ("apply", "ingest")) -> ClusterMap | None:
+        for stage in prefer:
+            if stage in self.maps:
+                return self.maps[stage]
+        return None

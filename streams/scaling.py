@@ -1,0 +1,77 @@
+"""Wiring for more than one worker: the cluster map every loop's assignor fills, and, with
+``store_partitioned``, the shards' keeper and standbys (:mod:`streams.shards`,
+:mod:`streams.standby`). Built once by :func:`streams.app.build_app`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from memstream.core.topic_reader import end_offsets
+from memstream.memory.shards import PartitionedStore
+from memstream.memory.store import MemoryStore
+from memstream.streams.cluster import Cluster, ClusterMap, worker_of
+from memstream.streams.pipeline import Pipeline
+from memstream.streams.shards import ShardKeeper
+from memstream.streams.standby import Standbys
+
+log = logging.getLogger(__name__)
+
+
+def register(p: Pipeline) -> None:
+    s = p.settings
+    p.cluster = Cluster(worker_of(s.instance_id(), s.api_url()))
+    store = p.services.store
+    if not isinstance(store, PartitionedStore):
+        return
+    from memstream.memory.store_edge import EdgeStore
+
+    dim = p.services.embedder.dim
+
+    def open_shard(path: Path) -> MemoryStore:
+        return EdgeStore(path, dim)
+
+    topics = [p.topics.memory_changes.name, p.topics.job_results.name,
+              p.topics.memory_access.name]
+
+    async def opener() -> Any:
+        if p.user_keys is None:
+            return None
+        if not await p.user_keys.wait_ready(60.0):
+            raise RuntimeError("the user keys could not be read within 60 s")
+        return p.user_keys.opener()
+
+    keeper = ShardKeeper(s, store, open_shard, topics, opener, clock=p.clock)
+    standbys = Standbys(s, store, open_shard, topics, opener, keeper.files, clock=p.clock)
+    keeper.standbys = standbys
+    standbys.busy = lambda: set(keeper.restoring)
+    p.shards, p.standbys = keeper, standbys
+    me = p.cluster.me.worker_id
+
+    def on_map(stage: str, the_map: ClusterMap) -> None:
+        if stage == "apply":  # the map comes before the partitions: a standby this worker
+            # is about to own stays warm for the hand-over
+            standbys.want(the_map.standby_of(me) | (the_map.owned_by(me) - set(store.owned)))
+
+    p.cluster.listeners.append(on_map)
+
+    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def close_shards(app: Any, **_: Any) -> None:
+        """After the loops stopped: owned shards closed with a checkpoint (the topics' ends
+        now: nothing of theirs is open), the standbys with theirs."""
+        for loop in p.loops:  # their batches done (each stops once; again is a no-op)
+            await loop.stop()
+        await standbys.stop()
+        owned = sorted(store.owned)
+        if not owned:
+            return
+        try:
+            ends = await asyncio.wait_for(end_offsets(s, topics), 10.0)
+        except Exception as exc:  # the broker is away: the next start restores in full
+            log.warning("shard checkpoints not written (%s)", type(exc).__name__)
+            await keeper.close(None)
+            return
+        await keeper.close(lambda n: {t: ends[t].get(n, 0) for t in topics})

@@ -1,0 +1,220 @@
+"""The store shards' life in a worker (``store_partitioned``): the memory-change topic is
+their changelog, as Kafka Streams and Faust tables keep their state.
+
+- **Take** (the apply loop, after its producer fenced the partition's previous owner, before
+  any record of it is handled): a standby copy is caught up and promoted; a shard this worker
+  left cleanly is caught up from its checkpoint (the topics' offsets it holds, written when
+  it was closed); anything else is wiped and restored from the beginning. A restore folds,
+  for the partition, the memory-change topic (:class:`memory.rebuild.Fold` into an empty
+  shard, :func:`memory.apply.apply_change` onto a caught-up one), then the job results (the
+  user's cursor: a job that changed nothing leaves no change event, yet fences its seq), then
+  the hit statistics of the memory-access topic, all ``read_committed`` to the ends as they
+  are after the fence.
+- **Release** (revoked): the shard is closed and deleted, unless this worker keeps the
+  partition as a standby (it is then restored anew as one) — a shard nobody follows must
+  not keep what a forget-me erases. On shutdown every owned shard is closed with a
+  checkpoint instead, so a restart replays only the tail.
+- **Standby**: the partitions the cluster map names this worker a standby of are followed
+  (:class:`Standbys`); their shards serve reads only when the owner is unreachable.
+- **Global**: the tenant-wide memories, from the global-changes topic, in every worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiokafka.structs import TopicPartition
+
+from memstream.core.topic_reader import Record, read_ranges
+from memstream.memory.apply import apply_change
+from memstream.memory.fencing import Cursor
+from memstream.memory.rebuild import Fold, Opener, fold_access
+from memstream.memory.shards import PartitionedStore
+from memstream.memory.store import MemoryStore, Scope
+from memstream.topics.schemas import AccessEvent, JobResult, JobStatus, MemoryChange
+
+log = logging.getLogger(__name__)
+OpenShard = Callable[[Path], MemoryStore]
+Offsets = dict[str, int]  # topic -> the next offset to fold, of one partition
+
+
+class Restore:
+    """One partition's shard brought up to the topics' ends (see the module doc)."""
+
+    def __init__(self, shard: MemoryStore, opener: Opener | None, *, empty: bool) -> None:
+        self.shard = shard
+        self.opener = opener
+        self.fold = Fold(shard, opener) if empty else None
+        self.erased: dict[tuple[str, str], float] = {}
+        self.accesses: list[AccessEvent] = []
+        self.changes = 0
+
+    def on_changes(self, records: list[Record]) -> None:
+        for r in records:
+            if r.value is None:
+                continue
+            change = MemoryChange.model_validate_json(r.value)
+            self.changes += 1
+            if self.fold is not None:
+                self.fold.add(change)
+                continue
+            opened = self.opener(change) if self.opener is not None else change
+            if opened is not None and not opened.sealed:
+                apply_change(self.shard, opened)
+                if opened.op == "erase":
+                    self.erased[(opened.tenant_id, opened.user_id)] = \
+                        opened.decided_at.timestamp()
+
+    def on_results(self, records: list[Record]) -> None:
+        """A job the apply stage reported done holds the user's cursor at its seq."""
+        if self.fold is not None:
+            self.fold.finish()
+            self.erased.update(self.fold.erased)
+            self.fold = None
+        for r in records:
+            if r.value is None:
+                continue
+            result = JobResult.model_validate_json(r.value)
+            if result.status != JobStatus.DONE or not result.seq:
+                continue
+            scope = Scope(result.tenant_id, result.user_id)
+            held = self.shard.cursor(scope)
+            if held is None or held.seq < result.seq:
+                self.shard.set_cursor(scope, Cursor(result.seq, result.job_id))
+
+    def on_access(self, records: list[Record]) -> None:
+        self.accesses.extend(AccessEvent.model_validate_json(r.value) for r in records
+                             if r.value is not None)
+
+    def finish(self) -> None:
+        self.on_results([])
+        fold_access(self.shard, self.accesses, None, self.erased)
+        self.accesses.clear()
+
+
+class ShardFiles:
+    """Where a partition's shard and its checkpoint live: ``data_dir/store/<p>`` and
+    ``data_dir/store/<p>.checkpoint.json`` (present only while the shard is closed)."""
+
+    def __init__(self, root: Path, erasure_bound_s: float) -> None:
+        self.root = root
+        self.erasure_bound_s = erasure_bound_s
+
+    def path(self, partition: int | str) -> Path:
+        return self.root / str(partition)
+
+    def _checkpoint(self, partition: int | str) -> Path:
+        return self.root / f"{partition}.checkpoint.json"
+
+    def checkpoint(self, partition: int | str, now: float) -> Offsets | None:
+        """The offsets a closed shard holds, if it was closed cleanly within the erasure
+        bound (an older copy may hold users forgotten since: it is restored anew)."""
+        try:
+            raw = json.loads(self._checkpoint(partition).read_text())
+            if now - float(raw["at"]) > self.erasure_bound_s:
+                return None
+            return {str(t): int(o) for t, o in raw["offsets"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None  # unreadable: restored anew
+
+    def write_checkpoint(self, partition: int | str, offsets: Offsets, now: float) -> None:
+        tmp = self._checkpoint(partition).with_suffix(".tmp")
+        tmp.write_text(json.dumps({"offsets": offsets, "at": now}))
+        tmp.replace(self._checkpoint(partition))
+
+    def drop_checkpoint(self, partition: int | str) -> None:
+        self._checkpoint(partition).unlink(missing_ok=True)
+
+    def wipe(self, partition: int | str) -> None:
+        self.drop_checkpoint(partition)
+        shutil.rmtree(self.path(partition), ignore_errors=True)
+
+
+async def restore(settings: Any, topics: list[str], partition: int, shard: MemoryStore,
+                  opener: Opener | None, start: Offsets | None) -> tuple[Offsets, int]:
+    """Fold ``topics`` (changes, results, access) of ``partition`` from ``start`` (None: an
+    empty shard, from the beginning) to their ends now; returns the ends and the changes."""
+    job = Restore(shard, opener, empty=start is None)
+    handlers = dict(zip(topics, (job.on_changes, job.on_results, job.on_access), strict=True))
+    tps = [TopicPartition(t, partition) for t in topics]
+    ends: dict[TopicPartition, int] = {}
+
+    async def handle(tp: TopicPartition, records: list[Record]) -> None:
+        await asyncio.to_thread(handlers[tp.topic], records)
+        ends[tp] = records[-1].offset + 1
+
+    for tp in tps:  # in this order: changes, then results (cursors), then hits
+        await read_ranges(settings, [tp], handle,
+                          start={tp: start[tp.topic]} if start and tp.topic in start else None)
+    await asyncio.to_thread(job.finish)
+    done = {tp.topic: ends.get(tp, (start or {}).get(tp.topic, 0)) for tp in tps}
+    return done, job.changes
+
+
+class ShardKeeper:
+    """Opens, restores, checkpoints and closes the owned shards of a :class:`PartitionedStore`
+    (see the module doc); the standbys and the global shard are :mod:`streams.standby`'s."""
+
+    def __init__(self, settings: Any, store: PartitionedStore, open_shard: OpenShard,
+                 topics: list[str], opener: Callable[[], Any],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.store = store
+        self.open_shard = open_shard
+        self.topics = topics
+        self.opener = opener  # async: the opener of sealed events once the keys are read
+        self.clock = clock
+        self.files = ShardFiles(settings.data_dir / "store", settings.erasure_bound_s)
+        self.restoring: dict[int, float] = {}  # partition -> when its restore began
+        self.restores: list[tuple[int, int, float]] = []  # partition, changes, seconds
+        self.standbys: Any = None  # streams.standby.Standbys, which hands over warm copies
+
+    async def take(self, partitions: set[int]) -> None:
+        for partition in sorted(partitions - set(self.store.owned)):
+            started = time.perf_counter()
+            self.restoring[partition] = self.clock()
+            try:
+                warm = await self.standbys.hand_over(partition) if self.standbys else None
+                if warm is not None:
+                    shard, start = warm
+                else:
+                    start = self.files.checkpoint(partition, self.clock())
+                    if start is None:
+                        self.files.wipe(partition)
+                    shard = await asyncio.to_thread(self.open_shard, self.files.path(partition))
+                self.files.drop_checkpoint(partition)  # open: no longer a clean copy
+                _, changes = await restore(self.settings, self.topics, partition, shard,
+                                           await self.opener(), start)
+                self.store.owned[partition] = shard
+            finally:
+                self.restoring.pop(partition, None)
+            seconds = time.perf_counter() - started
+            self.restores.append((partition, changes, seconds))
+            log.info("shard %d: %s, %d change(s) folded in %.2fs", partition,
+                     "promoted" if warm else ("caught up" if start else "restored"), changes,
+                     seconds)
+
+    async def release(self, partitions: set[int]) -> None:
+        """Revoked: closed and deleted (a standby of it is restored anew by the standbys)."""
+        for partition in sorted(partitions & set(self.store.owned)):
+            shard = self.store.owned.pop(partition)
+            await asyncio.to_thread(shard.close)
+            self.files.wipe(partition)
+        if self.standbys is not None:
+            self.standbys.refresh()  # a partition it stands by for now
+
+    async def close(self, ends: Callable[[int], Offsets] | None = None) -> None:
+        """Shutdown: every owned shard closed with a checkpoint (``ends(p)``: the topics'
+        offsets it holds), so a restart folds only the tail."""
+        for partition in sorted(self.store.owned):
+            shard = self.store.owned.pop(partition)
+            await asyncio.to_thread(shard.close)
+            if ends is not None:
+                self.files.write_checkpoint(partition, ends(partition), self.clock())

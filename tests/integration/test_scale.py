@@ -1,0 +1,123 @@
+"""Two workers on the partitioned embedded store (issue 18): every request answered by
+either worker, the owner's answer whoever is asked; the owner SIGKILLed → reads keep
+answering (a standby, then the new owner), writes resume, nothing is lost.
+
+Barriers only: the cluster map both workers report, job coverage, API answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from memstream.dev.process import WorkerProcess
+from memstream.memory.shards import partition_of
+from tests.integration.conftest import free_port, remembered, until
+
+pytestmark = pytest.mark.integration
+ADMIN = "admin-key-scale"
+HEADERS = {"Authorization": f"Bearer {ADMIN}"}
+CITIES = ["Lisbon", "Porto", "Madrid", "Vienna", "Oslo", "Riga", "Quito", "Lima"]
+
+
+def start_worker(h: Any, name: str, port: int) -> WorkerProcess:
+    settings = h.settings.model_copy(update={
+        "data_dir": h.tmp / name, "web_port": port, "group_instance_id": name})
+    w = WorkerProcess(settings, h.tmp / f"{name}.log").start()
+    h.workers.append(w)
+    return w
+
+
+async def get(url: str, path: str) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=url, headers=HEADERS, timeout=10.0) as c:
+        return await c.get(path)
+
+
+async def memories(url: str, tenant: str, user: str) -> list[str] | None:
+    """The user's live memories as ``url`` answers (None: not answered now)."""
+    try:
+        r = await get(url, f"/v1/tenants/{tenant}/users/{user}/memories")
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        return None
+    return sorted(m["content"] for m in r.json()["memories"])
+
+
+async def both_serving(urls: list[str], workers: int) -> dict[str, Any] | None:
+    """Barrier: every worker reports the same map of ``workers`` workers, its groups
+    aligned, and every partition it owns served (restored)."""
+    seen = []
+    for url in urls:
+        try:
+            r = await get(url, "/v1/cluster")
+        except httpx.HTTPError:
+            return None
+        if r.status_code != 200:
+            return None
+        status = r.json()
+        mine = {p for p, v in status["partitions"].items() if v["owner"] == status["worker"]}
+        serving = {p for p, s in status["shards"].items() if s == "serving"}
+        if (len(status["workers"]) != workers or not status["groups_aligned"]
+                or mine != serving):
+            return None
+        seen.append(status)
+    if any(s["partitions"] != seen[0]["partitions"] for s in seen):
+        return None
+    return seen[0]
+
+
+async def test_two_workers_answer_for_each_other_and_survive_the_owner_dying(
+        harness, tenant):
+    ports = [free_port(), free_port()]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    h = await harness(extract_enabled=True, web_enabled=True, store_partitioned=True,
+                      partitions=4, admin_key=ADMIN, session_timeout_s=8.0)
+    if True:
+        a = start_worker(h, "wa", ports[0])
+        b = start_worker(h, "wb", ports[1])
+        the_map = await until(lambda: both_serving(urls, 2), "both workers serving",
+                              timeout=120)
+        users = [f"u{i}" for i in range(8)]
+        owner = {u: the_map["partitions"][str(partition_of(tenant, u, 4))]["owner"]
+                 for u in users}
+        assert set(owner.values()) == {"wa", "wb"}, owner  # both own users
+        from memstream.client import AsyncMemoryClient
+
+        async with AsyncMemoryClient(urls[0], ADMIN, tenant_id=tenant,
+                                     bootstrap_servers=h.settings.bootstrap_servers,
+                                     topic_prefix=h.settings.topic_prefix) as client:
+            await asyncio.gather(*(remembered(h, client, tenant, u, "s1",
+                                              [f"Remember this: I live in {CITIES[i]}"])
+                                   for i, u in enumerate(users)))
+        before = {}
+        for i, u in enumerate(users):
+            via_a = await until(lambda u=u: memories(urls[0], tenant, u), f"{u} via wa")
+            via_b = await until(lambda u=u: memories(urls[1], tenant, u), f"{u} via wb")
+            assert via_a == via_b == [f"Lives in {CITIES[i]}"], (u, via_a, via_b)
+            before[u] = via_a
+        r = await get(urls[0], f"/v1/tenants/{tenant}/users/{users[0]}/memories")
+        assert r.headers["X-Memstream-Served-By"] == owner[users[0]]
+
+        b.kill()  # SIGKILL: its partitions stay assigned to it until its session times out
+        b_users = [u for u in users if owner[u] == "wb"]
+        for u in b_users:  # answered all along: the standby, then the new owner
+            assert await until(lambda u=u: memories(urls[0], tenant, u), f"{u} after kill",
+                               timeout=60) == before[u]
+        await until(lambda: both_serving(urls[:1], 1), "wa owns every partition",
+                    timeout=120)
+        async with AsyncMemoryClient(urls[0], ADMIN, tenant_id=tenant,
+                                     bootstrap_servers=h.settings.bootstrap_servers,
+                                     topic_prefix=h.settings.topic_prefix) as client:
+            moved = b_users[0]
+            await remembered(h, client, tenant, moved, "s2",
+                             ["Remember this: I am allergic to penicillin"])
+        after = await until(lambda: memories(urls[0], tenant, moved), "the new write")
+        assert "Allergic to penicillin" in " ".join(after), after
+        for u in users:  # nothing lost
+            got = await memories(urls[0], tenant, u)
+            assert got is not None and set(before[u]) <= set(got), (u, got)
+        assert a.alive()

@@ -1,0 +1,330 @@
+"""A partition's shard restored from its changelog (streams.shards), without Kafka: the
+memory-change records folded into an empty shard (memory.rebuild.Fold) or replayed onto a
+caught-up one (memory.apply.apply_change) give what memory.rebuild.rebuild gives; DONE job
+results hold the user's cursor; hits from before a forget-me stay erased; the checkpoint
+files of a closed shard."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pytest
+
+from benchmarks.changegen import changes
+from memstream.memory import checksum
+from memstream.memory.fencing import Cursor
+from memstream.memory.rebuild import rebuild
+from memstream.memory.store import Scope
+from memstream.streams import shards as shards_module
+from memstream.streams.shards import Restore, ShardFiles, restore
+from memstream.topics.schemas import AccessEvent, JobResult, JobStatus, MemoryChange
+from tests.unit.builders import make_store
+
+pytestmark = pytest.mark.unit
+DIM = 8
+TENANT = "bench"
+
+
+@dataclass(frozen=True)
+class Rec:
+    """What the restore reads of a consumer record."""
+
+    value: bytes | None
+    offset: int
+
+
+def log() -> list[MemoryChange]:
+    return list(changes(12, 14, DIM, duplicates=0.1, forget_every=5))
+
+
+def records(events, first: int = 0) -> list[Rec]:
+    return [Rec(e.model_dump_json().encode(), first + i) for i, e in enumerate(events)]
+
+
+def digests(store):
+    return checksum.digests(store.scan(vectors=True))
+
+
+def users(entries):
+    return sorted({(c.tenant_id, c.user_id) for c in entries})
+
+
+def cursors(store, entries):
+    return {key: store.cursor(Scope(*key)) for key in users(entries)}
+
+
+def job_result(user: str, seq: int, status: JobStatus = JobStatus.DONE,
+               job_id: str | None = None) -> JobResult:
+    return JobResult(job_id=job_id or f"{user}-r{seq}", seq=seq, tenant_id=TENANT,
+                     user_id=user, session_id="s", from_seq=0, to_seq=0, status=status,
+                     finished_at=datetime(2026, 1, 1, tzinfo=UTC))
+
+
+def hit(n: int, user: str, memory_id: str, ts: float) -> AccessEvent:
+    return AccessEvent(event_id=f"e{n}", tenant_id=TENANT, user_id=user,
+                       memory_ids=[memory_id], query_id=f"q{n}",
+                       ts=datetime.fromtimestamp(ts, UTC))
+
+
+@pytest.fixture
+def entries():
+    found = log()
+    assert any(c.op == "erase" for c in found)
+    assert len({c.change_id for c in found}) < len(found)  # duplicates in it
+    return found
+
+
+# --- the change topic ----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("kind", "batches"), [("edge", 1), ("edge", 5), ("server", 3)])
+def test_an_empty_shard_folds_the_changes_as_a_rebuild_does(entries, tmp_path, kind, batches):
+    # the same backend on both sides: the backends keep vectors to different float bits
+    expected = make_store(kind, tmp_path / "expected", DIM)
+    rebuild(expected, entries)
+    shard = make_store(kind, tmp_path / "shard", DIM)
+    job = Restore(shard, None, empty=True)
+    recs = records(entries)
+    size = -(-len(recs) // batches)
+    for i in range(0, len(recs), size):
+        job.on_changes(recs[i:i + size])
+    job.finish()
+    assert job.changes == len(entries)
+    want, got = digests(expected), digests(shard)
+    assert want.records > 50
+    verdict = checksum.compare(want, got)
+    assert verdict.ok, verdict.summary()
+    assert cursors(shard, entries) == cursors(expected, entries)
+    assert all(c is not None for c in cursors(shard, entries).values())
+    shard.close()
+    expected.close()
+
+
+def test_tombstones_are_skipped_and_not_counted(entries, tmp_path):
+    shard = make_store("server", tmp_path, DIM)
+    job = Restore(shard, None, empty=True)
+    recs = records(entries[:20])
+    job.on_changes([Rec(None, 0), *recs, Rec(None, 99)])
+    job.finish()
+    assert job.changes == 20
+    expected = make_store("server", tmp_path / "e", DIM)
+    rebuild(expected, entries[:20])
+    assert checksum.compare(digests(expected), digests(shard)).ok
+
+
+def test_a_caught_up_shard_replays_an_overlap_idempotently(entries, tmp_path):
+    mid = len(entries) // 2
+    shard = make_store("edge", tmp_path / "shard", DIM)
+    rebuild(shard, entries[:mid])  # what the checkpointed shard holds
+    job = Restore(shard, None, empty=False)
+    assert job.fold is None
+    job.on_changes(records(entries[mid // 2:], first=mid // 2))  # from an earlier offset
+    job.finish()
+    assert job.changes == len(entries) - mid // 2
+    expected = make_store("edge", tmp_path / "expected", DIM)
+    rebuild(expected, entries)
+    verdict = checksum.compare(digests(expected), digests(shard))
+    assert verdict.ok, verdict.summary()
+    assert cursors(shard, entries) == cursors(expected, entries)
+    shard.close()
+    expected.close()
+
+
+def test_the_whole_log_replayed_onto_a_full_shard_changes_nothing(entries, tmp_path):
+    shard = make_store("server", tmp_path, DIM)
+    rebuild(shard, entries)
+    before = digests(shard)
+    job = Restore(shard, None, empty=False)
+    job.on_changes(records(entries))
+    job.finish()
+    assert checksum.compare(before, digests(shard)).ok
+
+
+@pytest.mark.parametrize("empty", [True, False])
+def test_a_change_the_opener_cannot_open_is_not_restored(entries, tmp_path, empty):
+    gone = entries[0].user_id
+    shard = make_store("server", tmp_path, DIM)
+    job = Restore(shard, lambda c: None if c.user_id == gone else c, empty=empty)
+    job.on_changes(records(entries))
+    job.finish()
+    assert shard.list(Scope(TENANT, gone), statuses=None) == []
+    expected = make_store("server", tmp_path / "e", DIM)
+    rebuild(expected, entries, select=lambda t, u: u != gone)
+    assert checksum.compare(digests(expected), digests(shard)).ok
+
+
+# --- the job results: the cursor ----------------------------------------------------------
+
+@pytest.mark.parametrize("empty", [True, False])
+def test_a_done_result_moves_the_cursor_up_only(entries, tmp_path, empty):
+    shard = make_store("server", tmp_path, DIM)
+    if not empty:
+        rebuild(shard, entries)
+    job = Restore(shard, None, empty=empty)
+    if empty:
+        job.on_changes(records(entries))
+    user = entries[0].user_id
+    top = max(c.lineage.seq for c in entries if c.user_id == user)
+    job.on_results(records([job_result(user, top + 3)]))
+    assert shard.cursor(Scope(TENANT, user)) == Cursor(top + 3, f"{user}-r{top + 3}")
+    # lower seqs, other statuses and unsequenced results never move it
+    job.on_results(records([
+        job_result(user, top + 1),
+        job_result(user, top + 3, job_id="other"),
+        job_result(user, top + 9, JobStatus.TRIVIAL),
+        job_result(user, top + 9, JobStatus.FAILED),
+        job_result(user, top + 9, JobStatus.FENCED),
+        job_result(user, 0),
+    ]))
+    job.finish()
+    assert shard.cursor(Scope(TENANT, user)) == Cursor(top + 3, f"{user}-r{top + 3}")
+
+
+def test_results_of_a_user_without_changes_set_its_cursor_to_the_highest(tmp_path):
+    shard = make_store("server", tmp_path, DIM)
+    job = Restore(shard, None, empty=True)
+    job.on_results([Rec(None, 0), *records([job_result("quiet", 4), job_result("quiet", 9),
+                                            job_result("quiet", 6),
+                                            job_result("lazy", 2, JobStatus.TRIVIAL)])])
+    job.finish()
+    assert shard.cursor(Scope(TENANT, "quiet")) == Cursor(9, "quiet-r9")
+    assert shard.cursor(Scope(TENANT, "lazy")) is None
+
+
+def test_a_result_below_the_folded_cursor_does_not_move_it_back(entries, tmp_path):
+    shard = make_store("server", tmp_path, DIM)
+    job = Restore(shard, None, empty=True)
+    job.on_changes(records(entries))
+    user = entries[-1].user_id
+    top = max(c.lineage.seq for c in entries if c.user_id == user)
+    last = next(c for c in reversed(entries) if c.user_id == user)
+    job.on_results(records([job_result(user, top - 1), job_result(user, top)]))
+    job.finish()
+    assert shard.cursor(Scope(TENANT, user)) == Cursor(top, last.lineage.job_id)
+    # the fold was finished before the results: its records are in the shard
+    expected = make_store("server", tmp_path / "e", DIM)
+    rebuild(expected, entries)
+    assert checksum.compare(digests(expected), digests(shard)).ok
+
+
+# --- the access topic, and forget-me -------------------------------------------------------
+
+@pytest.mark.parametrize("empty", [True, False])
+def test_hits_are_folded_but_not_those_before_a_forget_me(entries, tmp_path, empty):
+    erase = next(c for c in entries if c.op == "erase")
+    at = entries.index(erase)
+    user = erase.user_id
+    kept = next(c for c in entries[at:] if c.user_id == user and c.op == "add")
+    other = next(c for c in entries if c.user_id != user and c.op == "add")
+    t = erase.decided_at.timestamp()
+    events = [hit(1, user, kept.memory_id, t - 5), hit(2, user, kept.memory_id, t + 5),
+              hit(3, other.user_id, other.memory_id, t - 5),
+              hit(2, user, kept.memory_id, t + 5)]  # delivered twice: counted once
+    shard = make_store("server", tmp_path, DIM)
+    if not empty:
+        rebuild(shard, entries[:at])  # the forget-me is in the part replayed now
+    job = Restore(shard, None, empty=empty)
+    job.on_changes(records(entries if empty else entries[at:]))
+    job.on_results([])
+    job.on_access([*records(events), Rec(None, 9)])
+    job.finish()
+    assert job.erased[(TENANT, user)] == t
+    mine = shard.access_stats(Scope(TENANT, user), [kept.memory_id])[kept.memory_id]
+    assert mine.access_count == 1 and mine.last_accessed_at == t + 5
+    theirs = shard.access_stats(Scope(TENANT, other.user_id), [other.memory_id])
+    assert theirs[other.memory_id].access_count == 1
+    expected = make_store("server", tmp_path / "e", DIM)
+    rebuild(expected, entries, events)
+    verdict = checksum.compare(digests(expected), digests(shard))
+    assert verdict.ok, verdict.summary()
+    assert job.accesses == []
+
+
+# --- restore(): the three topics in order, the ends ---------------------------------------
+
+async def test_restore_reads_changes_then_results_then_hits_and_returns_the_ends(
+        entries, tmp_path, monkeypatch):
+    topics = ["changes", "results", "access"]
+    user = entries[0].user_id
+    top = max(c.lineage.seq for c in entries if c.user_id == user)
+    logs = {"changes": records(entries), "results": records([job_result(user, top + 2)]),
+            "access": []}
+    calls: list[tuple[str, int, int | None]] = []
+
+    async def fake_read_ranges(settings, tps, handle, *, start=None):
+        [tp] = tps
+        first = (start or {}).get(tp)
+        calls.append((tp.topic, tp.partition, first))
+        todo = [r for r in logs[tp.topic] if r.offset >= (first or 0)]
+        for i in range(0, len(todo), 40):
+            await handle(tp, todo[i:i + 40])
+        return len(todo)
+
+    monkeypatch.setattr(shards_module, "read_ranges", fake_read_ranges)
+    shard = make_store("server", tmp_path, DIM)
+    ends, folded = await restore(None, topics, 3, shard, None, None)
+    assert calls == [("changes", 3, None), ("results", 3, None), ("access", 3, None)]
+    assert ends == {"changes": len(entries), "results": 1, "access": 0}
+    assert folded == len(entries)
+    assert shard.cursor(Scope(TENANT, user)) == Cursor(top + 2, f"{user}-r{top + 2}")
+    expected = make_store("server", tmp_path / "e", DIM)
+    rebuild(expected, entries)
+    assert checksum.compare(digests(expected), digests(shard)).ok
+
+    calls.clear()  # caught up from a checkpoint: only the tail, onto the shard as it is
+    ends2, folded2 = await restore(None, topics, 3, shard, None,
+                                   {"changes": len(entries) - 10, "results": 1, "access": 0})
+    assert calls == [("changes", 3, len(entries) - 10), ("results", 3, 1),
+                     ("access", 3, 0)]
+    assert ends2 == {"changes": len(entries), "results": 1, "access": 0}
+    assert folded2 == 10
+    assert checksum.compare(digests(expected), digests(shard)).ok
+
+
+# --- checkpoint files ----------------------------------------------------------------------
+
+def test_a_checkpoint_round_trips_within_the_erasure_bound(tmp_path):
+    files = ShardFiles(tmp_path, erasure_bound_s=100.0)
+    assert files.checkpoint(3, 0.0) is None
+    files.write_checkpoint(3, {"changes": 42, "results": 7}, now=1000.0)
+    assert files.checkpoint(3, 1000.0) == {"changes": 42, "results": 7}
+    assert files.checkpoint(3, 1100.0) == {"changes": 42, "results": 7}  # at the bound
+    assert files.checkpoint(3, 1100.5) is None  # older than the bound: restored anew
+    assert files.checkpoint(4, 1000.0) is None  # another partition's
+    assert files.checkpoint("3", 1000.0) == {"changes": 42, "results": 7}
+    assert files.path(3) == tmp_path / "3"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["3.checkpoint.json"]
+    assert json.loads((tmp_path / "3.checkpoint.json").read_text())["at"] == 1000.0
+
+
+def test_a_broken_checkpoint_is_none(tmp_path):
+    files = ShardFiles(tmp_path, erasure_bound_s=100.0)
+    for text in ("", "not json", "{}", "null", "[]", '{"at": 1.0}', '{"offsets": {"a": 1}}',
+                 '{"offsets": {"a": "x"}, "at": 1.0}', '{"offsets": {"a": 1}, "at": "x"}'):
+        (tmp_path / "5.checkpoint.json").write_text(text)
+        assert files.checkpoint(5, 1.0) is None, text
+
+
+@pytest.mark.parametrize("offsets", ["3", "[1, 2]", "null"])
+def test_a_checkpoint_whose_offsets_are_not_a_mapping_is_none(tmp_path, offsets):
+    files = ShardFiles(tmp_path, erasure_bound_s=100.0)
+    (tmp_path / "5.checkpoint.json").write_text(f'{{"offsets": {offsets}, "at": 1.0}}')
+    assert files.checkpoint(5, 1.0) is None
+
+
+def test_wipe_removes_the_shard_and_its_checkpoint(tmp_path):
+    files = ShardFiles(tmp_path, erasure_bound_s=100.0)
+    shard = make_store("edge", files.path(2), DIM)
+    shard.close()
+    (files.path(2) / "extra").write_text("x")
+    files.write_checkpoint(2, {"changes": 1}, now=0.0)
+    files.write_checkpoint(7, {"changes": 9}, now=0.0)
+    files.wipe(2)
+    assert not files.path(2).exists()
+    assert files.checkpoint(2, 0.0) is None
+    assert files.checkpoint(7, 0.0) == {"changes": 9}  # another partition's stays
+    files.wipe(2)  # nothing left: no error
+    files.drop_checkpoint(7)
+    assert files.checkpoint(7, 0.0) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
