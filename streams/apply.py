@@ -33,6 +33,7 @@ from memstream.core.errors import InvalidRecord
 from memstream.core.retry import is_transient, retry_async
 from memstream.memory import fencing, metrics
 from memstream.memory.apply import Applied, apply_decision
+from memstream.memory.model import GLOBAL_USER
 from memstream.memory.shards import ShardNotHere
 from memstream.streams import privacy
 from memstream.streams.counters import Counters, add
@@ -103,6 +104,8 @@ async def publish(p: Pipeline, work: Work, key: bytes, decision: JobDecision,
     wire = await privacy.seal_all(p, applied.publish)
     await privacy.after_erase(p, applied.publish)
     work.out += [(p.topics.memory_changes.name, key, change.dumps()) for change in wire]
+    if decision.user_id == GLOBAL_USER:  # every worker's copy (streams.standby.GlobalCopy)
+        work.out += [(p.topics.global_changes.name, key, change.dumps()) for change in wire]
     result = JobResult.for_job(
         decision, applied.status, datetime.fromtimestamp(p.clock(), UTC),
         llm_calls=decision.llm_calls, error=applied.error, applied_seq=applied.applied_seq)

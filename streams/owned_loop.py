@@ -22,8 +22,10 @@ owns what those depend on:
   tables take the writes only once it is committed (:mod:`streams.ingest_tables`), and the
   stage's after-commit work (waking API callers, counting) runs only then.
 - **A failed transaction** drops the batch's writes, renews the producer and reads the
-  partition again from its committed offsets. Fenced (another worker owns it): the
-  worker exits, and its restart rejoins the group.
+  partition again from its committed offsets. Fenced (another worker's producer took the
+  partition: this worker's generation is stale, a rebalance is under way): the partition
+  is let go (producer, tables, the stage's state such as a store shard) and nothing of the
+  batch is committed; the next assignment takes it again from scratch if it comes back.
 - **A new partition**: producer first (the fence), then the tables restored from their
   changelogs up to their ends, then the consumer seeks to the committed offsets, fetched
   again after the fence. Records fetched before that are dropped (read again).
@@ -41,6 +43,7 @@ import heapq
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -131,6 +134,8 @@ class OwnedLoop:
         self.on_fatal = on_fatal
         self.assignor = assignor or RangePartitionAssignor  # streams.cluster: the workers'
         self.shard_waits = 0  # batches read again: their partition's shard was not here
+        self.fenced = 0  # partitions let go: another worker's producer fenced them
+        self.let_go: dict[int, float] = {}  # partition -> when; taken again if still ours
         self.consumer: AIOKafkaConsumer | None = None
         self.producers: dict[int, AIOKafkaProducer] = {}
         self.owned: set[int] = set()
@@ -207,6 +212,8 @@ class OwnedLoop:
                         await self.process(batch)
                 else:
                     await self._note_caught_up()
+                if self.let_go:
+                    await self._take_back()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -294,7 +301,9 @@ class OwnedLoop:
         """After a failed transaction: a new producer (its start completes or aborts what
         the old one left open). False when the worker must stop instead."""
         if isinstance(exc, ProducerFenced):
-            self.on_fatal(f"partition {partition} is owned by another worker ({exc})")
+            log.warning("%s partition %d is owned by another worker now (%s); letting it go "
+                        "until the next assignment", self.stage.name, partition, exc)
+            await self._let_go(partition)
             return False
         if isinstance(exc, REFUSED):  # e.g. a dead letter its topic does not take
             self.on_fatal(f"partition {partition}: transaction undeliverable "
@@ -332,6 +341,42 @@ class OwnedLoop:
             table.discard(partition)
         await asyncio.sleep(SHARD_WAIT_S)
         self._seek(partition)
+
+    async def _let_go(self, partition: int) -> None:
+        """Another worker fenced this partition: forget it as if revoked (an assignment
+        that gives it back treats it as new: fence, restore, committed offsets)."""
+        self.fenced += 1
+        self.let_go[partition] = time.monotonic()
+        self.ready.discard(partition)
+        self.owned.discard(partition)
+        producer = self.producers.pop(partition, None)
+        if producer is not None:
+            await quietly(producer.stop())
+        for table in self.tables:
+            table.discard(partition)
+            table.drop({partition})
+        self.next = {tp: o for tp, o in self.next.items() if tp.partition != partition}
+        prepare = getattr(self.stage, "prepare", None)
+        if prepare is not None:
+            await prepare(set(), {partition})
+
+    async def _take_back(self) -> None:
+        """A partition let go that no rebalance took from this worker within three
+        heartbeats (a rebalance under way shows in the next heartbeat: the fence came from a
+        worker whose assignment was the stale one, e.g. of a generation this worker was
+        briefly out of): taken again, as a new partition (which fences that one in turn)."""
+        assert self.consumer is not None
+        wait = max(2.0, 3 * self.settings.heartbeat_interval_s)
+        now = time.monotonic()
+        assigned = self.consumer.assignment()
+        mine = {tp.partition for tp in assigned}
+        self.let_go = {n: t for n, t in self.let_go.items() if n in mine and n not in self.owned}
+        if any(now - t >= wait for t in self.let_go.values()):
+            log.warning("%s: partitions %s still assigned here after being fenced; taking "
+                        "them again", self.stage.name, sorted(self.let_go))
+            async with self.lock:
+                await self._assign(set(assigned))
+            self.let_go.clear()
 
     def _seek(self, partition: int) -> None:
         assert self.consumer is not None

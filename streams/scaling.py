@@ -13,10 +13,11 @@ from typing import Any
 from memstream.core.topic_reader import end_offsets
 from memstream.memory.shards import PartitionedStore
 from memstream.memory.store import MemoryStore
+from memstream.streams import faust_setup
 from memstream.streams.cluster import Cluster, ClusterMap, worker_of
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.shards import ShardKeeper
-from memstream.streams.standby import Standbys
+from memstream.streams.standby import GlobalCopy, Standbys
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,9 @@ def register(p: Pipeline) -> None:
             standbys.want(the_map.standby_of(me) | (the_map.owned_by(me) - set(store.owned)))
 
     p.cluster.listeners.append(on_map)
+    shared = GlobalCopy(s, store, open_shard, p.topics.global_changes.name, opener,
+                        keeper.files, clock=p.clock)
+    faust_setup.start_with_app(p.app, shared.start)
 
     @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def close_shards(app: Any, **_: Any) -> None:
@@ -65,6 +69,7 @@ def register(p: Pipeline) -> None:
         for loop in p.loops:  # their batches done (each stops once; again is a no-op)
             await loop.stop()
         await standbys.stop()
+        await shared.stop()
         owned = sorted(store.owned)
         if not owned:
             return

@@ -32,7 +32,14 @@ CHECKPOINT_S = 5.0
 
 
 class Standbys:
-    """Follows the standby partitions into their shards (see the module doc)."""
+    """Follows the standby partitions into their shards (see the module doc).
+
+    One task: it closes the shards no longer wanted, restores the wanted ones it lacks
+    (a restore is never cancelled half-way: its shard would stay open behind a lock), then
+    follows them all until the wanted set changes (:meth:`refresh` cancels only the
+    following). Every shard is opened, restored, followed, handed over and closed under
+    ``lock``, so a partition being taken is never opened twice.
+    """
 
     def __init__(self, settings: Any, store: PartitionedStore, open_shard: OpenShard,
                  topics: list[str], opener: Callable[[], Any], files: ShardFiles,
@@ -45,12 +52,18 @@ class Standbys:
         self.files = files
         self.clock = clock
         self.requested: set[int] = set()  # the map's standby partitions of this worker
-        self.wanted: set[int] = set()  # of those, the ones not owned here: followed
         self.busy: Callable[[], set[int]] = set  # partitions being taken (not to open)
         self.offsets: dict[int, Offsets] = {}
-        self.lock = asyncio.Lock()  # a batch being applied, or a hand-over: never both
+        self.lock = asyncio.Lock()  # a shard opened, restored, fed or handed over: one at once
+        self.changed = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.following: asyncio.Task[None] | None = None
         self.behind: dict[int, bool] = {}
+
+    @property
+    def wanted(self) -> set[int]:
+        """What is requested and not owned here nor being taken."""
+        return self.requested - set(self.store.owned) - self.busy()
 
     def want(self, partitions: set[int]) -> None:
         """The map changed: follow these partitions (the owned ones are never standbys)."""
@@ -58,38 +71,32 @@ class Standbys:
         self.refresh()
 
     def refresh(self) -> None:
-        """Owned partitions changed: follow what is requested and not owned or being taken."""
-        wanted = self.requested - set(self.store.owned) - self.busy()
-        if wanted == self.wanted and self.task is not None and not self.task.done():
-            return
-        self.wanted = wanted
-        self._restart()
-
-    def _restart(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-        self.task = asyncio.create_task(self._run(self.task), name="standby-shards")
+        """Owned partitions or the request changed: the task plans again."""
+        self.changed.set()
+        if self.following is not None:
+            self.following.cancel()
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._run(), name="standby-shards")
 
     async def hand_over(self, partition: int) -> tuple[MemoryStore, Offsets] | None:
-        """The warm shard of ``partition`` and the offsets it holds, no longer followed."""
+        """The warm shard of ``partition`` and the offsets it holds, no longer followed
+        (None: none here; the caller, which marked the partition busy first, restores it)."""
+        self.requested.discard(partition)
         async with self.lock:
             shard = self.store.standby.pop(partition, None)
             offsets = self.offsets.pop(partition, None)
-            self.wanted.discard(partition)
-            self.requested.discard(partition)
             self.behind.pop(partition, None)
-            if self.task is not None:
-                self.task.cancel()
-        self._restart()
+        self.refresh()
         if shard is None or offsets is None:
             return None
         return shard, offsets
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
+        for task in (self.following, self.task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         async with self.lock:
             for partition in list(self.store.standby):
                 shard = self.store.standby.pop(partition)
@@ -97,73 +104,163 @@ class Standbys:
                 if partition in self.offsets:
                     self.files.write_checkpoint(partition, self.offsets[partition], self.clock())
 
-    async def _run(self, previous: asyncio.Task[None] | None) -> None:
-        if previous is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await previous
+    async def _run(self) -> None:
         while True:
+            self.changed.clear()
             try:
-                await self._follow()
-                return
+                opener = await self.opener()
+                await self._plan(opener)
+                if self.changed.is_set():
+                    continue
+                if not self.store.standby:
+                    await self.changed.wait()
+                    continue
+                self.following = asyncio.create_task(self._follow(opener))
+                await asyncio.wait({self.following})
+                if not self.following.cancelled() and self.following.exception() is not None:
+                    raise self.following.exception()  # type: ignore[misc]
+                if not self.changed.is_set():
+                    return  # the topics are gone
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("standby shards: %s: %s; following again in 2 s",
-                            type(exc).__name__, exc)
+                log.warning("standby shards: %s: %s; again in 2 s", type(exc).__name__, exc)
                 await asyncio.sleep(2.0)
 
-    async def _follow(self) -> None:
-        for partition in sorted(set(self.store.standby) - self.wanted):  # no longer wanted
+    async def _plan(self, opener: Any) -> None:
+        """Close what is no longer wanted, restore what is wanted and missing."""
+        for partition in sorted(set(self.store.standby) - self.wanted):
             async with self.lock:
-                shard = self.store.standby.pop(partition)
-                await asyncio.to_thread(shard.close)
+                shard = self.store.standby.pop(partition, None)
+                if shard is not None:
+                    await asyncio.to_thread(shard.close)
                 self.offsets.pop(partition, None)
-                self.files.wipe(partition)
-        opener = await self.opener()
-        for partition in sorted(self.wanted - set(self.store.standby) - self.busy()):
-            start = self.files.checkpoint(partition, self.clock())
-            if start is None:
-                self.files.wipe(partition)
-            self.files.drop_checkpoint(partition)
-            shard = await asyncio.to_thread(self.open_shard, self.files.path(partition))
-            self.behind[partition] = True
+                self.behind.pop(partition, None)
+                if partition not in self.store.owned and partition not in self.busy():
+                    self.files.wipe(partition)
+        for partition in sorted(self.wanted - set(self.store.standby)):
             async with self.lock:
-                ends, changes = await restore(self.settings, self.topics, partition, shard,
-                                              opener, start)
-                self.store.standby[partition] = shard
-                self.offsets[partition] = ends
-                self.behind[partition] = False
-            log.info("standby shard %d: %s, %d change(s) folded", partition,
-                     "caught up" if start else "restored", changes)
-        if not self.store.standby:
-            return
+                if partition not in self.wanted:  # taken meanwhile
+                    continue
+                await self._restore(partition, opener)
+
+    async def _restore(self, partition: int, opener: Any) -> None:
+        start = self.files.checkpoint(partition, self.clock())
+        if start is None:
+            self.files.wipe(partition)
+        self.files.drop_checkpoint(partition)
+        self.behind[partition] = True
+        shard = await asyncio.to_thread(self.open_shard, self.files.path(partition))
+        try:
+            ends, changes = await restore(self.settings, self.topics, partition, shard,
+                                          opener, start)
+        except BaseException:
+            await asyncio.to_thread(shard.close)
+            self.files.wipe(partition)
+            self.behind.pop(partition, None)
+            raise
+        self.store.standby[partition] = shard
+        self.offsets[partition] = ends
+        self.behind[partition] = False
+        log.info("standby shard %d: %s, %d change(s) folded", partition,
+                 "caught up" if start else "restored", changes)
+
+    async def _follow(self, opener: Any) -> None:
         positions = {TopicPartition(t, p): self.offsets[p][t]
                      for p in self.store.standby for t in self.topics}
         last = self.clock()
 
         async def handle(records: list[Record]) -> None:
             nonlocal last
-            tp_partition = records[0].partition
-            shard = self.store.standby.get(tp_partition)
-            if shard is None:
-                return
+            partition, topic = records[0].partition, records[0].topic
             async with self.lock:
+                shard = self.store.standby.get(partition)
+                if shard is None:
+                    return
                 job = Restore(shard, opener, empty=False)
                 step = dict(zip(self.topics, (job.on_changes, job.on_results, job.on_access),
-                                strict=True))[records[0].topic]
+                                strict=True))[topic]
 
                 def apply() -> None:
                     step(records)
                     job.finish()
 
-                await asyncio.to_thread(apply)
-                self.offsets[tp_partition][records[0].topic] = records[-1].offset + 1
-            if self.clock() - last >= CHECKPOINT_S:
-                last = self.clock()
-                for p, offsets in list(self.offsets.items()):
-                    self.files.write_checkpoint(p, offsets, last)
+                applying = asyncio.ensure_future(asyncio.to_thread(apply))
+                try:
+                    await asyncio.shield(applying)
+                except asyncio.CancelledError:  # the batch is applied whole, then we stop
+                    await applying
+                    self.offsets[partition][topic] = records[-1].offset + 1
+                    raise
+                self.offsets[partition][topic] = records[-1].offset + 1
+                if self.clock() - last >= CHECKPOINT_S:
+                    last = self.clock()
+                    for p, offsets in list(self.offsets.items()):
+                        self.files.write_checkpoint(p, offsets, last)
 
         await asyncio.gather(*(follow(self.settings, topic, handle, positions={
             tp: o for tp, o in positions.items() if tp.topic == topic},
             partitions={tp.partition for tp in positions if tp.topic == topic})
             for topic in self.topics))
+
+
+class GlobalCopy:
+    """The tenant-wide memories (user ``__global__``) of every tenant, in a shard of their
+    own on every worker (``data_dir/store/global``), folded from the global-changes topic
+    (``read_committed``, one partition) from its checkpoint on, so every user's search
+    includes them whichever worker serves it."""
+
+    NAME = "global"
+
+    def __init__(self, settings: Any, store: PartitionedStore, open_shard: OpenShard,
+                 topic: str, opener: Callable[[], Any], files: ShardFiles,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.store = store
+        self.open_shard = open_shard
+        self.topic = topic
+        self.opener = opener
+        self.files = files
+        self.clock = clock
+        self.task: asyncio.Task[None] | None = None
+        self.offset = 0
+
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self._run(), name="global-shard")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.task
+        shard, self.store.global_shard = self.store.global_shard, None
+        if shard is not None:
+            await asyncio.to_thread(shard.close)
+            self.files.write_checkpoint(self.NAME, {self.topic: self.offset}, self.clock())
+
+    async def _run(self) -> None:
+        start = self.files.checkpoint(self.NAME, self.clock())
+        if start is None:
+            self.files.wipe(self.NAME)
+        self.files.drop_checkpoint(self.NAME)
+        shard = await asyncio.to_thread(self.open_shard, self.files.path(self.NAME))
+        self.store.global_shard = shard
+        self.offset = (start or {}).get(self.topic, 0)
+        positions = {TopicPartition(self.topic, 0): self.offset}
+        while True:
+            try:
+                opener = await self.opener()
+
+                async def handle(records: list[Record], opener: Any = opener) -> None:
+                    job = Restore(shard, opener, empty=False)
+                    await asyncio.to_thread(job.on_changes, records)
+                    self.offset = records[-1].offset + 1
+
+                await follow(self.settings, self.topic, handle, positions=positions)
+                await asyncio.sleep(2.0)  # the topic does not exist yet
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("global shard: %s: %s; following again in 2 s",
+                            type(exc).__name__, exc)
+                await asyncio.sleep(2.0)

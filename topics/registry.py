@@ -71,12 +71,14 @@ class Topics:
     api_keys: TopicSpec
     maintenance_ticks: TopicSpec
     user_keys: TopicSpec
+    global_changes: TopicSpec
 
     def all(self) -> list[TopicSpec]:
         return [
             self.messages, self.session_events, self.jobs, self.job_results, self.ticks,
             self.dead_letters, self.decisions, self.memory_changes, self.tool_requests,
             self.memory_access, self.api_keys, self.maintenance_ticks, self.user_keys,
+            self.global_changes,
         ]
 
     def ingest_inputs(self) -> list[TopicSpec]:
@@ -161,6 +163,12 @@ def registry(settings: Settings) -> Topics:
             co_partitioned=False, extra_config=compaction_within(settings.erasure_bound_s),
             doc="Per-user data keys wrapped by the master key, keyed tenant/user/key-id, and "
                 "forget-me markers (tenant/user/!forgotten): forgetting tombstones the keys.",
+        ),
+        global_changes=TopicSpec(
+            settings.topic("global-changes"), MemoryChange, 1, -1, co_partitioned=False,
+            doc="The memory changes of every tenant's global scope (user __global__), also "
+                "published here in the same transaction: every worker keeps a copy "
+                "(store_partitioned), whichever partition the global user's key is on.",
         ),
     )
 

@@ -104,6 +104,14 @@ async def test_two_workers_answer_for_each_other_and_survive_the_owner_dying(
 
         b.kill()  # SIGKILL: its partitions stay assigned to it until its session times out
         b_users = [u for u in users if owner[u] == "wb"]
+        first = await get(urls[0], f"/v1/tenants/{tenant}/users/{b_users[0]}/memories")
+        status = (await get(urls[0], "/v1/cluster")).json()
+        if status["partitions"][str(partition_of(tenant, b_users[0], 4))]["owner"] == "wb":
+            # wb still holds the partition (its session has not timed out): the standby
+            # answered, and says so
+            assert first.status_code == 200, first.text
+            assert first.headers.get("X-Memstream-Standby") == "1", dict(first.headers)
+            assert sorted(m["content"] for m in first.json()["memories"]) == before[b_users[0]]
         for u in b_users:  # answered all along: the standby, then the new owner
             assert await until(lambda u=u: memories(urls[0], tenant, u), f"{u} after kill",
                                timeout=60) == before[u]

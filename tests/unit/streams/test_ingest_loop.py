@@ -152,11 +152,17 @@ async def test_a_failed_transaction_leaves_the_tables_and_offsets_and_reads_agai
     assert len(_sent(renewed, p.topics.jobs.name)) == 1 and loop.next[tp] == 2
 
 
-async def test_a_fenced_producer_ends_the_worker(tmp_path):
+async def test_a_fenced_partition_is_let_go_and_the_worker_goes_on(tmp_path):
+    """Another worker's producer took partition 0 (this worker's generation is stale): the
+    partition is dropped as if revoked, nothing of the batch is committed, no exit."""
     p, loop, fatal = _loop(tmp_path)
     loop.producers[0] = FakeProducer(fail=ProducerFenced())  # type: ignore[assignment]
     await loop.process(_batch(_msg(p, 1, offset=0)))
-    assert fatal and "another worker" in fatal[0][0] and len(p.state) == 0
+    assert not fatal and len(p.state) == 0 and loop.fenced == 1
+    assert 0 not in loop.ready and 0 not in loop.owned and 0 not in loop.producers
+    assert not [tp for tp in loop.next if tp.partition == 0]
+    await loop.process(_batch(_msg(p, 2, offset=1)))  # its records are no longer handled
+    assert len(p.state) == 0
 
 
 async def test_a_transaction_the_broker_refuses_for_good_stops_the_worker(tmp_path):
@@ -269,3 +275,22 @@ async def test_a_job_in_flight_is_timed_from_the_takeover(tmp_path):
     jobs = [ExtractionJob.model_validate_json(v[2])
             for v in _sent(loop.producers[0], p.topics.jobs.name)]
     assert len(jobs) == 2 and jobs[1].job_id == jobs[0].job_id and jobs[1].attempt == 2
+
+
+async def test_a_partition_let_go_is_taken_back_when_no_rebalance_takes_it(tmp_path):
+    """The fence came from a worker with a stale assignment: no rebalance follows, so after
+    a few heartbeats the partition, still assigned here, is taken again as a new one."""
+    p, loop, fatal = _loop(tmp_path)
+    loop.producers[0] = FakeProducer(fail=ProducerFenced())  # type: ignore[assignment]
+    await loop.process(_batch(_msg(p, 1, offset=0)))
+    taken: list[set[TopicPartition]] = []
+
+    async def assign(assigned: set[TopicPartition]) -> None:
+        taken.append(assigned)
+
+    loop._assign = assign  # type: ignore[method-assign]
+    await loop._take_back()
+    assert taken == [] and 0 in loop.let_go  # too soon: a rebalance may still come
+    loop.let_go[0] -= 60.0
+    await loop._take_back()
+    assert taken == [loop.consumer.assignment()] and not loop.let_go and not fatal
