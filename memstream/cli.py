@@ -284,6 +284,23 @@ def search(settings: Settings, tenant: str, user: str, k: int | None, query: str
     click.echo(json.dumps(result, ensure_ascii=False, indent=2))
 
 
+@main.command()
+@click.option("--url", "urls", multiple=True, help="A worker's API (default: this one's); "
+              "the workers it names are asked too")
+@click.option("--json", "as_json", is_flag=True, help="The workers' answers as JSON")
+@click.pass_obj
+def status(settings: Settings, urls: tuple[str, ...], as_json: bool) -> None:
+    """Workers, partitions (owner, standbys), shards (serving, restoring, standby), lag."""
+    import json
+
+    from memstream.ops.status import gather, render
+
+    found = gather(settings, urls or (settings.api_url(),))
+    click.echo(json.dumps(found, indent=2) if as_json else render(found))
+    if all("error" in s for s in found.values()):
+        raise SystemExit(1)
+
+
 @main.group()
 def forget() -> None:
     """Forget-me (right to erasure): verify that a forgotten user left nothing behind."""
@@ -313,13 +330,16 @@ def forget_verify(settings: Settings, tenant: str, user: str, needles: tuple[str
               help="Leave a broker that the demo started running afterwards.")
 @click.option("--serve", is_flag=True,
               help="Keep the worker (API, /metrics, inspector) running until Ctrl-C.")
+@click.option("--workers", default=1, type=click.IntRange(1, 4),
+              help="Workers sharing the partitions (more than one: a store shard per "
+                   "partition, any worker answers)")
 @click.pass_obj
-def demo(settings: Settings, keep_broker: bool, serve: bool) -> None:
+def demo(settings: Settings, keep_broker: bool, serve: bool, workers: int) -> None:
     """Broker + worker + the bundled sample conversations: print the memories built."""
     from memstream.dev.demo import run_demo
 
     logging.basicConfig(level=logging.WARNING)
-    run_demo(settings, keep_broker=keep_broker, serve=serve)
+    run_demo(settings, keep_broker=keep_broker, serve=serve, workers=workers)
 
 
 main.add_command(replay)

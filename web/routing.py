@@ -35,7 +35,7 @@ STANDBY = "X-Memstream-Standby"
 FORWARD_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 2.0
 READS = {paths.SEARCH, paths.CONTEXT}  # POST routes that only read
-PASSED_HEADERS = ("Authorization", "Content-Type", "Accept")
+PASSED_HEADERS = ("Authorization", "X-API-Key", "Content-Type", "Accept")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -12,6 +12,7 @@ import httpx
 from memstream.client import _gov_ops as gops
 from memstream.client import _ops as ops
 from memstream.client._base import ClientBase
+from memstream.client._errors import MemstreamConnectionError
 from memstream.client._produce import Messages, ProducerFactory
 from memstream.core.settings import Settings
 from memstream.web.models import api
@@ -23,7 +24,7 @@ T = TypeVar("T")
 class AsyncMemoryClient(ClientBase):
     """memstream for one tenant, asyncio: the same methods as :class:`MemoryClient`."""
 
-    def __init__(self, base_url: str, api_key: str, *, tenant_id: str,
+    def __init__(self, base_url: str | Sequence[str], api_key: str, *, tenant_id: str,
                  bootstrap_servers: str | None = None, topic_prefix: str = "memstream",
                  timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None,
                  producer_factory: ProducerFactory | None = None,
@@ -36,10 +37,23 @@ class AsyncMemoryClient(ClientBase):
     async def _run(self, op: ops.Op[T]) -> T:
         step = ops.advance(op, None, self._secret)
         while isinstance(step, ops.Call):
-            with ops.reaching_api():
-                response = await self._http.request(**step.request_kwargs(self._timeout))
-            step = ops.advance(op, response, self._secret)
+            step = ops.advance(op, await self._send(step), self._secret)
         return step.value
+
+    async def _send(self, step: ops.Call) -> httpx.Response:
+        """See :meth:`MemoryClient._send`."""
+        attempts = list(self._attempts(step))
+        for n, (at, kwargs) in enumerate(attempts):
+            response, error = None, None
+            try:
+                with ops.reaching_api():
+                    response = await self._http.request(**kwargs)
+            except MemstreamConnectionError as exc:
+                error = exc
+            if self._settle(at, response, error, n == len(attempts) - 1):
+                assert response is not None
+                return response
+        raise AssertionError("unreachable: the last attempt settles")
 
     async def add(self, messages: Messages, *, user_id: str, session_id: str,
                   role: str = "user") -> list[str]:

@@ -3,13 +3,15 @@ produce, no I/O; each client adds its own HTTP client and, for the sync one, a l
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 from pydantic import SecretStr
 
 from memstream import __version__
+from memstream.client import _ops as ops
 from memstream.client._ops import check_id
 from memstream.client._produce import (
     Messages,
@@ -32,13 +34,20 @@ def _utc_now() -> datetime:
 class ClientBase:
     """What both clients share: configuration, validation and the records to produce."""
 
-    def __init__(self, base_url: str, api_key: str, tenant_id: str,
+    def __init__(self, base_url: str | Sequence[str], api_key: str, tenant_id: str,
                  bootstrap_servers: str | None, topic_prefix: str, timeout: float,
                  producer_factory: ProducerFactory | None,
                  clock: Callable[[], datetime] | None, kafka: Settings | None = None) -> None:
         if not api_key:
             raise ValueError("api_key must not be empty")
-        self.base_url = base_url
+        # several workers: any answers any request; one that cannot be reached (or answers
+        # 502/503/504) is skipped for the next (see :meth:`_attempts`)
+        self.base_urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not self.base_urls:
+            raise ValueError("base_url must name at least one worker")
+        self.base_urls = [u.rstrip("/") for u in self.base_urls]
+        self.base_url = self.base_urls[0]
+        self._current = 0
         self.tenant_id = check_id("tenant_id", tenant_id)
         self.topic_prefix = topic_prefix
         if kafka is not None:  # the whole connection: bootstrap servers, SASL, SSL
@@ -59,7 +68,31 @@ class ClientBase:
     def _http_options(self) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {self._api_key.get_secret_value()}",
                    "User-Agent": f"memstream-client/{__version__}"}
-        return {"base_url": self.base_url, "headers": headers, "timeout": self._timeout}
+        return {"headers": headers, "timeout": self._timeout}
+
+    def _attempts(self, step: ops.Call) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Each worker to try for one call (the one that answered last first), with the
+        request's keyword arguments."""
+        kwargs = step.request_kwargs(self._timeout)
+        path = kwargs.pop("url")
+        n = len(self.base_urls)
+        for i in range(n):
+            at = (self._current + i) % n
+            yield at, {**kwargs, "url": self.base_urls[at] + path}
+
+    def _settle(self, at: int, response: httpx.Response | None, error: Exception | None,
+                last: bool) -> bool:
+        """After one attempt: True when it is the answer (remembered as the worker to ask
+        first), False to try the next worker; raises the connection error of the last."""
+        if error is not None:
+            if last or not ops.failover(error):
+                raise error
+            return False
+        assert response is not None
+        if response.status_code in ops.FAILOVER_STATUSES and not last:
+            return False
+        self._current = at
+        return True
 
     @property
     def _secret(self) -> str:

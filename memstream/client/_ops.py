@@ -124,6 +124,15 @@ def advance(op: Op[T], response: httpx.Response | None, secret: str) -> Call | D
         return Done(cast(T, done.value))
 
 
+FAILOVER_STATUSES = frozenset({502, 503, 504})  # the worker asked cannot answer now
+
+
+def failover(error: Exception) -> bool:
+    """Is another worker worth asking after ``error``? Only when the request cannot have
+    reached this one (no connection): a read timeout may have been processed."""
+    return isinstance(error.__cause__, (httpx.ConnectError, httpx.ConnectTimeout))
+
+
 @contextlib.contextmanager
 def reaching_api() -> Iterator[None]:
     try:

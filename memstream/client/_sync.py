@@ -13,6 +13,7 @@ import httpx
 from memstream.client import _gov_ops as gops
 from memstream.client import _ops as ops
 from memstream.client._base import ClientBase
+from memstream.client._errors import MemstreamConnectionError
 from memstream.client._produce import LoopThread, Messages, ProducerFactory, Record
 from memstream.core.settings import Settings
 from memstream.web.models import api
@@ -27,7 +28,7 @@ class MemoryClient(ClientBase):
     ``producer_factory`` and ``clock`` are seams for tests; ``transport`` too (httpx).
     """
 
-    def __init__(self, base_url: str, api_key: str, *, tenant_id: str,
+    def __init__(self, base_url: str | Sequence[str], api_key: str, *, tenant_id: str,
                  bootstrap_servers: str | None = None, topic_prefix: str = "memstream",
                  timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
                  producer_factory: ProducerFactory | None = None,
@@ -42,10 +43,23 @@ class MemoryClient(ClientBase):
     def _run(self, op: ops.Op[T]) -> T:
         step = ops.advance(op, None, self._secret)
         while isinstance(step, ops.Call):
-            with ops.reaching_api():
-                response = self._http.request(**step.request_kwargs(self._timeout))
-            step = ops.advance(op, response, self._secret)
+            step = ops.advance(op, self._send(step), self._secret)
         return step.value
+
+    def _send(self, step: ops.Call) -> httpx.Response:
+        """The call to the first worker that can answer (several base URLs: failover)."""
+        attempts = list(self._attempts(step))
+        for n, (at, kwargs) in enumerate(attempts):
+            response, error = None, None
+            try:
+                with ops.reaching_api():
+                    response = self._http.request(**kwargs)
+            except MemstreamConnectionError as exc:
+                error = exc
+            if self._settle(at, response, error, n == len(attempts) - 1):
+                assert response is not None
+                return response
+        raise AssertionError("unreachable: the last attempt settles")
 
     def _produce(self, records: Sequence[Record]) -> None:
         with self._loop_lock:

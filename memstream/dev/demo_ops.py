@@ -4,6 +4,8 @@ running worker), and where the memory inspector is."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 import httpx
 
@@ -43,14 +45,26 @@ def report_metrics(settings: Settings) -> None:
                f"consumer lag: {raw.consumer_lag}")
 
 
-def report_operations(settings: Settings, *, serve: bool) -> None:
+def report_operations(settings: Settings, *, serve: bool, rebuild: bool = True) -> None:
     from memstream.ops.rebuild import run_rebuild
 
     report_metrics(settings)
+    if not rebuild:  # several workers: each shard was restored from the topic already
+        click.echo("\nRebuild: every worker restored its shards from the memory-change "
+                   "topic (memstream status lists the restores)")
+    else:
+        _rebuild(settings, run_rebuild)
+    _inspector(settings, serve)
+
+
+def _rebuild(settings: Settings, run_rebuild: Any) -> None:
     click.echo("\nRebuild of the store from the memory-change topic (memstream rebuild), "
                "verified user by user against the live store by the running worker (a few "
                "changes: start-up dominates; benchmarks/rebuild.py measures throughput):")
     run_rebuild(settings, settings.data_dir / "stores" / "demo-rebuild", progress=False)
+
+
+def _inspector(settings: Settings, serve: bool) -> None:
     url = f"http://127.0.0.1:{settings.web_port}/inspector"
     if serve:
         assert settings.admin_key is not None

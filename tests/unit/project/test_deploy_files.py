@@ -27,6 +27,19 @@ def test_compose_has_kafka_qdrant_and_worker():
     assert worker["environment"]["MEMSTREAM_BOOTSTRAP_SERVERS"] == "kafka:9092"
 
 
+def test_compose_runs_two_workers_each_with_its_own_id_url_port_and_volume():
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    one, two = services["worker"], services["worker-2"]
+    assert two["build"] == "." and two["depends_on"] == one["depends_on"]
+    for key in ("MEMSTREAM_GROUP_INSTANCE_ID", "MEMSTREAM_ADVERTISED_URL"):
+        assert one["environment"][key] != two["environment"][key]
+    assert two["environment"]["MEMSTREAM_ADVERTISED_URL"] == "http://worker-2:6066"
+    for env in (one["environment"], two["environment"]):
+        assert env["MEMSTREAM_STORE_PARTITIONED"] == "true"
+        assert env["MEMSTREAM_PARTITIONS"] == "12" and env["MEMSTREAM_ADMIN_KEY"]
+    assert one["ports"] != two["ports"] and one["volumes"] != two["volumes"]
+
+
 def test_dockerfile_copies_existing_packages():
     lines = (ROOT / "Dockerfile").read_text().splitlines()
     sources = [ln.split()[1] for ln in lines if ln.startswith("COPY")]
@@ -115,8 +128,11 @@ def test_prometheus_scrapes_the_worker_with_the_metrics_key_file():
     config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
     (job,) = config["scrape_configs"]
     assert job["metrics_path"] == "/metrics"
-    worker_port = _compose()["services"]["worker"]["ports"][0].split(":")[-1]
-    assert job["static_configs"][0]["targets"] == [f"worker:{worker_port}"]
+    services = _compose()["services"]
+    workers = sorted(name for name, svc in services.items() if svc.get("build") == ".")
+    assert workers == ["worker", "worker-2"]
+    targets = [f"{name}:{services[name]['ports'][0].split(':')[-1]}" for name in workers]
+    assert job["static_configs"][0]["targets"] == targets
     assert job["authorization"]["credentials_file"] == "/run/secrets/memstream_metrics_key"
     mounted = {v.split(":")[1] for v in _compose()["services"]["prometheus"]["volumes"]}
     assert set(config["rule_files"]) <= mounted

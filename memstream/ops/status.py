@@ -1,0 +1,75 @@
+"""``memstream status``: the cluster as the workers see it (``GET /v1/cluster`` of each).
+
+Asks every URL given (default: this machine's worker, ``Settings.api_url()``) with the
+metrics key or the admin key, and renders one table: the workers, each partition's owner
+and standbys, each worker's shards (serving, restoring x, standby) and lag, the last
+restores. A worker that does not answer is listed as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from memstream.core.errors import ConfigError
+from memstream.core.settings import Settings
+from memstream.web.models import paths
+
+
+def key_of(settings: Settings) -> str:
+    for secret in (settings.metrics_key, settings.admin_key):
+        if secret is not None:
+            return secret.get_secret_value()
+    raise ConfigError("memstream status needs MEMSTREAM_METRICS_KEY or MEMSTREAM_ADMIN_KEY")
+
+
+def gather(settings: Settings, urls: Sequence[str], timeout: float = 5.0,
+           transport: httpx.BaseTransport | None = None) -> dict[str, Any]:
+    """url -> its ``/v1/cluster`` answer, or ``{"error": ...}``; then the other workers the
+    first answer names are asked too."""
+    headers = {"Authorization": f"Bearer {key_of(settings)}"}
+    found: dict[str, Any] = {}
+    todo = [u.rstrip("/") for u in urls]
+    with httpx.Client(headers=headers, timeout=timeout, transport=transport) as http:
+        while todo:
+            url = todo.pop(0)
+            if url in found:
+                continue
+            try:
+                r = http.get(url + paths.CLUSTER)
+                found[url] = r.json() if r.status_code == 200 else {
+                    "error": f"HTTP {r.status_code}"}
+            except httpx.HTTPError as exc:
+                found[url] = {"error": type(exc).__name__}
+                continue
+            todo += [u for u in found[url].get("workers", {}).values() if u not in found]
+    return found
+
+
+def render(found: dict[str, Any]) -> str:
+    lines = []
+    answered = [s for s in found.values() if "error" not in s]
+    for url, status in found.items():
+        if "error" in status:
+            lines.append(f"worker {url}: not answering ({status['error']})")
+            continue
+        shards = status.get("shards", {})
+        by_state: dict[str, list[str]] = {}
+        for p, state in sorted(shards.items(), key=lambda kv: int(kv[0])):
+            by_state.setdefault(state, []).append(p)
+        lag = sum(status.get("lag", {}).values())
+        lines.append(f"worker {status['worker']} {url}: store {status['store']}, "
+                     f"groups aligned: {status['groups_aligned']}, lag {lag}, "
+                     f"requests {status.get('requests', {})}")
+        for state, parts in by_state.items():
+            lines.append(f"  {state}: partitions {', '.join(parts)}")
+        for r in status.get("restores", [])[-5:]:
+            lines.append(f"  restored partition {r['partition']}: {r['changes']} changes in "
+                         f"{r['seconds']} s")
+    if answered:
+        lines.append("partition  owner  standbys")
+        for p, v in answered[0]["partitions"].items():
+            lines.append(f"{p:>9}  {v['owner']}  {', '.join(v['standbys']) or '-'}")
+    return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""``memstream status``: every worker asked (the first one names the others), one that does
+not answer listed as such, and the table names owners, standbys and shard states."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from memstream.core.errors import ConfigError
+from memstream.core.settings import Settings
+from memstream.ops.status import gather, render
+
+pytestmark = pytest.mark.unit
+W1 = {"worker": "w1", "url": "http://w1:1", "store": "partitioned", "groups_aligned": True,
+      "workers": {"w1": "http://w1:1", "w2": "http://w2:1"},
+      "partitions": {"0": {"owner": "w1", "standbys": ["w2"]},
+                     "1": {"owner": "w2", "standbys": []}},
+      "shards": {"0": "serving", "1": "standby"}, "lag": {"0": 3},
+      "restores": [{"partition": 0, "changes": 42, "seconds": 0.5}], "requests": {}}
+
+
+def test_every_worker_is_asked_and_one_that_does_not_answer_is_listed():
+    asked: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.host)
+        assert request.headers["Authorization"] == "Bearer mk"
+        if request.url.host == "w2":
+            raise httpx.ConnectError("refused")
+        return httpx.Response(200, json=W1)
+
+    settings = Settings(metrics_key=SecretStr("mk"))
+    found = gather(settings, ["http://w1:1/"], transport=httpx.MockTransport(answer))
+    assert asked == ["w1", "w2"] and found["http://w1:1"] == W1
+    assert found["http://w2:1"] == {"error": "ConnectError"}
+    text = render(found)
+    assert "worker http://w2:1: not answering (ConnectError)" in text
+    assert "serving: partitions 0" in text and "standby: partitions 1" in text
+    assert "0  w1  w2" in text and "1  w2  -" in text and "42 changes" in text
+
+
+def test_a_key_is_needed():
+    with pytest.raises(ConfigError):
+        gather(Settings(), ["http://w1:1"])
