@@ -88,12 +88,15 @@ def scope(request: web.Request) -> tuple[str, str, Principal]:
 
 
 # --- bodies and parameters -------------------------------------------------------------
+BODY_READ = "memstream_body"  # a body web.routing read to forward, kept for the handler
+
+
 async def read_object(request: web.Request, limit: int) -> dict[str, Any]:
     """The body as a JSON object, read at most ``limit`` bytes far (chunked bodies too)."""
     too_large = ApiError(413, ErrorCode.PAYLOAD_TOO_LARGE, f"body larger than {limit} bytes")
     if request.content_length is not None and request.content_length > limit:
         raise too_large
-    data = bytearray()
+    data = bytearray(request.get(BODY_READ, b""))  # read already (a failed forward)
     while chunk := await request.content.readany():
         data += chunk
         if len(data) > limit:

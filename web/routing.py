@@ -6,7 +6,7 @@ warm standby shard here when the owner cannot be reached.
   owner's advertised URL with ``X-Memstream-Forwarded`` (a forwarded request is never
   forwarded again: no loops, whatever two workers' maps say). The owner's answer is
   returned as it is, with ``X-Memstream-Served-By`` naming the worker that answered.
-- **Standby**: when the owner does not answer (connection refused, timeout, 5xx while it
+- **Standby**: when the owner does not answer (connection refused, timeout, 502-504 as it
   restarts), a read (GET, search, context) of a partition this worker keeps a standby of is
   served from the standby shard, marked ``X-Memstream-Standby: 1``: its memories are the
   committed changes up to a second or so ago, and its context has no short-term window
@@ -26,6 +26,8 @@ from aiohttp import web
 
 from memstream.memory.shards import ShardNotHere, partition_of, standby_reads
 from memstream.streams.cluster import Cluster
+from memstream.web.http_base import DEPS
+from memstream.web.http_checks import BODY_READ
 from memstream.web.models import paths
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,12 @@ class Router:
             response = await handler(request)
             response.headers[SERVED_BY] = self.cluster.me.worker_id
             return response
+        limit = request.app[DEPS].max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return await handler(request)  # refused here: key first (401), then size (413)
+        request[BODY_READ] = await request.content.read(limit + 1)  # the handler's, too
+        if len(request[BODY_READ]) > limit:
+            return await handler(request)
         answer = await self._forward(request, url, owner)
         if answer is not None:
             return answer
@@ -101,7 +109,7 @@ class Router:
                 total=FORWARD_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
         headers = {h: request.headers[h] for h in PASSED_HEADERS if h in request.headers}
         headers[FORWARDED] = self.cluster.me.worker_id
-        body = await request.read()
+        body = request[BODY_READ]
         try:
             async with self.session.request(request.method, url + str(request.rel_url),
                                             headers=headers, data=body or None) as resp:
