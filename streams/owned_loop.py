@@ -361,12 +361,13 @@ class OwnedLoop:
             await prepare(set(), {partition})
 
     async def _take_back(self) -> None:
-        """A partition let go that no rebalance took from this worker within three
-        heartbeats (a rebalance under way shows in the next heartbeat: the fence came from a
-        worker whose assignment was the stale one, e.g. of a generation this worker was
-        briefly out of): taken again, as a new partition (which fences that one in turn)."""
+        """A partition let go that no rebalance took from this worker within two session
+        timeouts (a fence from a newer generation is followed by this worker's own
+        rebalance well within that: its heartbeat fails, it rejoins; past it, the fence
+        came from a worker whose assignment was the stale one): taken again, as a new
+        partition (which fences that one in turn)."""
         assert self.consumer is not None
-        wait = max(2.0, 3 * self.settings.heartbeat_interval_s)
+        wait = 2 * self.settings.session_timeout_s
         now = time.monotonic()
         assigned = self.consumer.assignment()
         mine = {tp.partition for tp in assigned}

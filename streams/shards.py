@@ -45,15 +45,26 @@ OpenShard = Callable[[Path], MemoryStore]
 Offsets = dict[str, int]  # topic -> the next offset to fold, of one partition
 
 
-class Restore:
-    """One partition's shard brought up to the topics' ends (see the module doc)."""
+UserKey = tuple[str, str]
 
-    def __init__(self, shard: MemoryStore, opener: Opener | None, *, empty: bool) -> None:
+
+class Restore:
+    """One partition's shard brought up to the topics' ends (see the module doc).
+
+    Changes are folded as they come; job results and hit statistics are gathered and
+    folded by :meth:`finish`, after every change: a result's cursor must never run ahead
+    of its job's changes, whatever order the three topics are read in. ``cursors``: the
+    cursors gathered so far (a standby's, handed over with its shard).
+    """
+
+    def __init__(self, shard: MemoryStore, opener: Opener | None, *, empty: bool,
+                 cursors: dict[UserKey, Cursor] | None = None) -> None:
         self.shard = shard
         self.opener = opener
         self.fold = Fold(shard, opener) if empty else None
-        self.erased: dict[tuple[str, str], float] = {}
+        self.erased: dict[UserKey, float] = {}
         self.accesses: list[AccessEvent] = []
+        self.cursors: dict[UserKey, Cursor] = dict(cursors or {})
         self.changes = 0
 
     def on_changes(self, records: list[Record]) -> None:
@@ -74,27 +85,35 @@ class Restore:
 
     def on_results(self, records: list[Record]) -> None:
         """A job the apply stage reported done holds the user's cursor at its seq."""
-        if self.fold is not None:
-            self.fold.finish()
-            self.erased.update(self.fold.erased)
-            self.fold = None
         for r in records:
             if r.value is None:
                 continue
             result = JobResult.model_validate_json(r.value)
             if result.status != JobStatus.DONE or not result.seq:
                 continue
-            scope = Scope(result.tenant_id, result.user_id)
-            held = self.shard.cursor(scope)
+            key = (result.tenant_id, result.user_id)
+            held = self.cursors.get(key)
             if held is None or held.seq < result.seq:
-                self.shard.set_cursor(scope, Cursor(result.seq, result.job_id))
+                self.cursors[key] = Cursor(result.seq, result.job_id)
 
     def on_access(self, records: list[Record]) -> None:
         self.accesses.extend(AccessEvent.model_validate_json(r.value) for r in records
                              if r.value is not None)
 
-    def finish(self) -> None:
-        self.on_results([])
+    def finish(self, *, cursors: bool = True) -> None:
+        """What is gathered, folded: the changes held, then (``cursors``) the results'
+        cursors, then the hits. A standby keeps its cursors gathered (``cursors=False``)
+        until it is handed over: its changes may lag its results."""
+        if self.fold is not None:
+            self.fold.finish()
+            self.erased.update(self.fold.erased)
+            self.fold = None
+        if cursors:
+            for (tenant, user), cursor in self.cursors.items():
+                scope = Scope(tenant, user)
+                held = self.shard.cursor(scope)
+                if held is None or held.seq < cursor.seq:
+                    self.shard.set_cursor(scope, cursor)
         fold_access(self.shard, self.accesses, None, self.erased)
         self.accesses.clear()
 
@@ -138,10 +157,13 @@ class ShardFiles:
 
 
 async def restore(settings: Any, topics: list[str], partition: int, shard: MemoryStore,
-                  opener: Opener | None, start: Offsets | None) -> tuple[Offsets, int]:
+                  opener: Opener | None, start: Offsets | None, *,
+                  cursors: dict[UserKey, Cursor] | None = None, fold_cursors: bool = True,
+                  ) -> tuple[Offsets, Restore]:
     """Fold ``topics`` (changes, results, access) of ``partition`` from ``start`` (None: an
-    empty shard, from the beginning) to their ends now; returns the ends and the changes."""
-    job = Restore(shard, opener, empty=start is None)
+    empty shard, from the beginning) to their ends now, with one reader; returns the ends
+    and the fold (its ``changes`` counted, its ``cursors`` gathered)."""
+    job = Restore(shard, opener, empty=start is None, cursors=cursors)
     handlers = dict(zip(topics, (job.on_changes, job.on_results, job.on_access), strict=True))
     tps = [TopicPartition(t, partition) for t in topics]
     ends: dict[TopicPartition, int] = {}
@@ -150,12 +172,11 @@ async def restore(settings: Any, topics: list[str], partition: int, shard: Memor
         await asyncio.to_thread(handlers[tp.topic], records)
         ends[tp] = records[-1].offset + 1
 
-    for tp in tps:  # in this order: changes, then results (cursors), then hits
-        await read_ranges(settings, [tp], handle,
-                          start={tp: start[tp.topic]} if start and tp.topic in start else None)
-    await asyncio.to_thread(job.finish)
+    await read_ranges(settings, tps, handle, start={
+        tp: start[tp.topic] for tp in tps if start and tp.topic in start})
+    await asyncio.to_thread(job.finish, cursors=fold_cursors)
     done = {tp.topic: ends.get(tp, (start or {}).get(tp.topic, 0)) for tp in tps}
-    return done, job.changes
+    return done, job
 
 
 class ShardKeeper:
@@ -182,16 +203,18 @@ class ShardKeeper:
             self.restoring[partition] = self.clock()
             try:
                 warm = await self.standbys.hand_over(partition) if self.standbys else None
+                gathered: dict[UserKey, Cursor] = {}
                 if warm is not None:
-                    shard, start = warm
+                    shard, start, gathered = warm
                 else:
                     start = self.files.checkpoint(partition, self.clock())
                     if start is None:
                         self.files.wipe(partition)
                     shard = await asyncio.to_thread(self.open_shard, self.files.path(partition))
                 self.files.drop_checkpoint(partition)  # open: no longer a clean copy
-                _, changes = await restore(self.settings, self.topics, partition, shard,
-                                           await self.opener(), start)
+                _, job = await restore(self.settings, self.topics, partition, shard,
+                                       await self.opener(), start, cursors=gathered)
+                changes = job.changes
                 self.store.owned[partition] = shard
             finally:
                 self.restoring.pop(partition, None)

@@ -23,9 +23,17 @@ from typing import Any
 from aiokafka.structs import TopicPartition
 
 from memstream.core.topic_reader import Record, follow
+from memstream.memory.fencing import Cursor
 from memstream.memory.shards import PartitionedStore
 from memstream.memory.store import MemoryStore
-from memstream.streams.shards import Offsets, OpenShard, Restore, ShardFiles, restore
+from memstream.streams.shards import (
+    Offsets,
+    OpenShard,
+    Restore,
+    ShardFiles,
+    UserKey,
+    restore,
+)
 
 log = logging.getLogger(__name__)
 CHECKPOINT_S = 5.0
@@ -54,6 +62,11 @@ class Standbys:
         self.requested: set[int] = set()  # the map's standby partitions of this worker
         self.busy: Callable[[], set[int]] = set  # partitions being taken (not to open)
         self.offsets: dict[int, Offsets] = {}
+        # the job results' cursors gathered per partition, folded only at the hand-over
+        # (a standby's changes may lag its results); the results offset its checkpoint
+        # names is the one before them (a restart gathers them again)
+        self.cursors: dict[int, dict[UserKey, Cursor]] = {}
+        self.durable: dict[int, int] = {}
         self.lock = asyncio.Lock()  # a shard opened, restored, fed or handed over: one at once
         self.changed = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -78,18 +91,21 @@ class Standbys:
         if self.task is None or self.task.done():
             self.task = asyncio.create_task(self._run(), name="standby-shards")
 
-    async def hand_over(self, partition: int) -> tuple[MemoryStore, Offsets] | None:
+    async def hand_over(self, partition: int,
+                        ) -> tuple[MemoryStore, Offsets, dict[UserKey, Cursor]] | None:
         """The warm shard of ``partition`` and the offsets it holds, no longer followed
         (None: none here; the caller, which marked the partition busy first, restores it)."""
         self.requested.discard(partition)
         async with self.lock:
             shard = self.store.standby.pop(partition, None)
             offsets = self.offsets.pop(partition, None)
+            cursors = self.cursors.pop(partition, {})
+            self.durable.pop(partition, None)
             self.behind.pop(partition, None)
         self.refresh()
         if shard is None or offsets is None:
             return None
-        return shard, offsets
+        return shard, offsets, cursors
 
     async def stop(self) -> None:
         for task in (self.following, self.task):
@@ -102,7 +118,7 @@ class Standbys:
                 shard = self.store.standby.pop(partition)
                 await asyncio.to_thread(shard.close)
                 if partition in self.offsets:
-                    self.files.write_checkpoint(partition, self.offsets[partition], self.clock())
+                    self._checkpoint(partition, self.clock())
 
     async def _run(self) -> None:
         while True:
@@ -135,6 +151,8 @@ class Standbys:
                 if shard is not None:
                     await asyncio.to_thread(shard.close)
                 self.offsets.pop(partition, None)
+                self.cursors.pop(partition, None)
+                self.durable.pop(partition, None)
                 self.behind.pop(partition, None)
                 if partition not in self.store.owned and partition not in self.busy():
                     self.files.wipe(partition)
@@ -152,8 +170,8 @@ class Standbys:
         self.behind[partition] = True
         shard = await asyncio.to_thread(self.open_shard, self.files.path(partition))
         try:
-            ends, changes = await restore(self.settings, self.topics, partition, shard,
-                                          opener, start)
+            ends, job = await restore(self.settings, self.topics, partition, shard, opener,
+                                      start, fold_cursors=False)
         except BaseException:
             await asyncio.to_thread(shard.close)
             self.files.wipe(partition)
@@ -161,9 +179,18 @@ class Standbys:
             raise
         self.store.standby[partition] = shard
         self.offsets[partition] = ends
+        self.cursors[partition] = job.cursors
+        self.durable[partition] = (start or {}).get(self.topics[1], 0)
         self.behind[partition] = False
         log.info("standby shard %d: %s, %d change(s) folded", partition,
-                 "caught up" if start else "restored", changes)
+                 "caught up" if start else "restored", job.changes)
+
+    def _checkpoint(self, partition: int, now: float) -> None:
+        """The offsets the shard holds; the results' offset the one before the cursors it
+        has gathered but not folded."""
+        offsets = dict(self.offsets[partition])
+        offsets[self.topics[1]] = self.durable.get(partition, 0)
+        self.files.write_checkpoint(partition, offsets, now)
 
     async def _follow(self, opener: Any) -> None:
         positions = {TopicPartition(t, p): self.offsets[p][t]
@@ -177,13 +204,14 @@ class Standbys:
                 shard = self.store.standby.get(partition)
                 if shard is None:
                     return
-                job = Restore(shard, opener, empty=False)
+                job = Restore(shard, opener, empty=False, cursors=self.cursors[partition])
                 step = dict(zip(self.topics, (job.on_changes, job.on_results, job.on_access),
                                 strict=True))[topic]
 
                 def apply() -> None:
                     step(records)
-                    job.finish()
+                    job.finish(cursors=False)
+                    self.cursors[partition] = job.cursors
 
                 applying = asyncio.ensure_future(asyncio.to_thread(apply))
                 try:
@@ -195,8 +223,8 @@ class Standbys:
                 self.offsets[partition][topic] = records[-1].offset + 1
                 if self.clock() - last >= CHECKPOINT_S:
                     last = self.clock()
-                    for p, offsets in list(self.offsets.items()):
-                        self.files.write_checkpoint(p, offsets, last)
+                    for p in list(self.offsets):
+                        self._checkpoint(p, last)
 
         await asyncio.gather(*(follow(self.settings, topic, handle, positions={
             tp: o for tp, o in positions.items() if tp.topic == topic},

@@ -75,7 +75,7 @@ async def test_two_workers_answer_for_each_other_and_survive_the_owner_dying(
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     h = await harness(extract_enabled=True, web_enabled=True, store_partitioned=True,
-                      partitions=4, admin_key=ADMIN, session_timeout_s=8.0)
+                      partitions=4, admin_key=ADMIN)
     if True:
         a = start_worker(h, "wa", ports[0])
         b = start_worker(h, "wb", ports[1])

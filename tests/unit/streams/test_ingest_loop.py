@@ -279,7 +279,7 @@ async def test_a_job_in_flight_is_timed_from_the_takeover(tmp_path):
 
 async def test_a_partition_let_go_is_taken_back_when_no_rebalance_takes_it(tmp_path):
     """The fence came from a worker with a stale assignment: no rebalance follows, so after
-    a few heartbeats the partition, still assigned here, is taken again as a new one."""
+    two session timeouts the partition, still assigned here, is taken again as a new one."""
     p, loop, fatal = _loop(tmp_path)
     loop.producers[0] = FakeProducer(fail=ProducerFenced())  # type: ignore[assignment]
     await loop.process(_batch(_msg(p, 1, offset=0)))
@@ -291,6 +291,6 @@ async def test_a_partition_let_go_is_taken_back_when_no_rebalance_takes_it(tmp_p
     loop._assign = assign  # type: ignore[method-assign]
     await loop._take_back()
     assert taken == [] and 0 in loop.let_go  # too soon: a rebalance may still come
-    loop.let_go[0] -= 60.0
+    loop.let_go[0] -= 2 * loop.settings.session_timeout_s + 1
     await loop._take_back()
     assert taken == [loop.consumer.assignment()] and not loop.let_go and not fatal

@@ -167,6 +167,8 @@ def test_a_done_result_moves_the_cursor_up_only(entries, tmp_path, empty):
     user = entries[0].user_id
     top = max(c.lineage.seq for c in entries if c.user_id == user)
     job.on_results(records([job_result(user, top + 3)]))
+    assert shard.cursor(Scope(TENANT, user)) != Cursor(top + 3, f"{user}-r{top + 3}")
+    job.finish()  # gathered first, folded after every change
     assert shard.cursor(Scope(TENANT, user)) == Cursor(top + 3, f"{user}-r{top + 3}")
     # lower seqs, other statuses and unsequenced results never move it
     job.on_results(records([
@@ -253,20 +255,22 @@ async def test_restore_reads_changes_then_results_then_hits_and_returns_the_ends
     calls: list[tuple[str, int, int | None]] = []
 
     async def fake_read_ranges(settings, tps, handle, *, start=None):
-        [tp] = tps
-        first = (start or {}).get(tp)
-        calls.append((tp.topic, tp.partition, first))
-        todo = [r for r in logs[tp.topic] if r.offset >= (first or 0)]
-        for i in range(0, len(todo), 40):
-            await handle(tp, todo[i:i + 40])
-        return len(todo)
+        read = 0
+        for tp in tps:  # one reader for the three topics
+            first = (start or {}).get(tp)
+            calls.append((tp.topic, tp.partition, first))
+            todo = [r for r in logs[tp.topic] if r.offset >= (first or 0)]
+            for i in range(0, len(todo), 40):
+                await handle(tp, todo[i:i + 40])
+            read += len(todo)
+        return read
 
     monkeypatch.setattr(shards_module, "read_ranges", fake_read_ranges)
     shard = make_store("server", tmp_path, DIM)
     ends, folded = await restore(None, topics, 3, shard, None, None)
     assert calls == [("changes", 3, None), ("results", 3, None), ("access", 3, None)]
     assert ends == {"changes": len(entries), "results": 1, "access": 0}
-    assert folded == len(entries)
+    assert folded.changes == len(entries)
     assert shard.cursor(Scope(TENANT, user)) == Cursor(top + 2, f"{user}-r{top + 2}")
     expected = make_store("server", tmp_path / "e", DIM)
     rebuild(expected, entries)
@@ -278,8 +282,53 @@ async def test_restore_reads_changes_then_results_then_hits_and_returns_the_ends
     assert calls == [("changes", 3, len(entries) - 10), ("results", 3, 1),
                      ("access", 3, 0)]
     assert ends2 == {"changes": len(entries), "results": 1, "access": 0}
-    assert folded2 == 10
+    assert folded2.changes == 10
     assert checksum.compare(digests(expected), digests(shard)).ok
+
+
+async def test_a_result_read_before_its_changes_never_makes_them_skipped(
+        entries, tmp_path, monkeypatch):
+    """The three topics come interleaved (one reader): a job's result may be read before its
+    changes. Its cursor is folded after every change, so no change is skipped as old."""
+    topics = ["changes", "results", "access"]
+    half = len(entries) // 2
+    tail = entries[half:]
+    results = records([job_result(c.user_id, c.lineage.seq) for c in tail if c.lineage.seq])
+
+    async def results_first(settings, tps, handle, *, start=None):
+        by_topic = {tp.topic: tp for tp in tps}
+        await handle(by_topic["results"], results)
+        await handle(by_topic["changes"], records(entries)[half:])
+        return len(results) + len(tail)
+
+    monkeypatch.setattr(shards_module, "read_ranges", results_first)
+    shard = make_store("server", tmp_path, DIM)
+    rebuild(shard, entries[:half])
+    await restore(None, topics, 0, shard, None, {"changes": half, "results": 0, "access": 0})
+    expected = make_store("server", tmp_path / "e", DIM)
+    rebuild(expected, entries)
+    verdict = checksum.compare(digests(expected), digests(shard))
+    assert verdict.ok, verdict.summary()
+
+
+async def test_a_standby_keeps_its_cursors_gathered_until_handed_over(entries, tmp_path,
+                                                                      monkeypatch):
+    topics = ["changes", "results", "access"]
+    user = entries[0].user_id
+    top = max(c.lineage.seq for c in entries if c.user_id == user)
+
+    async def read(settings, tps, handle, *, start=None):
+        by_topic = {tp.topic: tp for tp in tps}
+        await handle(by_topic["changes"], records(entries))
+        await handle(by_topic["results"], records([job_result(user, top + 5)]))
+        return len(entries) + 1
+
+    monkeypatch.setattr(shards_module, "read_ranges", read)
+    shard = make_store("server", tmp_path, DIM)
+    _, job = await restore(None, topics, 0, shard, None, None, fold_cursors=False)
+    assert shard.cursor(Scope(TENANT, user)) == Cursor(top, shard.cursor(
+        Scope(TENANT, user)).job_id)  # from its changes only
+    assert job.cursors[(TENANT, user)] == Cursor(top + 5, f"{user}-r{top + 5}")
 
 
 # --- checkpoint files ----------------------------------------------------------------------
