@@ -10,8 +10,9 @@ warm standby shard here when the owner cannot be reached.
   restarts), a read (GET, search, context) of a partition this worker keeps a standby of is
   served from the standby shard, marked ``X-Memstream-Standby: 1``: its memories are the
   committed changes up to a second or so ago, and its context has no short-term window
-  (the window lives with the owner's ingest stage). Writes and tool calls are never served
-  from a standby: the caller gets 503 and retries (the client fails over).
+  (the window lives with the owner's ingest stage). A worker without a standby of it asks
+  the standby workers the map names (``X-Memstream-Standby-Read``). Writes and tool calls
+  are never served from a standby: the caller gets 503 and retries (the client fails over).
 - Requests for the tenant as a whole, health, metrics and the inspector are served here.
 """
 
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 FORWARDED = "X-Memstream-Forwarded"
 SERVED_BY = "X-Memstream-Served-By"
 STANDBY = "X-Memstream-Standby"
+STANDBY_READ = "X-Memstream-Standby-Read"  # a forwarded read a standby shard may answer
 FORWARD_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 2.0
 READS = {paths.SEARCH, paths.CONTEXT}  # POST routes that only read
@@ -74,9 +76,13 @@ class Router:
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         tenant = request.match_info.get("tenant")
         user = request.match_info.get("user")
-        if tenant is None or user is None or FORWARDED in request.headers:
+        if tenant is None or user is None:
             return await handler(request)
         partition, owner, url = self.owner(tenant, user)
+        if FORWARDED in request.headers:  # never forwarded again
+            if request.headers.get(STANDBY_READ) == "1" and self._is_read(request):
+                return await self._from_standby(request, handler, partition)
+            return await handler(request)
         if owner is None or owner == self.cluster.me.worker_id or not url:
             response = await handler(request)
             response.headers[SERVED_BY] = self.cluster.me.worker_id
@@ -90,25 +96,50 @@ class Router:
         answer = await self._forward(request, url, owner)
         if answer is not None:
             return answer
-        route = request.match_info.route.resource
-        path = route.canonical if route is not None else ""
-        if self.has_standby(partition) and (request.method == "GET" or path in READS):
-            self.standby_served += 1
-            with standby_reads():
-                response = await handler(request)
-            response.headers[STANDBY] = "1"
-            response.headers[SERVED_BY] = self.cluster.me.worker_id
-            return response
+        if self._is_read(request):
+            if self.has_standby(partition):
+                return await self._from_standby(request, handler, partition)
+            for worker, where in self._standbys(partition):  # a standby elsewhere
+                answer = await self._forward(request, where, worker, {STANDBY_READ: "1"})
+                if answer is not None:
+                    return answer
         raise ShardNotHere(partition, f"owned by {owner}, which does not answer")
 
-    async def _forward(self, request: web.Request, url: str,
-                       owner: str) -> web.Response | None:
+    @staticmethod
+    def _is_read(request: web.Request) -> bool:
+        route = request.match_info.route.resource
+        return request.method == "GET" or (route is not None and route.canonical in READS)
+
+    def _standbys(self, partition: int) -> list[tuple[str, str]]:
+        """The other workers the map names standbys of ``partition``, with their URLs."""
+        the_map = self.cluster.routing()
+        if the_map is None:
+            return []
+        return [(w, the_map.workers[w]) for w in the_map.standbys.get(partition, ())
+                if w != self.cluster.me.worker_id and the_map.workers.get(w)]
+
+    async def _from_standby(self, request: web.Request, handler: Handler,
+                            partition: int) -> web.StreamResponse:
+        """Answered here, a standby shard allowed (the owned one first, if it is here)."""
+        owned = partition in getattr(self.store, "owned", {})
+        if not owned:
+            self.standby_served += 1
+        with standby_reads():
+            response = await handler(request)
+        if not owned:
+            response.headers[STANDBY] = "1"
+        response.headers[SERVED_BY] = self.cluster.me.worker_id
+        return response
+
+    async def _forward(self, request: web.Request, url: str, owner: str,
+                       extra: dict[str, str] | None = None) -> web.Response | None:
         """The owner's answer, or None when it cannot give one now."""
         if self.session is None:
             self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
                 total=FORWARD_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
         headers = {h: request.headers[h] for h in PASSED_HEADERS if h in request.headers}
         headers[FORWARDED] = self.cluster.me.worker_id
+        headers.update(extra or {})
         body = request[BODY_READ]
         try:
             async with self.session.request(request.method, url + str(request.rel_url),
@@ -123,6 +154,8 @@ class Router:
                     if name in resp.headers:
                         out.headers[name] = resp.headers[name]
                 out.headers[SERVED_BY] = resp.headers.get(SERVED_BY, owner)
+                if STANDBY in resp.headers:
+                    out.headers[STANDBY] = resp.headers[STANDBY]
                 return out
         except (aiohttp.ClientError, TimeoutError) as exc:
             self.failed += 1

@@ -576,3 +576,37 @@ async def test_the_counters_follow_what_happened():
         resp = await p.client.get(at(paths.MEMORIES), headers=bearer())
         assert resp.status == 503
         assert counters(p.router) == (2, 1, 3)
+
+
+async def test_a_worker_without_a_standby_asks_the_standby_worker_when_the_owner_is_down():
+    """A has no standby of B's partition; C has: A's read of B's user (B down) is answered
+    by C from its standby, marked; a write is still refused (503), and C never serves a
+    standby read that was not forwarded as one."""
+    c_backend = WorkerBackend("C")
+    c_store = PartitionedStore(lambda t, u: partition_of(t, u, PARTITIONS))
+    c_store.standby[PB] = object()  # type: ignore[assignment]
+    cluster_c = Cluster(Worker("C", "http://c.invalid"))
+    c_router = Router(cluster_c, PARTITIONS, c_store)
+    c_app = build_http_app(c_backend, FakeAuthoriser(KEYS), router=c_router)  # type: ignore[arg-type]
+    c_server = TestServer(c_app)
+    await c_server.start_server()
+    try:
+        async with pair(b_down=True) as p:
+            url_c = url_of(c_server)
+            url_a = url_of(p.client.server)
+            three = ClusterMap(workers={"A": url_a, "B": url_of(p.b_server), "C": url_c},
+                               owners={PB: "B", PA: "A"}, standbys={PB: ("C",)})
+            p.cluster.update("apply", three)
+            cluster_c.update("apply", three)
+            resp = await p.client.get(at(paths.MEMORIES), headers=bearer())
+            assert resp.status == 200, await resp.text()
+            assert resp.headers[SERVED_BY] == "C" and resp.headers[STANDBY] == "1"
+            assert c_backend.called() == [("list_memories", TENANT, USER_B)]
+            assert c_backend.standby_flags == [True] and p.a.calls == []
+            write = await p.client.post(at(paths.FEEDBACK), headers=bearer(),
+                                        json={"query_id": "q", "memory_id": "m"})
+            assert write.status == 503 and c_backend.called() == [
+                ("list_memories", TENANT, USER_B)]
+    finally:
+        await c_router.close()
+        await c_server.close()
