@@ -71,6 +71,9 @@ def _stamped(record: Memory, op: PlannedOp, kind: str, actor: str,
 
 def change_for(op: PlannedOp, vector: list[float] | None, job: ExtractionJob,
                outcome: JobOutcome, model: MemoryModel, now: float) -> MemoryChange:
+    """The change event of one op. ``vector`` (the embedder's) is kept as float32 values
+    (``MemoryChange.vector``): what the topic carries, what the store keeps, and what a
+    rebuild writes, so the live and rebuilt stores hold the same vector."""
     kind = _lineage_kind(job)
     actor = job.tool.principal if job.tool else ""
     return MemoryChange(
@@ -218,6 +221,7 @@ def apply_decision(store: MemoryStore, decision: JobDecision) -> Applied:
         else:
             _write(store, change)
     if decision.seq:  # the events to publish, kept with the cursor for a re-publication
+        # in their wire form (vectors packed); parsed back, they dump to the same bytes
         store.set_cursor(scope, Cursor(decision.seq, decision.job_id, decision.decision_id),
-                         [c.model_dump_json() for c in changes])
+                         [c.dumps().decode() for c in changes])
     return Applied(found, decision.status, list(changes))

@@ -7,7 +7,9 @@ the topics is left out: the fencing cursors and the change events kept with them
 (bookkeeping, not memory: the live path also moves a user's cursor for a job that changed
 nothing, which leaves no change event, and keeps what its job published), and,
 when a rebuild re-embeds with another embedder, the vectors. Vectors otherwise count, as
-float32 (what Edge keeps; a store that keeps float64 reads back the same float32).
+float32: what Edge keeps, what change events carry (packed, since 2026-12-02) and what the
+live path writes (``MemoryChange.vector`` holds float32 values); a store that keeps float64,
+or a vector rebuilt from an older event's float64 list, reads back the same float32.
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ unless the rebuild re-embeds with another embedder).
 trips (cursor, seen-before check, write, cursor again). :class:`Fold` gives the same
 records for a whole stream into an *empty* store with the bookkeeping in memory (each
 user's cursor and the changes seen) and the writes batched: one upsert per
-``batch`` records, a record rewritten inside a batch written once. The unit tests hold the
-two paths equal record for record; ``benchmarks/rebuild.py`` measures them side by side.
+``batch`` records, a record rewritten inside a batch written once, a forget-me's erasure
+done with the batch (before its writes), the store flushed once at the end if anything was
+erased rather than after each forget-me. The unit tests hold the two paths equal record
+for record; ``benchmarks/rebuild.py`` measures them side by side.
 
 Both inputs are idempotent (a change seen before is skipped; an access event is counted
 once by id), and hit statistics live apart from the version records
@@ -17,9 +19,9 @@ once by id), and hit statistics live apart from the version records
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from memstream.memory import access
 from memstream.memory.fencing import Cursor
@@ -30,6 +32,14 @@ from memstream.topics.schemas import AccessEvent, MemoryChange
 Opener = Callable[[MemoryChange], MemoryChange | None]
 Reembed = Callable[[list[str]], list[list[float]]]
 UserKey = tuple[str, str]
+
+
+@runtime_checkable
+class ErasesMany(Protocol):
+    """A store that erases several users at once, flushing to disk when asked, and only
+    flushing when given no user (``EdgeStore``)."""
+
+    def erase_users(self, scopes: Sequence[Scope], *, flush: bool = True) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,7 @@ class Fold:
     _seen: dict[UserKey, set[str]] = field(default_factory=lambda: defaultdict(set))
     _held: dict[str, tuple[dict[str, Any], list[float] | None]] = field(default_factory=dict)
     _fresh: set[str] = field(default_factory=set)  # held records whose vector is to compute
+    _erasing: dict[UserKey, None] = field(default_factory=dict)  # erased before the held
 
     def add(self, change: MemoryChange) -> None:
         if self.select is not None and not self.select(change.tenant_id, change.user_id):
@@ -130,14 +141,24 @@ class Fold:
             self.flush()
 
     def _erase(self, key: UserKey) -> None:
+        """The user's held records dropped, the stored ones erased with the next flush,
+        before the records held after this (the user's memories since the forget-me)."""
         self._seen.pop(key, None)
         for pid in [p for p, (payload, _) in self._held.items()
                     if (payload["tenant_id"], payload["user_id"]) == key]:
             del self._held[pid]
             self._fresh.discard(pid)
-        self.store.erase(Scope(*key))
+        self._erasing[key] = None
 
     def flush(self) -> None:
+        if self._erasing:
+            scopes = [Scope(*key) for key in self._erasing]
+            if isinstance(self.store, ErasesMany):
+                self.store.erase_users(scopes, flush=False)  # flushed by finish()
+            else:
+                for scope in scopes:
+                    self.store.erase(scope)
+            self._erasing.clear()
         if not self._held:
             return
         fresh = [pid for pid in self._held if pid in self._fresh]
@@ -153,6 +174,8 @@ class Fold:
         self.flush()
         for (tenant, user), cursor in self._cursors.items():
             self.store.set_cursor(Scope(tenant, user), cursor)
+        if self.erased and isinstance(self.store, ErasesMany):
+            self.store.erase_users([], flush=True)  # the erasures on disk now, once
         return dict(self._cursors)
 
 

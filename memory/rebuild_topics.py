@@ -4,6 +4,12 @@ into a new store (memory.rebuild), with a manifest of what it read.
 The topics are read up to the end offsets they had when the rebuild started (the
 *snapshot*, kept in the manifest): a switch (streams.store_swap) catches the new store up
 from there. Reads are ``read_committed`` (aborted transactions never reach a store).
+
+Change events are validated as they are parsed (:func:`topics.codec.decode_own`: one
+pydantic-core pass over the bytes, the vector packed or a float list); one that does not
+validate stops the rebuild with its position and reason (:class:`UnreadableChange`), as a
+stage stops rather than pass a record it cannot handle: a store missing a change is not
+the store the topic describes.
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import Offsets, Record, end_offsets, read_range
 from memstream.memory.rebuild import Fold, Opener, Reembed, fold_access
 from memstream.memory.store import MemoryStore
+from memstream.topics.codec import decode_own
 from memstream.topics.registry import registry
 from memstream.topics.schemas import AccessEvent, MemoryChange
 
@@ -64,6 +72,27 @@ class Manifest:
         return cls(**data)
 
 
+class UnreadableChange(InvalidRecord):
+    """A record of the memory-change topic that is not a change event: where, and why."""
+
+    def __init__(self, record: Record, exc: InvalidRecord) -> None:
+        super().__init__(exc.kind, f"{record.topic} partition {record.partition} offset "
+                                   f"{record.offset}: {exc}")
+
+
+def fold_records(fold: Fold, records: list[Record]) -> None:
+    """Parse and fold a batch of the memory-change topic (tombstones skipped)."""
+    add = fold.add
+    for r in records:
+        if r.value is None:
+            continue
+        try:
+            change = decode_own(MemoryChange, r.value)
+        except InvalidRecord as exc:
+            raise UnreadableChange(r, exc) from None
+        add(change)
+
+
 def selector(tenant: str | None, user: str | None) -> Callable[[str, str], bool] | None:
     if tenant is None and user is None:
         return None
@@ -103,9 +132,7 @@ async def rebuild_into(settings: Settings, store: MemoryStore, *, embedder: str,
     accesses: list[AccessEvent] = []
     try:
         def on_changes(records: list[Record]) -> None:
-            for r in records:
-                if r.value is not None:
-                    fold.add(MemoryChange.model_validate_json(r.value))
+            fold_records(fold, records)
             if progress is not None:
                 progress(len(records))
 

@@ -8,6 +8,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import pydantic_core
+
 from memstream.memory.access import AccessStats
 from memstream.memory.fencing import Cursor, Published
 from memstream.memory.model import Memory
@@ -193,17 +195,25 @@ class EdgeStore:
                 self._shard.update(self._qe.UpdateOperation.delete_points(list(point_ids)))
 
     def erase(self, scope: Scope) -> int:
+        return self.erase_users([scope])
+
+    def erase_users(self, scopes: Sequence[Scope], *, flush: bool = True) -> int:
+        """:meth:`erase` for several users, then one flush (``flush=False``: none, for a
+        store being built: a rebuild's fold flushes once at its end; no user: a flush)."""
         qe = self._qe
-        own = Scope(scope.tenant_id, scope.user_id)  # never the global user's
-        versions = self._filter(own, None)
-        everything = qe.Filter(
-            must=[qe.FieldCondition(key="tenant_id", match=qe.MatchValue(own.tenant_id)),
-                  qe.FieldCondition(key="user_id", match=qe.MatchValue(own.user_id))],
-            must_not=[qe.FieldCondition(key="status", match=qe.MatchValue(CURSOR_STATUS))])
+        n = 0
         with self._lock:
-            n = int(self._shard.count(qe.CountRequest(filter=versions)))
-            self._shard.update(qe.UpdateOperation.delete_points_by_filter(everything))
-            self._shard.flush()
+            for scope in scopes:
+                own = Scope(scope.tenant_id, scope.user_id)  # never the global user's
+                everything = qe.Filter(
+                    must=[qe.FieldCondition(key="tenant_id", match=qe.MatchValue(own.tenant_id)),
+                          qe.FieldCondition(key="user_id", match=qe.MatchValue(own.user_id))],
+                    must_not=[qe.FieldCondition(key="status",
+                                                match=qe.MatchValue(CURSOR_STATUS))])
+                n += int(self._shard.count(qe.CountRequest(filter=self._filter(own, None))))
+                self._shard.update(qe.UpdateOperation.delete_points_by_filter(everything))
+            if flush:
+                self._shard.flush()
         return n
 
     def access_stats(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, AccessStats]:
@@ -245,8 +255,18 @@ def pack(payload: dict[str, Any]) -> dict[str, Any]:
         value = (payload.get(outer) or {}).get(inner)
         if value is not None:
             packed[outer] = {inner: value}
-    packed[_DOC] = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    packed[_DOC] = _json(payload)
     return packed
+
+
+def _json(payload: dict[str, Any]) -> str:
+    """Compact JSON, UTF-8 kept (``json.dumps(separators=(",", ":"), ensure_ascii=False)``,
+    read back the same) by pydantic-core: 2 us instead of 9 per record."""
+    try:
+        return pydantic_core.to_json(payload, inf_nan_mode="constants").decode()
+    except (pydantic_core.PydanticSerializationError, UnicodeDecodeError):
+        # what only Python's encoder takes (a lone surrogate; Edge refuses it anyway)
+        return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
 
 def unpack(payload: dict[str, Any] | None) -> dict[str, Any]:

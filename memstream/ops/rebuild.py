@@ -148,7 +148,7 @@ def run_rebuild(settings: Settings, into: Path | None = None, *, tenant: str | N
                 batch: int = 4096, progress: bool = True) -> bool:
     """Rebuild, then verify / switch (see :func:`rebuild`); prints what it did. Returns
     whether the new store verified equal (True when not verified)."""
-    from memstream.memory.rebuild_topics import rebuild_into
+    from memstream.memory.rebuild_topics import UnreadableChange, rebuild_into
     from memstream.memory.store_edge import EdgeStore
     from memstream.memory.store_switch import owner_pid
 
@@ -173,12 +173,14 @@ def run_rebuild(settings: Settings, into: Path | None = None, *, tenant: str | N
             settings, store, embedder=name, dim=emb.dim, tenant=tenant, user=user,
             reembed=emb.embed if embedder is not None else None, batch=batch,
             progress=lambda n: bar.update(n) if bar is not None else None, total=total))
-    except BaseException:
+    except BaseException as exc:
         if bar is not None:
             bar.__exit__(None, None, None)
         store.close()
         # A partial copy of users' memories is not left behind (forget-me could miss it).
         shutil.rmtree(path if created else path / "shard", ignore_errors=True)
+        if isinstance(exc, UnreadableChange):  # where and why, without a traceback
+            raise click.ClickException(f"rebuild stopped, nothing kept: {exc}") from exc
         raise
     if bar is not None:
         bar.__exit__(None, None, None)
