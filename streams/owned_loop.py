@@ -91,7 +91,6 @@ def run_with_app(p: Pipeline, stage: Stage) -> OwnedLoop:
                                 lambda the_map: cluster.update(stage.name, the_map))
     loop = OwnedLoop(p.settings, stage, assignor=assignor)
     p.loops.append(loop)
-    p.loop_lags.append(loop.lags)
     faust_setup.start_with_app(p.app, loop.start)
 
     @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
@@ -349,16 +348,27 @@ class OwnedLoop:
         self.let_go[partition] = time.monotonic()
         self.ready.discard(partition)
         self.owned.discard(partition)
-        producer = self.producers.pop(partition, None)
-        if producer is not None:
-            await quietly(producer.stop())
         for table in self.tables:
             table.discard(partition)
-            table.drop({partition})
-        self.next = {tp: o for tp, o in self.next.items() if tp.partition != partition}
+        await self._drop({partition})
+        await self._prepare(set(), {partition})
+
+    async def _drop(self, gone: set[int]) -> None:
+        """The loop's hold on partitions no longer its: producers, tables, positions."""
+        for n in gone:
+            producer = self.producers.pop(n, None)
+            if producer is not None:
+                await quietly(producer.stop())
+        for table in self.tables:
+            table.drop(gone)
+        self.next = {tp: o for tp, o in self.next.items() if tp.partition not in gone}
+
+    async def _prepare(self, new: set[int], gone: set[int]) -> None:
+        """The stage's own state of partitions taken and given up (the apply stage's
+        store shards: streams.shards), if it keeps any."""
         prepare = getattr(self.stage, "prepare", None)
         if prepare is not None:
-            await prepare(set(), {partition})
+            await prepare(new, gone)
 
     async def _take_back(self) -> None:
         """A partition let go that no rebalance took from this worker within two session
@@ -410,17 +420,11 @@ class OwnedLoop:
                 raise RuntimeError(f"inputs not co-partitioned: {topic} {sorted(got)} "
                                    f"vs {sorted(parts)}")
         gone, new = self.owned - parts, parts - self.owned
-        for n in gone:
-            await quietly(self.producers.pop(n).stop())
-        for table in self.tables:
-            table.drop(gone)
-        self.next = {tp: o for tp, o in self.next.items() if tp.partition in parts}
+        await self._drop(gone)
         for n in sorted(new):
             self.producers[n] = await self._producer(n)  # fences the previous owner
         await self._restore(new)
-        prepare = getattr(self.stage, "prepare", None)
-        if prepare is not None:  # e.g. the apply stage's store shards (streams.shards)
-            await prepare(new, gone)
+        await self._prepare(new, gone)
         for tp in sorted(assigned):
             if tp.partition in new or tp not in self.next:
                 committed = await self.consumer.committed(tp)  # after the fence

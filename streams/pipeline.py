@@ -89,9 +89,8 @@ class Pipeline:
     cluster: Any = None
     shards: Any = None
     standbys: Any = None
-    loops: list[Any] = field(default_factory=list)  # the owned loops (streams.owned_loop)
-    # the owned loops' consumer lag per (topic, partition), of those that run here
-    loop_lags: list[Callable[[], dict[tuple[str, int], int]]] = field(default_factory=list)
+    # the owned loops that run here (streams.owned_loop): their lag, their stop
+    loops: list[Any] = field(default_factory=list)
 
     @cached_property
     def input_models(self) -> dict[str, type[BaseModel]]:

@@ -244,8 +244,8 @@ def attach(app: web.Application, p: Any) -> MetricsDeps:
 
     def lags() -> dict[tuple[str, int], int]:  # Faust's consumer's and the owned loops'
         found = consumer_lags(p.app)
-        for loop_lags in p.loop_lags:
-            found.update(loop_lags())
+        for loop in p.loops:
+            found.update(loop.lags())
         return found
 
     collector = PipelineCollector(p.counters, lags, store)

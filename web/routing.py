@@ -170,8 +170,8 @@ def cluster_status(p: Any, router: Router | None) -> dict[str, Any]:
     store = p.services.store
     keeper, standbys = p.shards, p.standbys
     lag: dict[int, int] = {}
-    for loop_lags in p.loop_lags:
-        for (_, partition), n in loop_lags().items():
+    for loop in p.loops:
+        for (_, partition), n in loop.lags().items():
             lag[partition] = lag.get(partition, 0) + n
     shards: dict[str, str] = {}
     for partition in sorted(getattr(store, "owned", {})):

@@ -28,6 +28,7 @@ from memstream.topics.schemas import (
     TriggerReason,
 )
 from memstream.web.http import build_http_app
+from memstream.web.models import paths
 from memstream.web.models.api import (
     Accepted,
     ContextRequest,
@@ -206,6 +207,17 @@ ADMIN_KEY = "key-admin-9876543210"
 KEYS = {TENANT_KEY: Principal(key_id="k-acme", tenant_id="acme"),
         ADMIN_KEY: Principal(key_id="k-admin", admin=True)}
 TOOL = {"type": "function", "function": {"name": "memory_search", "parameters": {}}}
+# The API's routes for one user: (method, path, a valid body, backend method), and their ids.
+SCOPED = [
+    ("GET", paths.MEMORIES, None, "list_memories"),
+    ("POST", paths.SEARCH, {"query": "tea", "k": 3}, "search"),
+    ("POST", paths.CONTEXT, {"query": "tea", "session_id": "s1"}, "context"),
+    ("POST", paths.FEEDBACK, {"query_id": "q1", "memory_id": "m1", "useful": True},
+     "feedback"),
+    ("POST", paths.EXECUTE_TOOL, {"name": "memory_search", "arguments": {"query": "tea"}},
+     "execute_tool"),
+]
+SCOPED_IDS = [s[1].removeprefix(paths.USER + "/") for s in SCOPED]
 MEMORY = MemoryOut(memory_id="m1", version=1, type="episodic", content="likes tea",
                    importance=5, status="active", scope="user", created_at=1.0,
                    updated_at=1.0, valid_from=1.0)

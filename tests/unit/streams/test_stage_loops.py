@@ -40,7 +40,7 @@ def p(tmp_path):
 
 
 def loop_of(p: Pipeline, name: str) -> tuple[OwnedLoop, list[tuple[str, int]]]:
-    (loop,) = [lags.__self__ for lags in p.loop_lags if lags.__self__.stage.name == name]
+    (loop,) = [loop for loop in p.loops if loop.stage.name == name]
     fatal: list[tuple[str, int]] = []
     loop.on_fatal = lambda reason, code=70: fatal.append((reason, code))
     inputs = {TopicPartition(t, 0) for t in loop.inputs}
@@ -403,7 +403,7 @@ async def test_a_loop_started_while_the_broker_is_away_waits_for_it(p, monkeypat
 
     monkeypatch.setattr(kafka, "AIOKafkaConsumer", Consumer)
     monkeypatch.setattr(owned_loop, "RETRY", RetryPolicy(0.0, 0.0))
-    (loop,) = [lags.__self__ for lags in p.loop_lags if lags.__self__.stage.name == "extract"]
+    (loop,) = [loop for loop in p.loops if loop.stage.name == "extract"]
     fatal: list[str] = []
     loop.on_fatal = lambda reason, code=70: fatal.append(reason)
     await loop.start()  # returns at once: the connection is the loop task's business

@@ -27,6 +27,8 @@ from memstream.web.openapi import error_statuses, openapi_document
 from tests.unit.builders import (
     ADMIN_KEY,
     KEYS,
+    SCOPED,
+    SCOPED_IDS,
     TENANT_KEY,
     TOOL,
     FakeAuthoriser,
@@ -44,17 +46,6 @@ def user_path(route: str, tenant: str = "acme", user: str = "u1") -> str:
     return route.format(tenant=tenant, user=user)
 
 
-# (method, path, a valid body, backend method)
-SCOPED = [
-    ("GET", paths.MEMORIES, None, "list_memories"),
-    ("POST", paths.SEARCH, {"query": "tea", "k": 3}, "search"),
-    ("POST", paths.CONTEXT, {"query": "tea", "session_id": "s1"}, "context"),
-    ("POST", paths.FEEDBACK, {"query_id": "q1", "memory_id": "m1", "useful": True},
-     "feedback"),
-    ("POST", paths.EXECUTE_TOOL, {"name": "memory_search", "arguments": {"query": "tea"}},
-     "execute_tool"),
-]
-SCOPED_IDS = [s[1].removeprefix(paths.USER + "/") for s in SCOPED]
 
 
 # --- keys and tenants -------------------------------------------------------------------

@@ -38,6 +38,8 @@ from memstream.web.routing import FORWARDED, SERVED_BY, STANDBY, Router
 from tests.unit.builders import (
     ADMIN_KEY,
     KEYS,
+    SCOPED,
+    SCOPED_IDS,
     TENANT_KEY,
     FakeAuthoriser,
     FakeBackend,
@@ -69,17 +71,6 @@ def at(route: str, user: str = USER_B, tenant: str = TENANT) -> str:
     return paths.fill(route, tenant=tenant, user=user)
 
 
-# (method, route, a valid body, backend method)
-SCOPED = [
-    ("GET", paths.MEMORIES, None, "list_memories"),
-    ("POST", paths.SEARCH, {"query": "tea", "k": 3}, "search"),
-    ("POST", paths.CONTEXT, {"query": "tea", "session_id": "s1"}, "context"),
-    ("POST", paths.FEEDBACK, {"query_id": "q1", "memory_id": "m1", "useful": True},
-     "feedback"),
-    ("POST", paths.EXECUTE_TOOL, {"name": "memory_search", "arguments": {"query": "tea"}},
-     "execute_tool"),
-]
-SCOPED_IDS = [s[1].removeprefix(paths.USER + "/") for s in SCOPED]
 READS = [s for s in SCOPED if s[3] in ("list_memories", "search", "context")]
 READ_IDS = [s[1].removeprefix(paths.USER + "/") for s in READS]
 STANDBY_READS = [pytest.param(*s, id=i) for s, i in zip(READS, READ_IDS, strict=True)]
