@@ -1,6 +1,7 @@
 """Chaos benchmark: do users' memories survive crashed workers and a broker restart? (not a test)
 
     .venv/bin/python benchmarks/chaos.py [--users 40] [--kills 6] [--rate 100]
+        [--workers 1] [--partitions 4]   # N workers on the partitioned store
         [--seed 7] [--no-broker-restart] [--port 29092]
         [--job-timeout 60] [--settle-timeout 900] [--keep-broker] [--reuse-broker]
         [--seeds 1-10]   # one run per seed, a table of the runs and one JSON line
@@ -14,7 +15,9 @@ and session ends. The run starts its own broker (``--port``, never the shared te
 a worker with the embedded Qdrant Edge store, and produces at a steady rate with an
 idempotent producer while the worker is SIGKILLed ``--kills`` times (while running, during
 start-up and right after it is ready, i.e. during recovery) and the broker is stopped and
-started once. Then it ends every session, waits until every message is covered by a
+started once. With ``--workers N`` the workers share the load on the partitioned store (a
+shard per partition restored from the change topic, standbys on the others) and each kill
+hits one of them. Then it ends every session, waits until every message is covered by a
 done/trivial job result, and ``check`` compares the truth with each user's live memories
 from the worker's HTTP view and from the memory-change topic replayed into an empty store.
 
@@ -50,7 +53,7 @@ from memstream.core import kafka
 from memstream.core.kafka_io import start_producer
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
-from memstream.dev.process import Incarnation, WorkerProcess
+from memstream.dev.process import WorkerProcess
 from memstream.topics.registry import (
     Topics,
     all_topic_names,
@@ -407,25 +410,30 @@ def pct(values: Sequence[float], q: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
 
 
-def restart_stats(runs: Sequence[Incarnation], outputs: Sequence[float],
+def restart_stats(workers: Sequence[WorkerProcess], outputs: Sequence[float],
                   end: float) -> dict[str, Any]:
-    """Per restart (every run after the first): seconds to its Ready log line and to the
-    first record it produced on an output topic (jobs, decisions, results, changes; aborted
-    transactions included). Runs that ended before Ready (killed during start-up, or
-    exited while the broker was away) and ready runs that produced nothing before they
-    ended are counted apart."""
+    """Per restart (every run of a worker after its first): seconds to its Ready log line
+    and to the first record produced on an output topic (jobs, decisions, results,
+    changes; aborted transactions included) after it was spawned (with several workers,
+    by any of them: the cluster's first output). Runs that ended before Ready (killed
+    during start-up, or exited while the broker was away) and ready runs with no output
+    before they ended are counted apart."""
     stamps = sorted(outputs)
     to_output: list[float] = []
-    to_ready = [r.ready_at - r.spawned_at for r in runs[1:] if r.ready_at is not None]
-    silent = 0
-    for i, run in enumerate(runs[1:], start=1):
-        until = runs[i + 1].spawned_at if i + 1 < len(runs) else end
-        at = bisect.bisect_left(stamps, run.spawned_at)
-        if at < len(stamps) and stamps[at] < until:
-            to_output.append(stamps[at] - run.spawned_at)
-        elif run.ready_at is not None:
-            silent += 1
-    return {"restarts": len(runs) - 1, "never_ready": len(runs) - 1 - len(to_ready),
+    to_ready: list[float] = []
+    restarts = silent = 0
+    for worker in workers:
+        runs = worker.incarnations
+        restarts += len(runs) - 1
+        to_ready += [r.ready_at - r.spawned_at for r in runs[1:] if r.ready_at is not None]
+        for i, run in enumerate(runs[1:], start=1):
+            until = runs[i + 1].spawned_at if i + 1 < len(runs) else end
+            at = bisect.bisect_left(stamps, run.spawned_at)
+            if at < len(stamps) and stamps[at] < until:
+                to_output.append(stamps[at] - run.spawned_at)
+            elif run.ready_at is not None:
+                silent += 1
+    return {"restarts": restarts, "never_ready": restarts - len(to_ready),
             "ready_no_output": silent, "with_output": len(to_output),
             "to_first_output_p50_s": pct(to_output, 0.5),
             "to_first_output_max_s": round(max(to_output), 2) if to_output else None,
@@ -473,6 +481,41 @@ def bench_settings(bootstrap: str, work: Path, **overrides: Any) -> Settings:
         "job_timeout_s": 60.0,
     }
     return Settings(**{**base, **overrides})
+
+
+def cluster_settings(settings: Settings, workers: int) -> list[Settings]:
+    """One worker: ``settings``. Several: each on the partitioned store (a shard per
+    partition, standbys on the others) with its own data dir, API port and instance id."""
+    if workers == 1:
+        return [settings]
+    return [settings.model_copy(update={
+        "data_dir": settings.data_dir / f"w{i}", "web_port": free_port(),
+        "group_instance_id": f"w{i}", "store_partitioned": True}) for i in range(workers)]
+
+
+async def cluster_serving(nodes: Sequence[Settings], timeout: float = 300.0) -> float:
+    """Seconds until every worker's ``/v1/cluster`` names them all and serves every
+    partition it owns."""
+    t0 = time.monotonic()
+
+    def serving(node: Settings) -> bool:
+        assert node.admin_key is not None
+        req = urllib.request.Request(f"http://127.0.0.1:{node.web_port}/v1/cluster",
+                                     headers={"X-API-Key": node.admin_key.get_secret_value()})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                status = json.loads(resp.read())
+        except OSError:
+            return False
+        mine = {p for p, v in status["partitions"].items() if v["owner"] == status["worker"]}
+        served = {p for p, state in status["shards"].items() if state == "serving"}
+        return len(status["workers"]) == len(nodes) and mine == served
+
+    while time.monotonic() - t0 < timeout:
+        if all([await asyncio.to_thread(serving, n) for n in nodes]):
+            return round(time.monotonic() - t0, 1)
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"the {len(nodes)} workers did not all serve within {timeout:.0f}s")
 
 
 def _wire(e: Event, topics: Topics, stamp: bool = True) -> tuple[str, bytes, bytes]:
@@ -555,47 +598,62 @@ async def produce(settings: Settings, events: Sequence[Event], rate: float,
 
 
 class Chaos:
-    """Kills and restarts the worker; revives it whenever it exits on its own."""
+    """Kills and restarts the workers; revives any that exits on its own. With several
+    workers (``--workers``) a crash hits one at random while running, and the one just
+    restarted during its start-up or recovery."""
 
-    def __init__(self, worker: WorkerProcess, rng: random.Random) -> None:
-        self.worker, self.rng = worker, rng
+    def __init__(self, workers: Sequence[WorkerProcess], rng: random.Random) -> None:
+        self.workers, self.rng = list(workers), rng
         self.kills: Counter[str] = Counter()  # "<planned moment>/<state at the kill>"
+        self.by_worker: Counter[int] = Counter()
         self.self_exits = 0
         self.stall_restarts = 0
+        self.last = 0  # the worker crashed last
 
-    async def _revive(self) -> None:
+    async def _revive(self, worker: WorkerProcess) -> None:
         self.self_exits += 1
         await asyncio.sleep(1.0)
-        self.worker.spawn()
+        worker.spawn()
+
+    async def _revive_exited(self) -> None:
+        for worker in self.workers:
+            if worker.poll() == "exited":
+                await self._revive(worker)
 
     async def hold(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            if self.worker.poll() == "exited":
-                await self._revive()
+            await self._revive_exited()
             await asyncio.sleep(0.1)
 
     async def until_ready(self, timeout: float = 300.0) -> bool:
+        """Every worker ready."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            state = self.worker.poll()
-            if state == "ready":
+            await self._revive_exited()
+            if all(w.poll() == "ready" for w in self.workers):
                 return True
-            if state == "exited":
-                await self._revive()
             await asyncio.sleep(0.1)
         return False
 
     def crash(self, moment: str) -> None:
         """SIGKILL now and spawn at once (the next kill may hit the start-up)."""
-        self.kills[f"{moment}/{self.worker.poll()}"] += 1
-        self.worker.kill()
-        self.worker.spawn()
+        if moment == "running":
+            self.last = self.rng.randrange(len(self.workers))
+        worker = self.workers[self.last]
+        self.kills[f"{moment}/{worker.poll()}"] += 1
+        self.by_worker[self.last] += 1
+        worker.kill()
+        worker.spawn()
+
+    def restart_all(self) -> None:
+        for worker in self.workers:
+            worker.restart(kill=False, wait=False)
 
     async def run(self, kills: int, spread: float, produced: asyncio.Event) -> None:
         """``kills`` crashes: first while running, then at random while running, during
-        start-up (before Ready) or during recovery (just after Ready); then keep the worker
-        alive until everything is produced."""
+        start-up (before Ready) or during recovery (just after Ready); then keep the
+        workers alive until everything is produced."""
         moments = ["running", "startup", "recovery"][: max(0, kills - 1)]
         moments += self.rng.choices(["running", "startup", "recovery"], [2, 1, 1],
                                     k=max(0, kills - 1 - len(moments)))
@@ -686,7 +744,7 @@ async def settle(settings: Settings, chaos: Chaos, events: Sequence[Event], time
                     break
                 stalls += 1
                 chaos.stall_restarts += 1
-                chaos.worker.restart(kill=False, wait=False)
+                chaos.restart_all()
                 progress = time.monotonic()
             await chaos.hold(0.5)
     finally:
@@ -703,14 +761,14 @@ def http_live(settings: Settings, users: Iterable[str]) -> dict[str, list[str]]:
         req = urllib.request.Request(
             f"http://127.0.0.1:{settings.web_port}/v1/tenants/{TENANT}/users/{user}/memories"
             "?limit=500", headers={"X-API-Key": key})
-        for attempt in range(5):
+        for attempt in range(30):  # 503: a partition still moving between workers
             try:
                 with urllib.request.urlopen(req, timeout=30) as resp:
                     out[user] = [m["content"] for m in json.loads(resp.read())["memories"]
                                  if m.get("slot") != "reflection:profile"]  # not a fact
                 break
             except OSError:
-                if attempt == 4:
+                if attempt == 29:
                     raise
                 time.sleep(2.0)
     return out
@@ -774,22 +832,30 @@ class Outcome:
 async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[str, Truth],
                     *, kills: int, work: Path, rate: float = 100.0, seed: int = 7,
                     broker: Settings | None = None, settle_timeout: float = 900.0,
-                    keep_topics: bool = False, shuffle: bool = False) -> Outcome:
-    """Produce ``events`` at ``rate`` while the worker is killed ``kills`` times (and the
-    broker of ``broker`` is restarted once, mid-way), settle, and check both views."""
+                    keep_topics: bool = False, shuffle: bool = False,
+                    workers: int = 1) -> Outcome:
+    """Produce ``events`` at ``rate`` while the ``workers`` are killed ``kills`` times in
+    all (and the broker of ``broker`` is restarted once, mid-way), settle, and check both
+    views (the HTTP one through the first worker, which forwards to the owners)."""
     t0 = time.time()
     topics = registry(settings)
     if shuffle:
         events = shuffle_producers(events, random.Random(seed + 1), rate)
     await create_topics(settings)
-    worker = WorkerProcess(settings, work / f"{settings.app_id}.log")
-    chaos = Chaos(worker, random.Random(seed))
+    nodes = cluster_settings(settings, workers)
+    procs = [WorkerProcess(n, work / f"{n.app_id}-{i}.log") for i, n in enumerate(nodes)]
+    chaos = Chaos(procs, random.Random(seed))
     figures: dict[str, Any] = {}
     try:
-        worker.spawn()
-        if not await worker.wait_ready_async(300):
-            raise RuntimeError(f"worker not ready: {worker.log_text()[-2000:]}")
-        figures["first_ready_s"] = round(time.time() - worker.incarnations[0].spawned_at, 1)
+        for proc in procs:
+            proc.spawn()
+        for proc in procs:
+            if not await proc.wait_ready_async(300):
+                raise RuntimeError(f"worker not ready: {proc.log_text()[-2000:]}")
+        figures["first_ready_s"] = round(
+            time.time() - min(p.incarnations[0].spawned_at for p in procs), 1)
+        if workers > 1:  # every worker serving its partitions before the first crash
+            figures["cluster_serving_s"] = await cluster_serving(nodes)
         produce_s = len(events) / rate
         produced = asyncio.Event()
 
@@ -810,7 +876,7 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
         left, sessions = await settle(settings, chaos, events, settle_timeout)
         t_settled = time.time()
         await chaos.until_ready()
-        http = await asyncio.to_thread(http_live, settings, sorted(truth))
+        http = await asyncio.to_thread(http_live, nodes[0], sorted(truth))
         b = settings
         changes = [MemoryChange.model_validate_json(r.value) for r in await read_topics(
             b, [(topics.memory_changes.name, topics.memory_changes.partitions)])]
@@ -829,14 +895,14 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
             "uncovered_examples": [list(x) for x in left[:5]],
             "kills_done": sum(chaos.kills.values()),
             "kills_by_moment": dict(sorted(chaos.kills.items())),
+            "kills_by_worker": [chaos.by_worker[i] for i in range(workers)],
             "worker_self_exits": chaos.self_exits, "stall_restarts": chaos.stall_restarts,
             "job_records": sum(jobs.values()), "job_ids": len(jobs),
             "job_records_beyond_first": sum(n - 1 for n in jobs.values()),
             "job_records_resent_by_timeout": sum(j.get("attempt", 1) > 1 for j in job_rows),
             **change_stats(changes),
             **decision_stats(r.value for r in decisions),
-            "restart": restart_stats(worker.incarnations, [r.timestamp / 1000 for r in outputs],
-                                     end),
+            "restart": restart_stats(procs, [r.timestamp / 1000 for r in outputs], end),
         })
         replayed, failed = await asyncio.to_thread(replay, changes)
         figures["replay_failed_changes"] = len(failed)
@@ -845,7 +911,8 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
         figures["replay_missing_changes"] = explain(changes, outcome.replayed.missing[:3])
         return outcome
     finally:
-        worker.stop()
+        for proc in procs:
+            proc.stop()
         if not keep_topics:
             await delete_topics(settings, all_topic_names(settings))
 
@@ -863,6 +930,7 @@ def print_report(outcome: Outcome, meta: Mapping[str, Any]) -> None:
                                         f"{f['sessions']} ({f['sessions_covered']} covered)"),
         ("rate", f"{meta['rate']:.0f} msg/s"),
         ("kills (moment/state at kill)", f"{f['kills_done']} {f['kills_by_moment']}"),
+        ("workers / kills per worker", f"{meta['workers']} / {f['kills_by_worker']}"),
         ("broker restarted (out, s)", f.get("broker_out_s", "no")),
         ("worker self-exits / stall restarts", f"{f['worker_self_exits']} / "
                                                f"{f['stall_restarts']}"),
@@ -951,6 +1019,9 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=6)
     ap.add_argument("--rate", type=float, default=100.0, help="messages per second")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--workers", type=int, default=1,
+                    help="workers on the partitioned store; kills hit one at random")
+    ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--shuffle-producers", action="store_true",
                     help="each user's messages delivered out of event-time order")
     ap.add_argument("--seeds", default=None,
@@ -980,17 +1051,20 @@ def main() -> None:
             work = Path(tempfile.mkdtemp(prefix=f"memstream-chaos-{seed}-"))
             events, truth = scenario(args.users, seed)
             settings = bench_settings(f"127.0.0.1:{args.port}", work,
-                                      job_timeout_s=args.job_timeout)
+                                      job_timeout_s=args.job_timeout,
+                                      partitions=args.partitions)
             meta = {"users": args.users,
                     "messages": sum(isinstance(e, ChatMessage) for e in events),
-                    "kills": args.kills, "rate": args.rate,
+                    "kills": args.kills, "rate": args.rate, "workers": args.workers,
+                    "partitions": args.partitions,
                     "seed": seed, "broker_restart": not args.no_broker_restart,
                     "shuffle_producers": args.shuffle_producers,
                     "job_timeout_s": args.job_timeout, "work": str(work)}
             outcome = asyncio.run(run_chaos(
                 settings, events, truth, kills=args.kills, work=work, rate=args.rate,
                 seed=seed, broker=None if args.no_broker_restart else broker,
-                settle_timeout=args.settle_timeout, shuffle=args.shuffle_producers))
+                settle_timeout=args.settle_timeout, shuffle=args.shuffle_producers,
+                workers=args.workers))
             print_report(outcome, meta)
             rows.append(summary(outcome, meta))
             if args.seeds:

@@ -730,6 +730,9 @@ def print_report(f: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
         f"{k}: {m[k]['n']} {m[k]['p50_s']}/{m[k]['max_s']}"
         for k in ("all", "promoted", "caught_up", "restored"))
         + (f"   not seen: {m['not_seen']}" if m["not_seen"] else "")))
+    rows.append(("partition assigned -> serving s (p50/max)", "   ".join(
+        f"{k}: {m[k]['from_assignment_p50_s']}/{m[k]['from_assignment_max_s']}"
+        for k in ("all", "promoted", "caught_up", "restored"))))
     rs = f["restores"]
     rows.append(("restores (GET /v1/cluster): changes/s", f"{rs['changes_per_s']} "
                  f"({rs['changes']} changes in {rs['seconds']} s, {rs['n']} restores)"))
@@ -747,8 +750,9 @@ def print_report(f: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
         print(f"{name:46} {value}")
     for row in f["move_rows"]:
         print(f"  move {row['happening']:12} p{row['partition']:<3} {row['from']} -> "
-              f"{row['to']}: {row['kind']} +{row['seconds']} s ({row.get('changes')} changes "
-              f"in {row.get('restore_s')} s)")
+              f"{row['to']}: {row['kind']} +{row['seconds']} s (assigned +"
+              f"{row.get('from_assignment_s')} s; {row.get('changes')} changes in "
+              f"{row.get('restore_s')} s)")
     for name, v in f["views"].items():
         for kind, items in v.get("examples", {}).items():
             for item in items:

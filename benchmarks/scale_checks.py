@@ -175,6 +175,7 @@ def drain_rate(stamps: Sequence[tuple[float, int]], start: float, end: float,
 LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \[(\d+)\] \[(\w+)\] (.*)$")
 TAKE = re.compile(r"^shard (\d+): (promoted|caught up|restored), (\d+) change\(s\) folded "
                   r"in ([\d.]+)s")
+ASSIGNED = re.compile(r"^apply loop: partitions \[[\d, ]*\] \(new \[([\d, ]*)\]")
 PROBLEMS = {  # what to look for in a worker's log, and how to name it
     "CRITICAL": re.compile(r"\[CRITICAL\]"),
     "ERROR": re.compile(r"\[ERROR\]"),
@@ -225,15 +226,24 @@ class Take:
     kind: str  # promoted (a warm standby), caught up (its own checkpoint), restored
     changes: int
     seconds: float
+    assigned_at: float | None = None  # the apply group gave it to this worker (log line)
 
 
 def takes(worker: str, lines: Iterable[LogLine]) -> list[Take]:
     out = []
+    assigned: dict[int, float] = {}
     for line in lines:
+        a = ASSIGNED.match(line.text)
+        if a:
+            for n in a.group(1).replace(" ", "").split(","):
+                if n:
+                    assigned[int(n)] = line.at
+            continue
         m = TAKE.match(line.text)
         if m:
-            out.append(Take(worker, line.at, int(m.group(1)), m.group(2), int(m.group(3)),
-                            float(m.group(4))))
+            n = int(m.group(1))
+            out.append(Take(worker, line.at, n, m.group(2), int(m.group(3)),
+                            float(m.group(4)), assigned.get(n)))
     return out
 
 
@@ -346,7 +356,8 @@ def move_times(happenings: Sequence[Happening], all_takes: Sequence[Take],
                ) -> list[dict[str, Any]]:
     """Per partition each happening moved: seconds from the happening to the first take
     of the partition by its new owner (its log line), and how (promoted / caught up /
-    restored), with the restore's own changes and seconds."""
+    restored), with the restore's own changes and seconds; and from the assignment that
+    gave it to the new owner to that take."""
     out = []
     for h in happenings:
         for p, (old, new) in h.moved().items():
@@ -358,6 +369,8 @@ def move_times(happenings: Sequence[Happening], all_takes: Sequence[Take],
                 t = min(found, key=lambda x: x.at)
                 row.update(kind=t.kind, seconds=round(max(0.0, t.at - h.at), 2),
                            changes=t.changes, restore_s=t.seconds)
+                if t.assigned_at is not None and t.assigned_at >= h.at - 1.0:
+                    row["from_assignment_s"] = round(max(0.0, t.at - t.assigned_at), 2)
             else:
                 row.update(kind="not seen", seconds=None)
             out.append(row)
@@ -369,8 +382,15 @@ def move_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for kind in ("all", "promoted", "caught up", "restored"):
         secs = [r["seconds"] for r in rows if r.get("seconds") is not None
                 and (kind == "all" or r["kind"] == kind)]
-        out[kind.replace(" ", "_")] = {"n": len(secs), "p50_s": pct(secs, 0.5),
-                                       "max_s": round(max(secs), 2) if secs else None}
+        given = [r["from_assignment_s"] for r in rows if "from_assignment_s" in r
+                 and (kind == "all" or r["kind"] == kind)]
+        out[kind.replace(" ", "_")] = {
+            "n": len(secs), "p50_s": pct(secs, 0.5),
+            "max_s": round(max(secs), 2) if secs else None,
+            # from the apply group's assignment on the new owner: what a detection (a
+            # session timeout after a SIGKILL) adds is not counted
+            "from_assignment_p50_s": pct(given, 0.5),
+            "from_assignment_max_s": round(max(given), 2) if given else None}
     out["not_seen"] = sum(r["kind"] == "not seen" for r in rows)
     return out
 

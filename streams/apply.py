@@ -167,6 +167,12 @@ class ApplyStage:
         if self.fold is not None:
             self.fold.assigned()
 
+    def take_order(self, partitions: set[int]) -> list[int]:
+        keeper = self.p.shards
+        if keeper is not None and self.decisions:
+            return list(keeper.order(partitions))
+        return sorted(partitions)
+
     async def prepare(self, new: set[int], gone: set[int]) -> None:
         """Before any record of ``new`` is handled (after the fence): the store shards of
         the partitions (store_partitioned: streams.shards) restored, those of ``gone``

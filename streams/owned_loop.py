@@ -26,9 +26,11 @@ owns what those depend on:
   partition: this worker's generation is stale, a rebalance is under way): the partition
   is let go (producer, tables, the stage's state such as a store shard) and nothing of the
   batch is committed; the next assignment takes it again from scratch if it comes back.
-- **A new partition**: producer first (the fence), then the tables restored from their
-  changelogs up to their ends, then the consumer seeks to the committed offsets, fetched
-  again after the fence. Records fetched before that are dropped (read again).
+- **A new partition** is paused and taken outside the rebalance callback
+  (:mod:`streams.owned_rebalance`): producer first (the fence), then the tables restored
+  from their changelogs up to their ends and the stage's state (a store shard), then the
+  consumer seeks to the committed offsets, fetched again after the fence, and resumes it.
+  Records fetched before that are dropped (read again).
 - **No record is skipped**: a record is handled only at or after the partition's next
   offset, and only handled records' offsets are committed. Anything the loop cannot
   handle ends the worker (exit 70; 75 for a transaction the broker refuses for good, such
@@ -43,7 +45,6 @@ import heapq
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -65,6 +66,7 @@ from memstream.streams import faust_setup
 from memstream.streams.cluster import assignor_for
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
 from memstream.streams.ingest_tables import restore
+from memstream.streams.owned_rebalance import Rebalancing, quietly
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import Stage, Work
 
@@ -120,7 +122,7 @@ class _Listener(ConsumerRebalanceListener):
         await self.loop.assigned(assigned)
 
 
-class OwnedLoop:
+class OwnedLoop(Rebalancing):
     """See the module docstring. ``start()`` / ``stop()`` from the worker's lifecycle."""
 
     def __init__(self, settings: Settings, stage: Stage, *,
@@ -145,8 +147,8 @@ class OwnedLoop:
         self.task: asyncio.Task[None] | None = None
         self.failed_commits = 0
         self.failed_in_row: dict[int, int] = {}
-        self._legacy: dict[TopicPartition, int] | None = None  # the Faust group's offsets
         self.caught_up: dict[TopicPartition, int] = {}  # read to this highwater, when idle
+        self._init_rebalancing()
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -194,6 +196,7 @@ class OwnedLoop:
             if not done:
                 self.task.cancel()
                 await asyncio.gather(self.task, return_exceptions=True)
+        await self.stop_taking(STOP_WAIT_S)
         if self.consumer is not None:
             await self.consumer.stop()
         for producer in self.producers.values():
@@ -341,18 +344,6 @@ class OwnedLoop:
         await asyncio.sleep(SHARD_WAIT_S)
         self._seek(partition)
 
-    async def _let_go(self, partition: int) -> None:
-        """Another worker fenced this partition: forget it as if revoked (an assignment
-        that gives it back treats it as new: fence, restore, committed offsets)."""
-        self.fenced += 1
-        self.let_go[partition] = time.monotonic()
-        self.ready.discard(partition)
-        self.owned.discard(partition)
-        for table in self.tables:
-            table.discard(partition)
-        await self._drop({partition})
-        await self._prepare(set(), {partition})
-
     async def _drop(self, gone: set[int]) -> None:
         """The loop's hold on partitions no longer its: producers, tables, positions."""
         for n in gone:
@@ -363,101 +354,12 @@ class OwnedLoop:
             table.drop(gone)
         self.next = {tp: o for tp, o in self.next.items() if tp.partition not in gone}
 
-    async def _prepare(self, new: set[int], gone: set[int]) -> None:
-        """The stage's own state of partitions taken and given up (the apply stage's
-        store shards: streams.shards), if it keeps any."""
-        prepare = getattr(self.stage, "prepare", None)
-        if prepare is not None:
-            await prepare(new, gone)
-
-    async def _take_back(self) -> None:
-        """A partition let go that no rebalance took from this worker within two session
-        timeouts (a fence from a newer generation is followed by this worker's own
-        rebalance well within that: its heartbeat fails, it rejoins; past it, the fence
-        came from a worker whose assignment was the stale one): taken again, as a new
-        partition (which fences that one in turn)."""
-        assert self.consumer is not None
-        wait = 2 * self.settings.session_timeout_s
-        now = time.monotonic()
-        assigned = self.consumer.assignment()
-        mine = {tp.partition for tp in assigned}
-        self.let_go = {n: t for n, t in self.let_go.items() if n in mine and n not in self.owned}
-        if any(now - t >= wait for t in self.let_go.values()):
-            log.warning("%s: partitions %s still assigned here after being fenced; taking "
-                        "them again", self.stage.name, sorted(self.let_go))
-            async with self.lock:
-                await self._assign(set(assigned))
-            self.let_go.clear()
-
     def _seek(self, partition: int) -> None:
         assert self.consumer is not None
         assigned = self.consumer.assignment()
         for tp, offset in self.next.items():
             if tp.partition == partition and tp in assigned:
                 self.consumer.seek(tp, offset)
-
-    # --- rebalances ----------------------------------------------------------------------
-
-    async def revoked(self) -> None:
-        async with self.lock:  # waits for the batch in progress to commit
-            self.ready.clear()
-
-    async def assigned(self, assigned: set[TopicPartition]) -> None:
-        try:
-            async with self.lock:
-                await self._assign(assigned)
-        except Exception as exc:
-            log.exception("%s loop: taking partitions %s failed", self.stage.name,
-                          sorted(assigned))
-            self.on_fatal(f"partitions not taken: {type(exc).__name__}: {exc}")
-
-    async def _assign(self, assigned: set[TopicPartition]) -> None:
-        assert self.consumer is not None
-        parts = {tp.partition for tp in assigned}
-        for topic in self.inputs:
-            got = {tp.partition for tp in assigned if tp.topic == topic}
-            if got != parts:
-                raise RuntimeError(f"inputs not co-partitioned: {topic} {sorted(got)} "
-                                   f"vs {sorted(parts)}")
-        gone, new = self.owned - parts, parts - self.owned
-        await self._drop(gone)
-        for n in sorted(new):
-            self.producers[n] = await self._producer(n)  # fences the previous owner
-        await self._restore(new)
-        await self._prepare(new, gone)
-        for tp in sorted(assigned):
-            if tp.partition in new or tp not in self.next:
-                committed = await self.consumer.committed(tp)  # after the fence
-                if committed is None:
-                    committed = await self._first_offset(tp)
-                self.next[tp] = committed
-            self.consumer.seek(tp, self.next[tp])
-        self.owned = parts
-        self.ready = set(parts)
-        self.stage.assigned(parts)
-        log.info("%s loop: partitions %s (new %s)", self.stage.name, sorted(parts), sorted(new))
-
-    async def _first_offset(self, tp: TopicPartition) -> int:
-        """Where a partition this group never committed starts: where the Faust agents of
-        an earlier version had got (its group ``{app_id}``: an upgrade neither reads
-        everything again nor skips anything), else the beginning."""
-        if self._legacy is None:
-            self._legacy = {}
-            admin = kafka.admin(self.settings)
-            try:
-                await admin.start()
-                found = await admin.list_consumer_group_offsets(self.settings.app_id)
-                self._legacy = {t: o.offset for t, o in found.items() if o.offset >= 0}
-            except Exception as exc:  # no such group: a new deployment
-                log.debug("no offsets of group %s (%s)", self.settings.app_id, exc)
-            finally:
-                await quietly(admin.close())
-        if tp in self._legacy:
-            log.info("%s: %s starts where the Faust agents were (%d)", self.stage.name,
-                     tp, self._legacy[tp])
-            return self._legacy[tp]
-        assert self.consumer is not None
-        return int((await self.consumer.beginning_offsets([tp]))[tp])
 
     async def _producer(self, partition: int) -> AIOKafkaProducer:
         producer = kafka.producer(
@@ -515,10 +417,3 @@ class OwnedLoop:
 def _timestamp(record: Any) -> int:
     return int(record.timestamp)
 
-
-async def quietly(coro: Any) -> None:
-    """Await ``coro`` (closing a client), its failure only logged."""
-    try:
-        await coro
-    except Exception as exc:  # closing a client that already failed
-        log.debug("closing: %s", exc)

@@ -224,6 +224,19 @@ class ShardKeeper:
                      "promoted" if warm else ("caught up" if start else "restored"), changes,
                      seconds)
 
+    def order(self, partitions: set[int]) -> list[int]:
+        """The quickest takes first: a warm standby (its tail), then a clean checkpoint
+        (the tail since it), then full restores."""
+        warm = set(self.store.standby)
+        now = self.clock()
+
+        def cost(n: int) -> tuple[int, int]:
+            if n in warm:
+                return 0, n
+            return (1 if self.files.checkpoint(n, now) is not None else 2), n
+
+        return sorted(partitions, key=cost)
+
     async def release(self, partitions: set[int]) -> None:
         """Revoked: closed and deleted (a standby of it is restored anew by the standbys)."""
         for partition in sorted(partitions & set(self.store.owned)):

@@ -94,8 +94,9 @@ class Standbys:
     async def hand_over(self, partition: int,
                         ) -> tuple[MemoryStore, Offsets, dict[UserKey, Cursor]] | None:
         """The warm shard of ``partition`` and the offsets it holds, no longer followed
-        (None: none here; the caller, which marked the partition busy first, restores it)."""
-        self.requested.discard(partition)
+        (None: none here; the caller, which marked the partition busy first, restores it).
+        It stays requested: given up again (a rebalance during its take), it is followed
+        again as the map asks."""
         async with self.lock:
             shard = self.store.standby.pop(partition, None)
             offsets = self.offsets.pop(partition, None)

@@ -20,6 +20,8 @@ from tests.integration.conftest import free_port, remembered, until
 pytestmark = pytest.mark.integration
 ADMIN = "admin-key-scale"
 HEADERS = {"Authorization": f"Bearer {ADMIN}"}
+# what a worker that forwards a read asks of a standby: answered from the local standby
+STANDBY_READ = {"X-Memstream-Forwarded": "1", "X-Memstream-Standby-Read": "1"}
 CITIES = ["Lisbon", "Porto", "Madrid", "Vienna", "Oslo", "Riga", "Quito", "Lima"]
 
 
@@ -31,15 +33,16 @@ def start_worker(h: Any, name: str, port: int) -> WorkerProcess:
     return w
 
 
-async def get(url: str, path: str) -> httpx.Response:
+async def get(url: str, path: str, headers: dict[str, str] | None = None) -> httpx.Response:
     async with httpx.AsyncClient(base_url=url, headers=HEADERS, timeout=10.0) as c:
-        return await c.get(path)
+        return await c.get(path, headers=headers)
 
 
-async def memories(url: str, tenant: str, user: str) -> list[str] | None:
+async def memories(url: str, tenant: str, user: str,
+                   headers: dict[str, str] | None = None) -> list[str] | None:
     """The user's live memories as ``url`` answers (None: not answered now)."""
     try:
-        r = await get(url, f"/v1/tenants/{tenant}/users/{user}/memories")
+        r = await get(url, f"/v1/tenants/{tenant}/users/{user}/memories", headers)
     except httpx.HTTPError:
         return None
     if r.status_code != 200:
@@ -102,8 +105,11 @@ async def test_two_workers_answer_for_each_other_and_survive_the_owner_dying(
         r = await get(urls[0], f"/v1/tenants/{tenant}/users/{users[0]}/memories")
         assert r.headers["X-Memstream-Served-By"] == owner[users[0]]
 
-        b.kill()  # SIGKILL: its partitions stay assigned to it until its session times out
         b_users = [u for u in users if owner[u] == "wb"]
+        for u in b_users:  # barrier: wa's standby of wb's partitions holds them too
+            assert await until(lambda u=u: memories(urls[0], tenant, u, STANDBY_READ),
+                               f"{u} on wa's standby", timeout=60) == before[u]
+        b.kill()  # SIGKILL: its partitions stay assigned to it until its session times out
         first = await get(urls[0], f"/v1/tenants/{tenant}/users/{b_users[0]}/memories")
         status = (await get(urls[0], "/v1/cluster")).json()
         if status["partitions"][str(partition_of(tenant, b_users[0], 4))]["owner"] == "wb":

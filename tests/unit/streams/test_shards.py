@@ -377,3 +377,42 @@ def test_wipe_removes_the_shard_and_its_checkpoint(tmp_path):
     files.drop_checkpoint(7)
     assert files.checkpoint(7, 0.0) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_quickest_takes_come_first(tmp_path):
+    """A warm standby (its tail), then a clean checkpoint (the tail since it), then a full
+    restore; a checkpoint past the erasure bound counts as none."""
+    from types import SimpleNamespace
+
+    from memstream.memory.shards import PartitionedStore
+    from memstream.streams.shards import ShardKeeper
+
+    store = PartitionedStore(lambda tenant, user: 0)
+    store.standby[7] = make_store("server", None, DIM)
+    settings = SimpleNamespace(data_dir=tmp_path, erasure_bound_s=100.0)
+    keeper = ShardKeeper(settings, store, lambda path: None, [], lambda: None,  # type: ignore[arg-type]
+                         clock=lambda: 1000.0)
+    (tmp_path / "store").mkdir()
+    keeper.files.write_checkpoint(5, {"changes": 1}, now=990.0)
+    keeper.files.write_checkpoint(1, {"changes": 1}, now=800.0)  # too old
+    assert keeper.order({1, 3, 5, 7}) == [7, 5, 1, 3]
+
+
+async def test_a_partition_handed_over_stays_requested_for_when_it_is_given_up_again(
+        tmp_path):
+    """A take that a rebalance overtakes gives the partition up again: the map still names
+    this worker its standby, so it is followed again (it was dropped from the request)."""
+    from memstream.memory.shards import PartitionedStore
+    from memstream.streams.standby import Standbys
+
+    store = PartitionedStore(lambda tenant, user: 0)
+    files = ShardFiles(tmp_path, erasure_bound_s=100.0)
+    standbys = Standbys(None, store, lambda path: None, [], lambda: None, files)  # type: ignore[arg-type]
+    standbys.refresh = lambda: None  # type: ignore[method-assign]  # no task here
+    standbys.want({3, 4})
+    busy: set[int] = {3}
+    standbys.busy = lambda: busy
+    assert await standbys.hand_over(3) is None  # no warm copy: the keeper restores it
+    assert standbys.wanted == {4}  # being taken
+    busy.clear()
+    assert standbys.wanted == {3, 4}  # given up again: followed again

@@ -1,0 +1,199 @@
+"""Partitions taken outside the rebalance callback (streams/owned_rebalance.py): the callback
+returns at once with the new partitions paused; the taker fences, restores and positions
+each one, quickest first, and each serves as soon as it is taken; one given up while being
+taken is undone; a take that fails ends the worker."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aiokafka.structs import TopicPartition
+
+from memstream.core.settings import Settings
+from memstream.streams.owned_loop import OwnedLoop
+from memstream.streams.stage import Work
+from tests.unit.builders import FakeProducer
+
+pytestmark = pytest.mark.unit
+TOPICS = ["in-a", "in-b"]
+
+
+class Consumer:
+    def __init__(self, committed: dict[TopicPartition, int]) -> None:
+        self.assigned: set[TopicPartition] = set()
+        self.committed_at = committed
+        self.paused_tps: set[TopicPartition] = set()
+        self.seeks: dict[TopicPartition, int] = {}
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks[tp] = offset
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self.paused_tps |= set(tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self.paused_tps -= set(tps)
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return self.committed_at.get(tp)
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return dict.fromkeys(tps, 0)
+
+
+class SlowStage:
+    """A stage whose state of a partition takes until its gate opens."""
+
+    name = "apply"
+    inputs = TOPICS
+    tables = ()
+    max_records = 10
+
+    def __init__(self, order: list[int] | None = None) -> None:
+        self.gates: dict[int, asyncio.Event] = {}
+        self.prepared: list[tuple[set[int], set[int]]] = []
+        self.seen_assigned: list[set[int]] = []
+        self.fail: int | None = None
+        self.order = order
+
+    def gate(self, n: int) -> asyncio.Event:
+        return self.gates.setdefault(n, asyncio.Event())
+
+    async def prepare(self, new: set[int], gone: set[int]) -> None:
+        self.prepared.append((set(new), set(gone)))
+        for n in new:
+            if n == self.fail:
+                raise RuntimeError("restore failed")
+            await self.gate(n).wait()
+
+    def take_order(self, partitions: set[int]) -> list[int]:
+        if self.order is None:
+            return sorted(partitions)
+        return [n for n in self.order if n in partitions]
+
+    def assigned(self, partitions: set[int]) -> None:
+        self.seen_assigned.append(set(partitions))
+
+    async def handle(self, partition: int, records: list[Any]) -> Work:
+        return Work()
+
+
+def tps(*parts: int) -> set[TopicPartition]:
+    return {TopicPartition(t, n) for t in TOPICS for n in parts}
+
+
+def make(tmp_path, stage: SlowStage) -> tuple[OwnedLoop, Consumer, list[Any], list[Any]]:
+    loop = OwnedLoop(Settings(data_dir=tmp_path, embedder="hashing"), stage)  # type: ignore[arg-type]
+    fatal: list[Any] = []
+    loop.on_fatal = lambda reason, code=70: fatal.append(reason)
+    consumer = Consumer({tp: 10 + tp.partition for tp in tps(0, 1, 2)})
+    loop.consumer = consumer  # type: ignore[assignment]
+    made: list[Any] = []
+
+    async def producer(n: int) -> Any:
+        made.append((n, FakeProducer()))
+        return made[-1][1]
+
+    async def no_tables(partitions: set[int]) -> None:
+        return None
+
+    loop._producer = producer  # type: ignore[method-assign]
+    loop._restore = no_tables  # type: ignore[method-assign]
+    return loop, consumer, fatal, made
+
+
+async def assign(loop: OwnedLoop, consumer: Consumer, *parts: int) -> None:
+    await loop.revoked()
+    consumer.assigned = tps(*parts)
+    await loop.assigned(tps(*parts))
+
+
+async def until(check, timeout: float = 5.0) -> None:
+    async def wait() -> None:
+        while not check():
+            await asyncio.sleep(0.005)
+    await asyncio.wait_for(wait(), timeout)
+
+
+async def test_the_callback_returns_while_the_take_waits_with_the_partition_paused(tmp_path):
+    stage = SlowStage()
+    loop, consumer, fatal, made = make(tmp_path, stage)
+    await asyncio.wait_for(assign(loop, consumer, 0), 1.0)  # the gate is shut: no waiting
+    assert loop.owned == {0} and loop.ready == set() and loop.taking == {0}
+    assert consumer.paused_tps == tps(0)
+    await until(lambda: made)  # the producer (the fence) comes first
+    assert 0 not in loop.producers  # not installed before the take is done
+    stage.gate(0).set()
+    await until(lambda: loop.ready == {0})
+    assert consumer.paused_tps == set() and loop.producers[0] is made[0][1]
+    assert {tp: loop.next[tp] for tp in tps(0)} == {tp: 10 for tp in tps(0)}  # committed
+    assert consumer.seeks == {tp: 10 for tp in tps(0)}
+    assert stage.seen_assigned[-1] == {0} and not fatal
+
+
+async def test_each_partition_serves_as_soon_as_it_is_taken_quickest_first(tmp_path):
+    stage = SlowStage(order=[2, 0, 1])  # e.g. 2 a warm standby, 0 a checkpoint
+    loop, consumer, fatal, _ = make(tmp_path, stage)
+    await assign(loop, consumer, 0, 1, 2)
+    stage.gate(2).set()
+    await until(lambda: loop.ready == {2})
+    assert consumer.paused_tps == tps(0, 1)
+    stage.gate(0).set()
+    await until(lambda: loop.ready == {0, 2})
+    stage.gate(1).set()
+    await until(lambda: loop.ready == {0, 1, 2})
+    assert [new for new, _ in stage.prepared] == [{2}, {0}, {1}] and not fatal
+
+
+async def test_a_partition_given_up_while_being_taken_is_undone(tmp_path):
+    stage = SlowStage()
+    loop, consumer, fatal, made = make(tmp_path, stage)
+    await assign(loop, consumer, 0, 1)
+    await until(lambda: made)
+    await assign(loop, consumer, 1)  # 0 goes to another worker mid-take
+    stage.gate(0).set()
+    stage.gate(1).set()
+    await until(lambda: loop.ready == {1})
+    assert 0 not in loop.producers and 0 not in loop.taken
+    assert (set(), {0}) in stage.prepared[-2:]  # its shard (say) closed again
+    assert not [tp for tp in loop.next if tp.partition == 0] and not fatal
+
+
+async def test_a_partition_taken_during_a_rebalance_is_positioned_by_the_assignment(tmp_path):
+    stage = SlowStage()
+    loop, consumer, fatal, made = make(tmp_path, stage)
+    await assign(loop, consumer, 0)
+    await until(lambda: made)
+    await loop.revoked()  # a rebalance begins; the consumer holds nothing meanwhile
+    consumer.assigned = set()
+    stage.gate(0).set()
+    await until(lambda: 0 in loop.taken)
+    assert loop.ready == set()  # not before the assignment
+    consumer.assigned = tps(0)
+    consumer.seeks.clear()
+    await loop.assigned(tps(0))
+    assert loop.ready == {0} and consumer.seeks == {tp: 10 for tp in tps(0)} and not fatal
+
+
+async def test_a_take_that_fails_ends_the_worker(tmp_path):
+    stage = SlowStage()
+    stage.fail = 0
+    loop, consumer, fatal, made = make(tmp_path, stage)
+    await assign(loop, consumer, 0)
+    await until(lambda: fatal)
+    assert "restore failed" in fatal[0] and loop.ready == set()
+    assert made and 0 not in loop.producers  # fenced, then not installed
+
+
+async def test_stop_lets_the_take_in_progress_finish_or_cancels_it(tmp_path):
+    stage = SlowStage()
+    loop, consumer, fatal, _ = make(tmp_path, stage)
+    await assign(loop, consumer, 0)
+    await loop.stop_taking(0.05)  # the gate never opens: cancelled
+    assert loop.taker is not None and loop.taker.cancelled() and loop.ready == set()
+    assert not fatal  # a shutdown, not a failure
