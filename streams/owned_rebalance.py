@@ -106,11 +106,14 @@ class Rebalancing:
         for n in sorted(parts & self.taken):
             mine = [tp for tp in assigned if tp.partition == n]
             if all(tp in self.next for tp in mine):
+                held = self.consumer.assignment()  # (a take-back runs outside a callback)
                 for tp in mine:
-                    self.consumer.seek(tp, self.next[tp])
+                    if tp in held:
+                        self.consumer.seek(tp, self.next[tp])
             else:  # taken during the rebalance: not positioned yet
                 await self._position(n)
-        waiting = [tp for tp in assigned if tp.partition in self.taking]
+        held = self.consumer.assignment()
+        waiting = [tp for tp in assigned if tp.partition in self.taking and tp in held]
         if waiting:
             self.consumer.pause(*waiting)
         self.rebalancing = False
@@ -189,8 +192,13 @@ class Rebalancing:
             if committed is None:
                 committed = await self._first_offset(tp)
             self.next[tp] = committed
-            self.consumer.seek(tp, committed)
-        self.consumer.resume(*mine)
+        # a rebalance that began meanwhile took the assignment away: its callback seeks
+        # to these offsets (the partition is still ours) or drops them
+        held = self.consumer.assignment()
+        for tp in sorted(mine):
+            if tp in held:
+                self.consumer.seek(tp, self.next[tp])
+        self.consumer.resume(*(tp for tp in mine if tp in held))
 
     async def _prepare(self, new: set[int], gone: set[int]) -> None:
         """The stage's own state of partitions taken and given up (the apply stage's

@@ -9,6 +9,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from aiokafka.errors import IllegalStateError
 from aiokafka.structs import TopicPartition
 
 from memstream.core.settings import Settings
@@ -30,13 +31,20 @@ class Consumer:
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)
 
+    def _held(self, tps: Any) -> None:
+        if set(tps) - self.assigned:  # as aiokafka's subscription state
+            raise IllegalStateError(f"No current assignment for {set(tps) - self.assigned}")
+
     def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._held([tp])
         self.seeks[tp] = offset
 
     def pause(self, *tps: TopicPartition) -> None:
+        self._held(tps)
         self.paused_tps |= set(tps)
 
     def resume(self, *tps: TopicPartition) -> None:
+        self._held(tps)
         self.paused_tps -= set(tps)
 
     async def committed(self, tp: TopicPartition) -> int | None:
@@ -197,3 +205,24 @@ async def test_stop_lets_the_take_in_progress_finish_or_cancels_it(tmp_path):
     await loop.stop_taking(0.05)  # the gate never opens: cancelled
     assert loop.taker is not None and loop.taker.cancelled() and loop.ready == set()
     assert not fatal  # a shutdown, not a failure
+
+
+async def test_a_rebalance_that_begins_while_offsets_are_read_leaves_the_seek_to_it(tmp_path):
+    """aiokafka drops the assignment as a rebalance begins, before its revoke callback:
+    a seek then would raise. The offsets are kept; the assignment's callback seeks."""
+    stage = SlowStage()
+    loop, consumer, fatal, _ = make(tmp_path, stage)
+    await assign(loop, consumer, 0)
+    real = consumer.committed
+
+    async def committed_then_rebalance(tp: TopicPartition) -> int | None:
+        consumer.assigned = set()  # the rebalance begins
+        return await real(tp)
+
+    consumer.committed = committed_then_rebalance  # type: ignore[method-assign]
+    stage.gate(0).set()
+    await until(lambda: 0 in loop.taken)
+    assert not fatal and consumer.seeks == {}
+    consumer.committed = real  # type: ignore[method-assign]
+    await assign(loop, consumer, 0)
+    assert loop.ready == {0} and consumer.seeks == {tp: 10 for tp in tps(0)} and not fatal
