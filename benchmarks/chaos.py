@@ -599,8 +599,8 @@ async def produce(settings: Settings, events: Sequence[Event], rate: float,
 
 class Chaos:
     """Kills and restarts the workers; revives any that exits on its own. With several
-    workers (``--workers``) a crash hits one at random while running, and the one just
-    restarted during its start-up or recovery."""
+    workers (``--workers``) a crash while running hits each in turn (a random order each
+    round), one during start-up or recovery the one just restarted."""
 
     def __init__(self, workers: Sequence[WorkerProcess], rng: random.Random) -> None:
         self.workers, self.rng = list(workers), rng
@@ -609,6 +609,7 @@ class Chaos:
         self.self_exits = 0
         self.stall_restarts = 0
         self.last = 0  # the worker crashed last
+        self.turns: list[int] = []
 
     async def _revive(self, worker: WorkerProcess) -> None:
         self.self_exits += 1
@@ -638,8 +639,10 @@ class Chaos:
 
     def crash(self, moment: str) -> None:
         """SIGKILL now and spawn at once (the next kill may hit the start-up)."""
-        if moment == "running":
-            self.last = self.rng.randrange(len(self.workers))
+        if moment == "running":  # every worker in turn, in a random order each round
+            if not self.turns:
+                self.turns = self.rng.sample(range(len(self.workers)), len(self.workers))
+            self.last = self.turns.pop()
         worker = self.workers[self.last]
         self.kills[f"{moment}/{worker.poll()}"] += 1
         self.by_worker[self.last] += 1

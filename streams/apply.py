@@ -173,6 +173,11 @@ class ApplyStage:
             return list(keeper.order(partitions))
         return sorted(partitions)
 
+    def committed(self, partition: int, offsets: dict[str, int]) -> None:
+        """A transaction of ``partition`` committed, its records up to ``offsets``."""
+        if self.p.shards is not None and self.decisions:
+            self.p.shards.wrote(partition, offsets)
+
     async def prepare(self, new: set[int], gone: set[int]) -> None:
         """Before any record of ``new`` is handled (after the fence): the store shards of
         the partitions (store_partitioned: streams.shards) restored, those of ``gone``

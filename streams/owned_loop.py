@@ -254,9 +254,10 @@ class OwnedLoop(Rebalancing):
     async def _commit(self, partition: int, work: Work,
                       offsets: dict[TopicPartition, int]) -> bool:
         producer = self.producers[partition]
+        written: dict[str, int] = {}
         try:
-            await asyncio.wait_for(self._transaction(producer, partition, work, offsets),
-                                   TRANSACTION_TIMEOUT_S)
+            written = await asyncio.wait_for(
+                self._transaction(producer, partition, work, offsets), TRANSACTION_TIMEOUT_S)
         except Exception as exc:
             if not await self._recover(partition, exc) or not await self._landed(offsets):
                 for table in self.tables:
@@ -267,6 +268,9 @@ class OwnedLoop(Rebalancing):
                         self.stage.name, partition)
         for table in self.tables:
             table.commit(partition)
+        committed = getattr(self.stage, "committed", None)  # the apply stage's shards
+        if committed is not None and written:
+            committed(partition, written)
         self.next.update(offsets)
         self.failed_in_row.pop(partition, None)
         return True
@@ -287,17 +291,24 @@ class OwnedLoop(Rebalancing):
         return True
 
     async def _transaction(self, producer: AIOKafkaProducer, partition: int,
-                           work: Work, offsets: dict[TopicPartition, int]) -> None:
+                           work: Work, offsets: dict[TopicPartition, int]) -> dict[str, int]:
+        """The batch's transaction; returns, per topic, the offset after the last record
+        it wrote to ``partition``."""
         await producer.begin_transaction()
         sent = [await producer.send(topic, key=key, value=value)
                 for topic, key, value in work.out]
         for table in self.tables:
             sent += [await producer.send(table.topic, key=key, value=value, partition=partition)
                      for key, value in table.changelog(partition)]
-        await asyncio.gather(*sent)  # a record the broker refuses fails here, not silently
+        delivered = await asyncio.gather(*sent)  # a record the broker refuses fails here
         await producer.send_offsets_to_transaction(
             {tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()}, self.group)
         await producer.commit_transaction()
+        written: dict[str, int] = {}
+        for meta in delivered:
+            if getattr(meta, "partition", None) == partition:
+                written[meta.topic] = max(written.get(meta.topic, 0), meta.offset + 1)
+        return written
 
     async def _recover(self, partition: int, exc: Exception) -> bool:
         """After a failed transaction: a new producer (its start completes or aborts what

@@ -10,10 +10,12 @@ their changelog, as Kafka Streams and Faust tables keep their state.
   user's cursor: a job that changed nothing leaves no change event, yet fences its seq), then
   the hit statistics of the memory-access topic, all ``read_committed`` to the ends as they
   are after the fence.
-- **Release** (revoked): the shard is closed and deleted, unless this worker keeps the
-  partition as a standby (it is then restored anew as one) — a shard nobody follows must
-  not keep what a forget-me erases. On shutdown every owned shard is closed with a
-  checkpoint instead, so a restart replays only the tail.
+- **Release** (revoked): a partition the new map names this worker a standby of keeps its
+  shard as the standby, followed from the offsets it holds (a join's moved partitions are
+  then read from the old owner while the new one restores them); any other is closed and
+  deleted — a shard nobody follows must not keep what a forget-me erases. On shutdown
+  every owned shard is closed with a checkpoint instead, so a restart replays only the
+  tail.
 - **Standby**: the partitions the cluster map names this worker a standby of are followed
   (:class:`Standbys`); their shards serve reads only when the owner is unreachable.
 - **Global**: the tenant-wide memories, from the global-changes topic, in every worker.
@@ -32,7 +34,7 @@ from typing import Any
 
 from aiokafka.structs import TopicPartition
 
-from memstream.core.topic_reader import Record, read_ranges
+from memstream.core.topic_reader import Record, end_offsets, read_ranges
 from memstream.memory.apply import apply_change
 from memstream.memory.fencing import Cursor
 from memstream.memory.rebuild import Fold, Opener, fold_access
@@ -41,6 +43,7 @@ from memstream.memory.store import MemoryStore, Scope
 from memstream.topics.schemas import AccessEvent, JobResult, JobStatus, MemoryChange
 
 log = logging.getLogger(__name__)
+ENDS_S = 5.0  # reading the access topic's ends as a shard becomes a standby
 OpenShard = Callable[[Path], MemoryStore]
 Offsets = dict[str, int]  # topic -> the next offset to fold, of one partition
 
@@ -196,6 +199,7 @@ class ShardKeeper:
         self.restoring: dict[int, float] = {}  # partition -> when its restore began
         self.restores: list[tuple[int, int, float]] = []  # partition, changes, seconds
         self.standbys: Any = None  # streams.standby.Standbys, which hands over warm copies
+        self.held: dict[int, Offsets] = {}  # owned partition -> the topics' offsets in it
 
     async def take(self, partitions: set[int]) -> None:
         for partition in sorted(partitions - set(self.store.owned)):
@@ -212,10 +216,11 @@ class ShardKeeper:
                         self.files.wipe(partition)
                     shard = await asyncio.to_thread(self.open_shard, self.files.path(partition))
                 self.files.drop_checkpoint(partition)  # open: no longer a clean copy
-                _, job = await restore(self.settings, self.topics, partition, shard,
-                                       await self.opener(), start, cursors=gathered)
+                done, job = await restore(self.settings, self.topics, partition, shard,
+                                          await self.opener(), start, cursors=gathered)
                 changes = job.changes
                 self.store.owned[partition] = shard
+                self.held[partition] = done
             finally:
                 self.restoring.pop(partition, None)
             seconds = time.perf_counter() - started
@@ -237,14 +242,46 @@ class ShardKeeper:
 
         return sorted(partitions, key=cost)
 
+    def wrote(self, partition: int, offsets: Offsets) -> None:
+        """The apply loop committed records of ``partition`` up to these offsets (the
+        next after its own last one, per topic): the shard holds them."""
+        held = self.held.get(partition)
+        if held is not None:
+            for topic, offset in offsets.items():
+                if topic in self.topics:
+                    held[topic] = max(held.get(topic, 0), offset)
+
     async def release(self, partitions: set[int]) -> None:
-        """Revoked: closed and deleted (a standby of it is restored anew by the standbys)."""
+        """Given up: kept as a standby when the map names this worker one (from what it
+        holds: the restore's ends and this worker's own committed writes since, exact
+        even if another worker wrote meanwhile; the hits from the access topic's end now);
+        else closed and deleted (a copy nobody follows must not keep what a forget-me
+        erases; a standby of it is restored anew)."""
+        ends: dict[str, dict[int, int]] | None = None
         for partition in sorted(partitions & set(self.store.owned)):
             shard = self.store.owned.pop(partition)
+            held = self.held.pop(partition, None)
+            if (held is not None and self.standbys is not None
+                    and partition in self.standbys.requested):
+                if ends is None:
+                    ends = await self._access_ends()
+                if ends:
+                    held[self.topics[2]] = ends[self.topics[2]].get(partition, 0)
+                    await self.standbys.adopt(partition, shard, held)
+                    log.info("shard %d: kept as a standby", partition)
+                    continue
             await asyncio.to_thread(shard.close)
             self.files.wipe(partition)
         if self.standbys is not None:
             self.standbys.refresh()  # a partition it stands by for now
+
+    async def _access_ends(self) -> dict[str, dict[int, int]]:
+        try:
+            return await asyncio.wait_for(end_offsets(self.settings, self.topics[2:]),
+                                          ENDS_S)
+        except Exception as exc:  # the broker is away: the shard is restored anew
+            log.info("access ends not read (%s)", type(exc).__name__)
+            return {}
 
     async def close(self, ends: Callable[[int], Offsets] | None = None) -> None:
         """Shutdown: every owned shard closed with a checkpoint (``ends(p)``: the topics'

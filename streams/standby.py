@@ -108,6 +108,18 @@ class Standbys:
             return None
         return shard, offsets, cursors
 
+    async def adopt(self, partition: int, shard: MemoryStore, offsets: Offsets) -> None:
+        """A shard this worker owned until now becomes its standby: it holds the topics up
+        to ``offsets`` and its cursors folded (it was served), and is followed from
+        there."""
+        async with self.lock:
+            self.store.standby[partition] = shard
+            self.offsets[partition] = dict(offsets)
+            self.cursors[partition] = {}
+            self.durable[partition] = offsets.get(self.topics[1], 0)
+            self.behind[partition] = False
+        self.refresh()
+
     async def stop(self) -> None:
         for task in (self.following, self.task):
             if task is not None:

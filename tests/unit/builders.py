@@ -9,6 +9,7 @@ import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -121,6 +122,7 @@ class FakeProducer:
         self.committed: list[list[tuple[str, bytes | None, bytes | None, int | None]]] = []
         self.offsets: list[dict[TopicPartition, int]] = []
         self._open: list[tuple[str, bytes | None, bytes | None, int | None]] | None = None
+        self._ends: dict[tuple[str, int], int] = {}
 
     async def begin_transaction(self) -> None:
         self._open = []
@@ -129,7 +131,10 @@ class FakeProducer:
         assert self._open is not None
         self._open.append((topic, key, value, partition))
         delivered = asyncio.get_running_loop().create_future()
-        delivered.set_result(None)
+        where = (topic, partition or 0)  # what the broker says it wrote
+        self._ends[where] = self._ends.get(where, 0) + 1
+        delivered.set_result(SimpleNamespace(topic=topic, partition=where[1],
+                                             offset=self._ends[where] - 1))
         return delivered
 
     async def send_offsets_to_transaction(self, offsets, group_id):

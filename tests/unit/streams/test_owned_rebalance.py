@@ -226,3 +226,29 @@ async def test_a_rebalance_that_begins_while_offsets_are_read_leaves_the_seek_to
     consumer.committed = real  # type: ignore[method-assign]
     await assign(loop, consumer, 0)
     assert loop.ready == {0} and consumer.seeks == {tp: 10 for tp in tps(0)} and not fatal
+
+
+async def test_the_stage_learns_the_offsets_its_committed_transaction_wrote(tmp_path):
+    """What the apply stage's shard holds of its own writes (kept as a standby later)."""
+    from types import SimpleNamespace
+
+    stage = SlowStage()
+    seen: list[tuple[int, dict[str, int]]] = []
+    stage.committed = lambda partition, offsets: seen.append((partition, offsets))  # type: ignore[attr-defined]
+    outs = [("changes", b"k", b"1"), ("changes", b"k", b"2"), ("results", b"k", b"3")]
+
+    async def handle(partition: int, records: list[Any]) -> Work:
+        return Work(out=list(outs))
+
+    stage.handle = handle  # type: ignore[method-assign]
+    loop, consumer, fatal, _ = make(tmp_path, stage)
+    await assign(loop, consumer, 0)
+    stage.gate(0).set()
+    await until(lambda: loop.ready == {0})
+    tp = TopicPartition(TOPICS[0], 0)
+    await loop.process({tp: [SimpleNamespace(topic=tp.topic, partition=0, offset=10,
+                                             key=b"k", value=b"v", timestamp=1)]})
+    await loop.process({tp: [SimpleNamespace(topic=tp.topic, partition=0, offset=11,
+                                             key=b"k", value=b"v", timestamp=2)]})
+    assert seen == [(0, {"changes": 2, "results": 1}), (0, {"changes": 4, "results": 2})]
+    assert not fatal

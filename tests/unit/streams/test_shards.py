@@ -416,3 +416,65 @@ async def test_a_partition_handed_over_stays_requested_for_when_it_is_given_up_a
     assert standbys.wanted == {4}  # being taken
     busy.clear()
     assert standbys.wanted == {3, 4}  # given up again: followed again
+
+
+def _keeper_with_standbys(tmp_path, requested: set[int]):
+    from types import SimpleNamespace
+
+    from memstream.memory.shards import PartitionedStore
+    from memstream.streams.shards import ShardKeeper
+    from memstream.streams.standby import Standbys
+
+    store = PartitionedStore(lambda tenant, user: 0)
+    settings = SimpleNamespace(data_dir=tmp_path, erasure_bound_s=100.0)
+    topics = ["changes", "results", "access"]
+    keeper = ShardKeeper(settings, store, lambda path: None, topics, lambda: None)  # type: ignore[arg-type]
+    standbys = Standbys(settings, store, lambda path: None, topics, lambda: None, keeper.files)
+    standbys.refresh = lambda: None  # type: ignore[method-assign]  # no task here
+    standbys.want(requested)
+    keeper.standbys = standbys
+    return keeper, standbys, store
+
+
+@pytest.mark.parametrize("requested", [True, False])
+async def test_a_shard_given_up_stays_as_the_standby_the_map_names_or_is_wiped(
+        tmp_path, monkeypatch, requested):
+    """Kept: followed from what it holds (the restore's ends, then its own committed
+    writes; the hits from the access topic's end); not a standby here: closed, deleted."""
+    keeper, standbys, store = _keeper_with_standbys(tmp_path, {3} if requested else set())
+    (tmp_path / "store").mkdir()
+    shard = make_store("edge", keeper.files.path(3), DIM)
+    store.owned[3] = shard
+    keeper.held[3] = {"changes": 40, "results": 7, "access": 2}  # the restore's ends
+    keeper.wrote(3, {"changes": 45, "results": 9, "global": 1})  # a transaction of its own
+    keeper.wrote(4, {"changes": 99})  # not a shard of ours
+
+    async def ends(settings, topics):
+        assert topics == ["access"]
+        return {"access": {3: 11}}
+
+    monkeypatch.setattr(shards_module, "end_offsets", ends)
+    await keeper.release({3})
+    assert 3 not in store.owned and 3 not in keeper.held
+    if requested:
+        assert store.standby[3] is shard and not standbys.behind[3]
+        assert standbys.offsets[3] == {"changes": 45, "results": 9, "access": 11}
+        assert standbys.durable[3] == 9 and standbys.cursors[3] == {}
+        assert keeper.files.path(3).exists()
+        shard.close()
+    else:
+        assert 3 not in store.standby and not keeper.files.path(3).exists()
+
+
+async def test_a_shard_given_up_when_the_ends_cannot_be_read_is_wiped(tmp_path, monkeypatch):
+    keeper, _, store = _keeper_with_standbys(tmp_path, {3})
+    (tmp_path / "store").mkdir()
+    store.owned[3] = make_store("edge", keeper.files.path(3), DIM)
+    keeper.held[3] = {"changes": 40, "results": 7, "access": 2}
+
+    async def away(settings, topics):
+        raise ConnectionError("broker away")
+
+    monkeypatch.setattr(shards_module, "end_offsets", away)
+    await keeper.release({3})
+    assert 3 not in store.standby and not keeper.files.path(3).exists()
