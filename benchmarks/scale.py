@@ -16,7 +16,8 @@ final value of each fact is known). The timeline:
 - w1 alone; a throughput phase (below); then a steady load of ``--rate`` msg/s (default
   0.3 x the one-worker figure) until the end;
 - w2 joins under load, a throughput phase with 2; w3 joins, one with 3;
-- w2 is SIGKILLed, w3 is SIGTERMed, a throughput phase with w1 alone again, w2 comes back.
+- w2 is SIGKILLed, w3 is SIGTERMed (a scale-in: it leaves its groups as it
+  stop, `leave_group_on_stop`), a throughput phase with w1 alone again, w2 comes back.
 
 ``--smoke``: 20 users, 4 partitions; w1, a phase, w2 joins, a phase, w2 SIGKILLed and
 started again at once (its static membership takes its partitions back).
@@ -851,7 +852,8 @@ def main() -> None:
         base = bench_settings(
             f"127.0.0.1:{args.port}", work, topic_prefix=name, app_id=name,
             partitions=plan.partitions, store_partitioned=True,
-            session_timeout_s=plan.session_timeout_s)
+            session_timeout_s=plan.session_timeout_s,
+            leave_group_on_stop=True)  # its SIGTERM is a scale-in: the partitions move
         meta = {"users": plan.users, "partitions": plan.partitions, "seed": args.seed,
                 "session_timeout_s": plan.session_timeout_s,
                 "smoke": args.smoke, "burst": plan.burst, "read_rate": args.read_rate,

@@ -198,6 +198,8 @@ class OwnedLoop(Rebalancing):
                 await asyncio.gather(self.task, return_exceptions=True)
         await self.stop_taking(STOP_WAIT_S)
         if self.consumer is not None:
+            if self.settings.leave_group_on_stop:
+                kafka.leave_on_stop(self.consumer)
             await self.consumer.stop()
         for producer in self.producers.values():
             await producer.stop()

@@ -6,9 +6,9 @@ queued. aiokafka sends no heartbeat while a callback runs, so a take that outlas
 session timeout (a shard restored from the change topic, a table restored from its
 changelog) would cost the worker its membership, and the next rebalance the same again.
 
-One task, the **taker**, takes the queued partitions one by one outside the callbacks
-(Kafka Streams' restoration does the same), the quickest first (a warm standby, then a
-checkpoint, then a full restore: the stage's ``take_order``): the producer first (its
+One task, the **taker**, takes the queued partitions outside the callbacks (Kafka
+Streams' restoration does the same), a few at a time, the quickest first (a warm standby,
+then a checkpoint, then a full restore: the stage's ``take_order``): the producer first (its
 ``init_transactions`` fences the previous owner and aborts its open transaction), the
 tables restored from their changelogs, the stage's ``prepare`` (the apply stage's shard),
 then, under the loop's lock, the committed offsets read (after the fence), the consumer
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from memstream.streams.stage import Stage
 
 log = logging.getLogger(__name__)
+TAKES_AT_ONCE = 3  # a take waits on the broker (a consumer, fetches) as much as it folds
 
 
 class Rebalancing:
@@ -137,13 +138,35 @@ class Rebalancing:
     # --- the taker -----------------------------------------------------------------------
 
     async def _take_all(self) -> None:
+        """Up to ``TAKES_AT_ONCE`` takes at a time, started quickest first (their waits on
+        the broker overlap); a partition queued meanwhile joins as one ends."""
+        slots = asyncio.Semaphore(TAKES_AT_ONCE)
+        inflight: dict[int, asyncio.Task[None]] = {}
+
+        async def take(n: int) -> None:
+            async with slots:
+                await self._take(n)
+
         try:
-            while self.taking and not self.stopping.is_set():
-                await self._take(self._order(self.taking)[0])
+            while not self.stopping.is_set():
+                for n in self._order(self.taking - set(inflight)):
+                    inflight[n] = asyncio.create_task(take(n), name=f"take-{n}")
+                if not inflight:
+                    return
+                await asyncio.wait(set(inflight.values()), return_when=asyncio.FIRST_COMPLETED)
+                for n, task in list(inflight.items()):
+                    if task.done():
+                        del inflight[n]
+                        task.result()  # a take that failed raises here
         except asyncio.CancelledError:
+            for task in inflight.values():
+                task.cancel()
+            await asyncio.gather(*inflight.values(), return_exceptions=True)
             raise
         except Exception as exc:
             log.exception("%s loop: taking a partition failed", self.stage.name)
+            for task in inflight.values():
+                task.cancel()
             self.on_fatal(f"partition not taken: {type(exc).__name__}: {exc}")
 
     def _order(self, partitions: set[int]) -> list[int]:

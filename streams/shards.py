@@ -284,10 +284,14 @@ class ShardKeeper:
             return {}
 
     async def close(self, ends: Callable[[int], Offsets] | None = None) -> None:
-        """Shutdown: every owned shard closed with a checkpoint (``ends(p)``: the topics'
-        offsets it holds), so a restart folds only the tail."""
+        """Shutdown: every owned shard closed with a checkpoint, so a restart folds only
+        the tail. The changes and results it holds are the restore's ends and its own
+        committed writes since (the topics' ends could already hold a new owner's records
+        if the stop outlasted the session); the hits are the access topic's ``ends(p)``."""
         for partition in sorted(self.store.owned):
             shard = self.store.owned.pop(partition)
+            held = self.held.pop(partition, None)
             await asyncio.to_thread(shard.close)
-            if ends is not None:
-                self.files.write_checkpoint(partition, ends(partition), self.clock())
+            if ends is not None and held is not None:
+                offsets = {**ends(partition), **{t: held[t] for t in self.topics[:2]}}
+                self.files.write_checkpoint(partition, offsets, self.clock())

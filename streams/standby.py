@@ -72,6 +72,7 @@ class Standbys:
         self.task: asyncio.Task[None] | None = None
         self.following: asyncio.Task[None] | None = None
         self.behind: dict[int, bool] = {}
+        self.opening: int | None = None  # the partition being restored, under ``lock``
 
     @property
     def wanted(self) -> set[int]:
@@ -96,7 +97,11 @@ class Standbys:
         """The warm shard of ``partition`` and the offsets it holds, no longer followed
         (None: none here; the caller, which marked the partition busy first, restores it).
         It stays requested: given up again (a rebalance during its take), it is followed
-        again as the map asks."""
+        again as the map asks. A partition with no copy here and none being restored is
+        answered at once, without waiting for another partition's restore: the caller
+        marked it busy, so it will not be opened."""
+        if partition not in self.store.standby and self.opening != partition:
+            return None
         async with self.lock:
             shard = self.store.standby.pop(partition, None)
             offsets = self.offsets.pop(partition, None)
@@ -176,6 +181,13 @@ class Standbys:
                 await self._restore(partition, opener)
 
     async def _restore(self, partition: int, opener: Any) -> None:
+        self.opening = partition  # before any await: hand_over waits for this one
+        try:
+            await self._restore_shard(partition, opener)
+        finally:
+            self.opening = None
+
+    async def _restore_shard(self, partition: int, opener: Any) -> None:
         start = self.files.checkpoint(partition, self.clock())
         if start is None:
             self.files.wipe(partition)

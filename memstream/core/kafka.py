@@ -93,6 +93,19 @@ async def stopped(client: AIOKafkaConsumer) -> None:
     await client.stop()
 
 
+def leave_on_stop(client: AIOKafkaConsumer) -> bool:
+    """Make a static member leave its group when ``client`` stops. aiokafka never sends a
+    static member's LeaveGroup (KIP-345: a restart keeps its partitions without a
+    rebalance), so a worker stopped for good held them until its session timed out. Its
+    own leave (by member id, after its heartbeat and coordination tasks stopped) is sent
+    once the instance id is no longer known to it. False when this client has no group."""
+    coordinator = getattr(client, "_coordinator", None)
+    if coordinator is None or not hasattr(coordinator, "_group_instance_id"):
+        return False
+    coordinator._group_instance_id = None
+    return True
+
+
 def admin(settings: Settings, **kwargs: Any) -> AIOKafkaAdminClient:
     """An admin client (not started) on the configured connection."""
     return AIOKafkaAdminClient(**connection(settings), **kwargs)

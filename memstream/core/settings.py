@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     group_instance_id: str | None = Field(
         None, description="Static group membership: a restarted worker takes its partitions "
         "back at once; None: '<host>-<hash of data_dir>', '': off (dynamic membership)")
+    leave_group_on_stop: bool = Field(
+        False, description="A stopped worker (SIGTERM) leaves its groups, so its partitions "
+        "move at once (scaling in); off: a static member keeps them through a restart and "
+        "they move only after the session timeout")
     log_throttle_s: float = Field(
         10.0, ge=0, description="Repeated Kafka client log lines: one per this many s (0: all)")
     data_dir: Path = Field(Path(".memstream"), description="Local state (tables, store)")

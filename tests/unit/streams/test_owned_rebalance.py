@@ -252,3 +252,16 @@ async def test_the_stage_learns_the_offsets_its_committed_transaction_wrote(tmp_
                                              key=b"k", value=b"v", timestamp=2)]})
     assert seen == [(0, {"changes": 2, "results": 1}), (0, {"changes": 4, "results": 2})]
     assert not fatal
+
+
+async def test_a_long_take_does_not_hold_back_the_others(tmp_path):
+    """Takes overlap (a few at a time): a partition restored in full does not keep a
+    quick one behind it waiting."""
+    stage = SlowStage(order=[0, 1])
+    loop, consumer, fatal, _ = make(tmp_path, stage)
+    await assign(loop, consumer, 0, 1)
+    stage.gate(1).set()  # 0, first in the order, still restoring
+    await until(lambda: loop.ready == {1})
+    assert loop.taking == {0} and not fatal
+    stage.gate(0).set()
+    await until(lambda: loop.ready == {0, 1})

@@ -478,3 +478,36 @@ async def test_a_shard_given_up_when_the_ends_cannot_be_read_is_wiped(tmp_path, 
     monkeypatch.setattr(shards_module, "end_offsets", away)
     await keeper.release({3})
     assert 3 not in store.standby and not keeper.files.path(3).exists()
+
+
+async def test_the_shutdown_checkpoint_names_what_the_shard_holds_not_the_topics_ends(
+        tmp_path):
+    """A stop that outlasted the session: a new owner may have written past what this
+    shard holds; the checkpoint must not claim its records (they would be skipped)."""
+    keeper, _, store = _keeper_with_standbys(tmp_path, set())
+    (tmp_path / "store").mkdir()
+    store.owned[3] = make_store("edge", keeper.files.path(3), DIM)
+    store.owned[5] = make_store("edge", keeper.files.path(5), DIM)
+    keeper.held[3] = {"changes": 40, "results": 7, "access": 2}
+    keeper.wrote(3, {"changes": 45})
+    await keeper.close(lambda n: {"changes": 90, "results": 80, "access": 70})
+    assert keeper.files.checkpoint(3, keeper.clock()) == {
+        "changes": 45, "results": 7, "access": 70}
+    assert keeper.files.checkpoint(5, keeper.clock()) is None  # what it holds is unknown
+    assert not store.owned
+
+
+async def test_a_hand_over_of_a_partition_without_a_copy_does_not_wait_for_others(tmp_path):
+    """The standbys' lock is held through a whole restore of another partition: a take
+    whose partition has no copy here goes on at once (it is marked busy: never opened)."""
+    import asyncio
+
+    keeper, standbys, _ = _keeper_with_standbys(tmp_path, {3, 4})
+    async with standbys.lock:  # partition 4's standby restore, say
+        standbys.opening = 4
+        assert await asyncio.wait_for(standbys.hand_over(3), 1.0) is None
+        waiting = asyncio.ensure_future(standbys.hand_over(4))  # the one being restored
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # waits for that restore to end
+        standbys.opening = None
+    assert await waiting is None
