@@ -118,26 +118,44 @@ class PartitionedStore:
                statuses: Sequence[str] = ("active",), *, types: Sequence[str] | None = None,
                exclude_slots: Sequence[str] = ()) -> list[tuple[Memory, float]]:
         own = Scope(scope.tenant_id, scope.user_id)
-        found = self._scoped(own).search(own, vector, k, statuses, types=types,
-                                          exclude_slots=exclude_slots)
-        shared = self._global(scope)
-        if shared is not None:
-            everyone = Scope(scope.tenant_id, GLOBAL_USER)
-            found += shared.search(everyone, vector, k, statuses, types=types,
-                                   exclude_slots=exclude_slots)
-            found = heapq.nlargest(k, found, key=lambda hit: hit[1])
+        shard, shared = self._scoped(own), self._global(scope)
+        with self._closing(own, shard, shared):
+            found = shard.search(own, vector, k, statuses, types=types,
+                                 exclude_slots=exclude_slots)
+            if shared is not None:
+                everyone = Scope(scope.tenant_id, GLOBAL_USER)
+                found += shared.search(everyone, vector, k, statuses, types=types,
+                                       exclude_slots=exclude_slots)
+                found = heapq.nlargest(k, found, key=lambda hit: hit[1])
         return found
 
     def list(self, scope: Scope, statuses: Sequence[str] | None = ("active",),
              limit: int = 10_000, *, types: Sequence[str] | None = None,
              slots: Sequence[str] | None = None) -> list[Memory]:
         own = Scope(scope.tenant_id, scope.user_id)
-        found = self._scoped(own).list(own, statuses, limit, types=types, slots=slots)
-        shared = self._global(scope)
-        if shared is not None and len(found) < limit:
-            found += shared.list(Scope(scope.tenant_id, GLOBAL_USER), statuses,
-                                 max(0, limit - len(found)), types=types, slots=slots)
+        shard, shared = self._scoped(own), self._global(scope)
+        with self._closing(own, shard, shared):
+            found = shard.list(own, statuses, limit, types=types, slots=slots)
+            if shared is not None and len(found) < limit:
+                found += shared.list(Scope(scope.tenant_id, GLOBAL_USER), statuses,
+                                     max(0, limit - len(found)), types=types, slots=slots)
         return found
+
+    @contextlib.contextmanager
+    def _closing(self, scope: Scope, *shards: MemoryStore | None) -> Iterator[None]:
+        """A read that fails because its shard was closed meanwhile (the partition moved
+        away, the worker is stopping) is ShardNotHere (the API answers 503: retry), not an
+        internal error."""
+        try:
+            yield
+        except ShardNotHere:
+            raise
+        except Exception as exc:
+            served = [*self.owned.values(), *self.standby.values(), self.global_shard]
+            if any(s is not None and all(s is not t for t in served) for s in shards):
+                p = self.partition_of(scope.tenant_id, scope.user_id)
+                raise ShardNotHere(p, "closed while it was read") from exc
+            raise
 
     def op_applied(self, scope: Scope, op_id: str) -> bool:
         return self._scoped(scope).op_applied(scope, op_id)

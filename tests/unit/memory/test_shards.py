@@ -244,3 +244,29 @@ def test_the_global_user_reads_its_own_shard_not_the_global_copy_twice(tmp_path)
 def test_close_closes_and_forgets_every_shard(shards):
     shards.close()
     assert shards.owned == {} and shards.standby == {} and shards.global_shard is None
+
+
+class ClosedMidRead:
+    """A shard that fails a read as a closed Qdrant Edge shard does; ``leave`` is what
+    the keeper did meanwhile (popped it from the served shards, or not)."""
+
+    def __init__(self, leave) -> None:
+        self.leave = leave
+
+    def search(self, *args, **kwargs):
+        self.leave()
+        raise RuntimeError("shard is closed")
+
+    list = search
+
+
+@pytest.mark.parametrize("read", ["search", "list"])
+def test_a_read_whose_shard_closed_meanwhile_is_shard_not_here_not_an_error(read):
+    store = PartitionedStore(lambda tenant, user: 2)
+    store.owned[2] = ClosedMidRead(lambda: store.owned.pop(2))  # type: ignore[assignment]
+    args = (vec(1.0, 0.0, 0.0), 3) if read == "search" else ()
+    with pytest.raises(ShardNotHere, match="closed while it was read"):
+        getattr(store, read)(Scope("acme", "u1"), *args)
+    store.owned[2] = ClosedMidRead(lambda: None)  # type: ignore[assignment]  # still served
+    with pytest.raises(RuntimeError, match="shard is closed"):  # a real failure stays one
+        getattr(store, read)(Scope("acme", "u1"), *args)

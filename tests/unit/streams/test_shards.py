@@ -502,7 +502,7 @@ async def test_a_hand_over_of_a_partition_without_a_copy_does_not_wait_for_other
     whose partition has no copy here goes on at once (it is marked busy: never opened)."""
     import asyncio
 
-    keeper, standbys, _ = _keeper_with_standbys(tmp_path, {3, 4})
+    _, standbys, _ = _keeper_with_standbys(tmp_path, {3, 4})
     async with standbys.lock:  # partition 4's standby restore, say
         standbys.opening = 4
         assert await asyncio.wait_for(standbys.hand_over(3), 1.0) is None
