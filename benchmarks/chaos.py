@@ -6,6 +6,8 @@
         [--job-timeout 60] [--settle-timeout 900] [--keep-broker] [--reuse-broker]
         [--seeds 1-10]   # one run per seed, a table of the runs and one JSON line
         [--shuffle-producers]   # each user's messages delivered out of event-time order
+        [--bootstrap HOST:PORT]   # a running broker instead of its own (never restarted)
+    .venv/bin/python benchmarks/chaos.py --smoke [--bootstrap HOST:PORT]   # 4 users, 1 kill
 
 ``scenario`` writes conversations for N users (English and Chinese) whose live memories
 under the offline rules extractor are known exactly: several moves (the last city is
@@ -1016,11 +1018,15 @@ def seeds_of(text: str) -> list[int]:
     return out
 
 
+SMOKE = {"users": 4, "kills": 1, "rate": 50.0, "job_timeout": 15.0, "settle_timeout": 120.0}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--users", type=int, default=40)
-    ap.add_argument("--kills", type=int, default=6)
-    ap.add_argument("--rate", type=float, default=100.0, help="messages per second")
+    ap.add_argument("--users", type=int, default=None, help="default 40 (smoke 4)")
+    ap.add_argument("--kills", type=int, default=None, help="default 6 (smoke 1)")
+    ap.add_argument("--rate", type=float, default=None,
+                    help="messages per second (default 100; smoke 50)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--workers", type=int, default=1,
                     help="workers on the partitioned store; kills hit one at random")
@@ -1031,41 +1037,60 @@ def main() -> None:
                     help="one run per seed (e.g. 1-10): a table of the runs, one JSON line")
     ap.add_argument("--no-broker-restart", action="store_true")
     ap.add_argument("--port", type=int, default=29092, help="the benchmark's own broker")
-    ap.add_argument("--job-timeout", type=float, default=60.0, help="re-send a job after (s)")
-    ap.add_argument("--settle-timeout", type=float, default=900.0)
+    ap.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
+                    help="use this running broker: never started, stopped or restarted "
+                         "(implies --no-broker-restart; --port is ignored)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny, to check it runs: 4 users, 1 kill, 50 msg/s, job timeout "
+                         "15 s (explicit sizes win)")
+    ap.add_argument("--job-timeout", type=float, default=None,
+                    help="re-send a job after (s; default 60, smoke 15)")
+    ap.add_argument("--settle-timeout", type=float, default=None,
+                    help="default 900 (smoke 120)")
     ap.add_argument("--keep-broker", action="store_true", help="leave the broker running")
     ap.add_argument("--reuse-broker", action="store_true",
                     help="use (and restart) a broker already running on --port")
     args = ap.parse_args()
+    sizes = {"users": 40, "kills": 6, "rate": 100.0, "job_timeout": 60.0,
+             "settle_timeout": 900.0, **(SMOKE if args.smoke else {})}
+    for name, value in sizes.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     # The broker is taken away on purpose: its clients' reconnect errors are expected.
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    if args.port in (9092, 19092):
-        raise SystemExit("use a port of its own: the benchmark stops and starts its broker")
-    broker = Settings(kafka_port=args.port, kafka_controller_port=args.port + 1)
-    started = local_broker.read_pid(local_broker.paths_for(broker)) is None
-    if not started and not args.reuse_broker:
-        raise SystemExit(f"a broker already runs on {args.port}: it may be someone else's "
-                         "(this run stops it); pass --reuse-broker if it is yours")
-    local_broker.start(broker, 180.0)
+    broker: Settings | None = None
+    started = False
+    if args.bootstrap is None:
+        if args.port in (9092, 19092):
+            raise SystemExit("use a port of its own: the benchmark stops and starts its broker")
+        broker = Settings(kafka_port=args.port, kafka_controller_port=args.port + 1)
+        started = local_broker.read_pid(local_broker.paths_for(broker)) is None
+        if not started and not args.reuse_broker:
+            raise SystemExit(f"a broker already runs on {args.port}: it may be someone else's "
+                             "(this run stops it); pass --reuse-broker if it is yours")
+        local_broker.start(broker, 180.0)
+    bootstrap = args.bootstrap or f"127.0.0.1:{args.port}"
+    restart_broker = broker is not None and not args.no_broker_restart
     rows = []
     try:
         for seed in seeds_of(args.seeds) if args.seeds else [args.seed]:
             work = Path(tempfile.mkdtemp(prefix=f"memstream-chaos-{seed}-"))
             events, truth = scenario(args.users, seed)
-            settings = bench_settings(f"127.0.0.1:{args.port}", work,
+            settings = bench_settings(bootstrap, work,
                                       job_timeout_s=args.job_timeout,
                                       partitions=args.partitions)
             meta = {"users": args.users,
                     "messages": sum(isinstance(e, ChatMessage) for e in events),
                     "kills": args.kills, "rate": args.rate, "workers": args.workers,
                     "partitions": args.partitions,
-                    "seed": seed, "broker_restart": not args.no_broker_restart,
+                    "seed": seed, "broker_restart": restart_broker,
                     "shuffle_producers": args.shuffle_producers,
-                    "job_timeout_s": args.job_timeout, "work": str(work)}
+                    "job_timeout_s": args.job_timeout, "work": str(work),
+                    "smoke": args.smoke}
             outcome = asyncio.run(run_chaos(
                 settings, events, truth, kills=args.kills, work=work, rate=args.rate,
-                seed=seed, broker=None if args.no_broker_restart else broker,
+                seed=seed, broker=broker if restart_broker else None,
                 settle_timeout=args.settle_timeout, shuffle=args.shuffle_producers,
                 workers=args.workers))
             print_report(outcome, meta)
@@ -1073,7 +1098,7 @@ def main() -> None:
             if args.seeds:
                 print_runs(rows)  # so far: a long loop can be read while it runs
     finally:
-        if started and not args.keep_broker:
+        if broker is not None and started and not args.keep_broker:
             local_broker.stop(broker)
 
 

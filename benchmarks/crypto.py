@@ -1,13 +1,13 @@
 """The cost of sealing change events (forget-me crypto-shredding), side by side (not a test).
 
-    .venv/bin/python benchmarks/crypto.py [--changes 5000] [--repeats 5]
+    .venv/bin/python benchmarks/crypto.py [--changes 5000] [--repeats 5] [--smoke]
 
 Builds ``--changes`` realistic change events (a 512-dim embedding, before/after/records,
 a reason) and times, in one run, what the apply stage does per published change with
 sealing off and on (serialise; or seal with the user's data key and serialise), what a
 reader does (parse; or parse and open), and one change applied to an embedded Qdrant Edge
 store for scale (the work a published change rides on). Prints a table of medians per
-change and one JSON line.
+change and one JSON line. ``--smoke``: tiny sizes (seconds), to check it still runs.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from memstream.memory.store_edge import EdgeStore
 from memstream.topics.schemas import Lineage, MemoryChange
 
 DIM = 512
+SMOKE = {"changes": 100, "repeats": 1}  # --smoke: defaults for a run of seconds
 
 
 def changes(n: int, rng: random.Random) -> list[MemoryChange]:
@@ -59,10 +60,15 @@ def per_item_us(fn: Callable[[], object], n: int, repeats: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--changes", type=int, default=5000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"tiny sizes, to check it runs: {SMOKE} (explicit options win)")
     args = ap.parse_args()
+    if args.smoke:
+        ap.set_defaults(**SMOKE)
+        args = ap.parse_args()
     n, r = args.changes, args.repeats
     items = changes(n, random.Random(7))
     key = crypto.new_data_key()
@@ -106,7 +112,7 @@ def main() -> None:
     print(f"{n} changes, {r} repeats, medians per change")
     for a, b in rows:
         print(f"{a:<{width}}  {b}")
-    print(json.dumps({"changes": n, "repeats": r, **f}))
+    print(json.dumps({"changes": n, "repeats": r, "smoke": args.smoke, **f}))
 
 
 if __name__ == "__main__":

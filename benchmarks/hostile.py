@@ -1,6 +1,7 @@
 """Hostile-input benchmark on the real broker with one worker (not a test).
 
     .venv/bin/python benchmarks/hostile.py [--records 1000] [--bootstrap 127.0.0.1:19092]
+    .venv/bin/python benchmarks/hostile.py --smoke --bootstrap HOST:PORT   # 50 records, 3 users
 
 Produces ``--records`` hostile records of every poison class (randomly mixed, on every topic
 the worker reads: messages, session events, job results, ticks, extraction jobs, decisions;
@@ -264,12 +265,20 @@ async def run(base: Settings, args: argparse.Namespace, work: Path) -> dict[str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=1000, help="hostile records")
-    ap.add_argument("--users", type=int, default=10)
+    ap.add_argument("--records", type=int, default=None,
+                    help="hostile records (default 1000; smoke 50: every class)")
+    ap.add_argument("--users", type=int, default=None, help="default 10 (smoke 3)")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--timeout", type=float, default=None, help="s (default 300; smoke 60)")
     ap.add_argument("--bootstrap", default="127.0.0.1:19092")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny, to check it runs: 50 records of 3 users, 60 s timeouts")
     args = ap.parse_args()
+    smoke = {"records": 50, "users": 3, "timeout": 60.0}
+    full = {"records": 1000, "users": 10, "timeout": 300.0}
+    for name, value in (smoke if args.smoke else full).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     base = Settings(bootstrap_servers=args.bootstrap, partitions=4, extract_enabled=True,
                     embedder="hashing", llm="rules", idle_timeout_s=5.0, tick_interval_s=1.0)
     work = Path(tempfile.mkdtemp(prefix="memstream-hostile-"))
@@ -286,7 +295,7 @@ def main() -> None:
     print(f"{'metric':44} value")
     for label, value in rows:
         print(f"{label:44} {value}")
-    print(json.dumps(result))
+    print(json.dumps({"benchmark": "hostile", "smoke": args.smoke, **result}))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Ingest-stage benchmark on the real broker with one worker (not a test).
 
     .venv/bin/python benchmarks/ingest.py [--messages 100000] [--users 1000] [--runs 3]
-        [--compare before=/path/to/an/older/checkout]
+        [--compare before=/path/to/an/older/checkout] [--bootstrap HOST:PORT] [--smoke]
 
 ``--compare LABEL=DIR`` runs the same phases with the worker's code taken from DIR (for
 example ``git worktree add /tmp/before HEAD~3``), alternating with this checkout's run
@@ -16,6 +16,10 @@ Phase 2 (latency): a fresh run produced at a steady ``--rate``; the delay of eac
 its broker timestamp minus the produce time of the newest message it covers (for
 session-end jobs: of the end event). Idle flushes are excluded (delayed by design).
 Prints a table and, last, one JSON line.
+
+The broker is ``--bootstrap`` (a running one, used as it is), else the local one of
+``memstream.dev.broker`` (started if it is not running). ``--smoke``: tiny sizes, to check
+it still runs (seconds plus two worker start-ups).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import tempfile
 import time
 import uuid
@@ -52,6 +57,7 @@ FACTS = ["I moved to {c} last month", "We have {n} kids", "I work at {c} Labs",
 TRIVIAL = ["ok", "thanks", "continue", "好的", "明白了", "继续", "你好"]
 EXPLICIT = ["Remember this: my son is called {c}", "记住：我不吃{c}", "From now on always use {c}"]
 CITIES = ["Berlin", "Munich", "Lisbon", "Shanghai", "Shenzhen", "Oslo", "Rome"]
+SMOKE = {"messages": 200, "users": 10, "latency_messages": 100, "rate": 200.0}  # --smoke
 
 
 def conversations(messages: int, users: int, seed: int = 7) -> list[Event]:
@@ -242,9 +248,20 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1, help="runs per code (median reported)")
     ap.add_argument("--compare", action="append", default=[], metavar="LABEL=DIR",
                     help="also run the worker from another checkout, side by side")
+    ap.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
+                    help="a running broker (else the local one, started if need be)")
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"tiny sizes, to check it runs: {SMOKE} (explicit options win)")
     args = ap.parse_args()
+    if args.smoke:
+        ap.set_defaults(**SMOKE)
+        args = ap.parse_args()
     base = Settings(idle_timeout_s=5.0, tick_interval_s=1.0, partitions=4, extract_enabled=False)
-    if local_broker.read_pid(local_broker.paths_for(base)) is None:
+    if args.smoke:  # unended sessions flushed sooner: the run waits for them
+        base = base.model_copy(update={"idle_timeout_s": 1.0, "tick_interval_s": 0.5})
+    if args.bootstrap:
+        base = base.model_copy(update={"bootstrap_servers": args.bootstrap})
+    elif local_broker.read_pid(local_broker.paths_for(base)) is None:
         local_broker.start(base)
     work = Path(tempfile.mkdtemp(prefix="memstream-bench-"))
     events = conversations(args.messages, args.users)
@@ -272,8 +289,10 @@ def main() -> None:
         for label, _ in codes[1:]:
             other = summary[label]["throughput_msg_per_s_median"]
             print(f"throughput this / {label}: {this / other:.2f}x")
+    if args.smoke:  # a check, nothing to look into afterwards: its worker logs and data go
+        shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"messages": args.messages, "users": args.users, "rate": args.rate,
-                      "codes": summary}))
+                      "smoke": args.smoke, "codes": summary}))
 
 
 if __name__ == "__main__":

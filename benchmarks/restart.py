@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/restart.py [--kills 5] [--rate 20] [--configs before,after]
         [--bootstrap 127.0.0.1:19092] [--extract] [--workdir DIR]
+    .venv/bin/python benchmarks/restart.py --smoke --bootstrap HOST:PORT   # "after", 1 kill
 
 For each configuration a fresh app (own topics, groups and data dir) runs one worker with the
 default settings (session timeout 30 s, heartbeat 3 s, each stage's batches committed in
@@ -18,6 +19,7 @@ minus the moment it was started; restart-to-ready = its "Worker: Ready" log line
 
 Ingest stage only unless ``--extract`` (the extract/apply stages add CPU load per job, not
 restart work). Prints a table and, last, one JSON line with p50/max per configuration.
+``--smoke`` (to check it runs): the ``after`` configuration only, one kill, 1 s of uptime.
 """
 
 from __future__ import annotations
@@ -197,14 +199,22 @@ def summary(run: Run) -> dict[str, object]:
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kills", type=int, default=5)
+    ap.add_argument("--kills", type=int, default=None, help="default 5 (smoke 1)")
     ap.add_argument("--rate", type=float, default=20.0, help="messages per second")
-    ap.add_argument("--uptime", type=float, default=3.0, help="s of processing between kills")
-    ap.add_argument("--configs", default="before,after")
+    ap.add_argument("--uptime", type=float, default=None,
+                    help="s of processing between kills (default 3; smoke 1)")
+    ap.add_argument("--configs", default=None, help="default before,after (smoke after)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny, to check it runs: after only, 1 kill, 1 s uptime")
     ap.add_argument("--bootstrap", default="127.0.0.1:19092")
     ap.add_argument("--extract", action="store_true", help="run the extract/apply stages too")
     ap.add_argument("--workdir", type=Path, default=None, help="keep data and logs here")
     args = ap.parse_args()
+    smoke = {"kills": 1, "uptime": 1.0, "configs": "after"}
+    full = {"kills": 5, "uptime": 3.0, "configs": "before,after"}
+    for name, value in (smoke if args.smoke else full).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     results: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory(prefix="memstream-restart-") as tmp:
         for name in args.configs.split(","):
@@ -215,7 +225,7 @@ async def main() -> None:
         print(f"{name:8} {r['kills']:>5} {r['crashed']:>7} {fmt(r['p50_s']):>7} "  # type: ignore[arg-type]
               f"{fmt(r['max_s']):>7} {fmt(r['ready_p50_s']):>9}")  # type: ignore[arg-type]
     print(json.dumps({"benchmark": "restart", "rate": args.rate, "kills": args.kills,
-                      "restart_to_processing": results}))
+                      "smoke": args.smoke, "restart_to_processing": results}))
 
 
 if __name__ == "__main__":

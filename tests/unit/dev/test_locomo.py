@@ -14,8 +14,8 @@ from memstream.dev import locomo
 from memstream.dev.locomo import Retrieved, Tally, bleu1, evidence_hit, f1, merge
 from memstream.dev.locomo_judge import Calls, Judge, RecordingMiss, label
 from memstream.dev.locomo_run import lineages
+from memstream.dev.openai_stub import OpenAITestServer, chat
 from memstream.topics.schemas import ChatMessage, Role, SessionEvent
-from tests.fakes.openai_server import OpenAITestServer, chat
 
 pytestmark = pytest.mark.unit
 MINI = Path(__file__).resolve().parents[2] / "data" / "locomo_mini.json"

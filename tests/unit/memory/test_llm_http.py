@@ -10,6 +10,7 @@ from openai import OpenAI
 
 from memstream.core.retry import RetriesExhausted, deadline_scope
 from memstream.core.settings import Settings
+from memstream.dev.openai_stub import OpenAITestServer, Reply, chat, chat_json, error
 from memstream.memory.decisions import Candidate
 from memstream.memory.embedding import EmbeddingError, HashingEmbedder, OpenAIEmbedder
 from memstream.memory.extraction import Extractor
@@ -18,7 +19,6 @@ from memstream.memory.model import Memory, OpKind, Source
 from memstream.memory.store import Scope
 from memstream.memory.store_edge import EdgeStore
 from memstream.topics.schemas import ExtractionJob, JobMessage, TriggerReason
-from tests.fakes.openai_server import OpenAITestServer, Reply, chat, chat_json, error
 
 pytestmark = pytest.mark.unit
 

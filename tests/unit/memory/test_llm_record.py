@@ -9,6 +9,7 @@ import pytest
 from openai import OpenAI
 
 from memstream.core.settings import Settings
+from memstream.dev.openai_stub import OpenAITestServer, chat_json
 from memstream.memory.extraction import Usage
 from memstream.memory.llm import EXTRACT_PROMPT, OpenAIModel
 from memstream.memory.llm_record import (
@@ -20,7 +21,6 @@ from memstream.memory.llm_record import (
     record_key,
 )
 from memstream.topics.schemas import JobMessage
-from tests.fakes.openai_server import OpenAITestServer, chat_json
 
 pytestmark = pytest.mark.unit
 

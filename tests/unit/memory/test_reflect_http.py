@@ -11,11 +11,11 @@ import pytest
 from openai import OpenAI
 
 from memstream.core.settings import Settings
+from memstream.dev.openai_stub import OpenAITestServer, chat, chat_json, error
 from memstream.memory import llm_reflect
 from memstream.memory.extraction import Insight, RulesModel, Usage
 from memstream.memory.llm import LLMError, OpenAIModel, prompt
 from memstream.memory.model import Memory, Source
-from tests.fakes.openai_server import OpenAITestServer, chat, chat_json, error
 
 pytestmark = pytest.mark.unit
 

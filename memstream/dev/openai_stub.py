@@ -1,4 +1,4 @@
-"""A local OpenAI-compatible HTTP server with scripted replies (for tests of the HTTP path).
+"""A local OpenAI-compatible HTTP server with scripted replies (HTTP-path tests, benchmarks).
 
 Each request to /v1/chat/completions or /v1/embeddings takes the next scripted reply:
 ``Reply(status, body)`` or ``Reply(delay=...)`` to answer too late. Requests are recorded.
