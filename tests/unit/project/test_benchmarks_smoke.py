@@ -5,13 +5,24 @@ tests/integration/test_benchmarks_smoke.py. Benchmarks import nothing from tests
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks.run_all import BENCHMARKS, ROOT, Bench, by_name, dig, last_json, run_one
+from benchmarks.run_all import (
+    BENCHMARKS,
+    ROOT,
+    Bench,
+    by_name,
+    dig,
+    last_json,
+    markdown,
+    merged,
+    run_one,
+)
 
 pytestmark = pytest.mark.unit
 LOCAL = [b for b in BENCHMARKS if not b.broker]
@@ -73,3 +84,21 @@ def test_a_benchmark_that_fails_is_reported_with_its_exit_and_stderr(tmp_path: P
     result = run_one(Bench("broken"), [sys.executable, str(script)], 30.0)
     assert result["exit"] == 1 and result["json"] is None
     assert "AttributeError" in result["stderr_tail"]
+
+
+def test_a_second_run_of_the_day_adds_to_its_file(tmp_path: Path):
+    path = tmp_path / "2026-12-02.json"
+    first = {"date": "2026-12-02", "smoke": False, "runs": [
+        {"name": "ingest", "exit": 0}, {"name": "retrieval", "exit": 1}],
+        "machine": {"cpus": 2, "python": "3.11", "commit": "a", "load_start": 1.0,
+                    "load_end": 2.0}}
+    path.write_text(json.dumps(first))
+    second = {**first, "runs": [{"name": "retrieval", "exit": 0, "command": "r",
+                                 "seconds": 1.0, "load_before": 1.0, "load_after": 1.0,
+                                 "headline": {"target.p99_ms": 9.5}}]}
+    both = merged(path, second)
+    assert [(r["name"], r["exit"]) for r in both["runs"]] == [("ingest", 0), ("retrieval", 0)]
+    assert merged(tmp_path / "none.json", second) == second
+    table = markdown(second)
+    assert "| retrieval | `r` | 1.0 | 1.0 / 1.0 | target.p99_ms: 9.5 |" in table
+    assert "2 cores" in table
