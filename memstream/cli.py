@@ -248,10 +248,10 @@ def _run_worker(settings: Settings, loglevel: str) -> None:
     from memstream.worker import build_worker
 
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
-    # A broker that is restarting is waited for (a minute), not a reason to exit at once.
+    # A broker that is restarting is waited for (broker_wait_s), not a reason to exit at once.
     asyncio.run(retry_async(lambda: create_topics(settings),
                             policy=RetryPolicy(first_delay_s=1.0, max_delay_s=10.0),
-                            deadline=time.time() + 60.0, clock=time.time))
+                            deadline=time.time() + settings.broker_wait_s, clock=time.time))
     pipeline = build_worker(settings)
     if settings.extract_enabled:
         # Load the embedder model now, not on the first job: it takes seconds, which the

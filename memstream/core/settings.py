@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     group_instance_id: str | None = Field(
         None, description="Static group membership: a restarted worker takes its partitions "
         "back at once; None: '<host>-<hash of data_dir>', '': off (dynamic membership)")
+    broker_wait_s: float = Field(
+        60.0, gt=0, description="A worker started while the broker is away (or refuses it) "
+        "waits this long for it, then exits")
     leave_group_on_stop: bool = Field(
         False, description="A stopped worker (SIGTERM) leaves its groups, so its partitions "
         "move at once (scaling in); off: a static member keeps them through a restart and "

@@ -5,8 +5,8 @@ credentials and once without them.
 With them: the worker (its stages' loops, Faust, the audit log and the keys follower),
 ``MemoryClient.add``, ``memstream keys``, ``rebuild``, ``replay`` and ``forget verify`` all
 work. Without them each one is refused: the commands exit 1 with one clear line, the
-client raises, and a worker gives up after the minute it waits for a broker that is away
-(it runs meanwhile, in the background). The module starts its own broker on
+client raises, and a worker gives up after the time it waits for a broker that is away
+(``broker_wait_s``; it runs meanwhile, in the background). The module starts its own broker on
 ``MEMSTREAM_TEST_SASL_PORT`` (19292) and stops it at the end.
 """
 
@@ -57,10 +57,10 @@ def sasl_bootstrap() -> object:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def world(sasl_bootstrap, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sasl")
-    # The worker without credentials starts first and runs in the background: it waits a
-    # minute for the broker, as for one that is away, then exits (checked at the end).
+    # The worker without credentials starts first and runs in the background: it waits
+    # broker_wait_s for the broker, as for one that is away, then exits (checked at the end).
     bad = Settings(bootstrap_servers=sasl_bootstrap, topic_prefix=f"bad-{uuid.uuid4().hex[:8]}",
-                   app_id="bad", data_dir=tmp / "bad", web_enabled=False)
+                   app_id="bad", data_dir=tmp / "bad", web_enabled=False, broker_wait_s=10.0)
     refused = WorkerProcess(bad, tmp / "refused-worker.log").spawn()
     async with running(sasl_bootstrap, tmp, extract_enabled=True, web_enabled=True,
                        web_port=WEB, admin_key=ADMIN, **LOGIN) as h:
@@ -158,7 +158,7 @@ async def test_the_commands_work_with_a_login_and_are_refused_without(world, tmp
 async def test_a_worker_without_a_login_gives_up(world):
     _, refused = world
     assert refused.proc is not None
-    try:  # a barrier on its exit: it waits a minute for the broker, then gives up
+    try:  # a barrier on its exit: it waits broker_wait_s for the broker, then gives up
         code = await asyncio.to_thread(refused.proc.wait, 150)
     except subprocess.TimeoutExpired:
         refused.kill()
