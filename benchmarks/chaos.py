@@ -56,6 +56,7 @@ from memstream.core.kafka_io import start_producer
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
+from memstream.ops.status import serves_what_it_owns
 from memstream.topics.registry import (
     Topics,
     all_topic_names,
@@ -509,9 +510,7 @@ async def cluster_serving(nodes: Sequence[Settings], timeout: float = 300.0) -> 
                 status = json.loads(resp.read())
         except OSError:
             return False
-        mine = {p for p, v in status["partitions"].items() if v["owner"] == status["worker"]}
-        served = {p for p, state in status["shards"].items() if state == "serving"}
-        return len(status["workers"]) == len(nodes) and mine == served
+        return len(status["workers"]) == len(nodes) and serves_what_it_owns(status)
 
     while time.monotonic() - t0 < timeout:
         if all([await asyncio.to_thread(serving, n) for n in nodes]):

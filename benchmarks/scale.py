@@ -106,6 +106,7 @@ from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
 from memstream.memory.shards import partition_of
+from memstream.ops.status import serves_what_it_owns
 from memstream.topics.registry import all_topic_names, create_topics, delete_topics, registry
 from memstream.topics.schemas import ChatMessage, Event, MemoryChange, SessionEvent
 
@@ -375,12 +376,10 @@ class Run:
                 owners = {int(p): v["owner"] for p, v in s["partitions"].items()}
                 maps.append(owners)
                 seen_map = owners
-                mine = {p for p, v in s["partitions"].items() if v["owner"] == s["worker"]}
-                serving = {p for p, st in s["shards"].items() if st == "serving"}
                 standby = {p for p, v in s["partitions"].items() if s["worker"] in v["standbys"]}
                 warm = warm and all(s["shards"].get(p) == "standby" for p in standby)
                 ok = ok and (set(s["workers"]) == set(self.live) and s["groups_aligned"] is True
-                             and mine == serving and len(owners) == self.plan.partitions)
+                             and serves_what_it_owns(s) and len(owners) == self.plan.partitions)
             ok = ok and all(m == maps[0] for m in maps)
             now = time.time()
             if ok:

@@ -72,6 +72,9 @@ class Rebalancing:
     async def _drop(self, gone: set[int]) -> None:
         raise NotImplementedError
 
+    def _seek(self, partition: int) -> None:
+        raise NotImplementedError
+
     @property
     def taking(self) -> set[int]:
         """Owned partitions still being taken (paused until they are)."""
@@ -105,12 +108,8 @@ class Rebalancing:
         await self._give_up(gone)
         self.owned = parts
         for n in sorted(parts & self.taken):
-            mine = [tp for tp in assigned if tp.partition == n]
-            if all(tp in self.next for tp in mine):
-                held = self.consumer.assignment()  # (a take-back runs outside a callback)
-                for tp in mine:
-                    if tp in held:
-                        self.consumer.seek(tp, self.next[tp])
+            if all(tp in self.next for tp in assigned if tp.partition == n):
+                self._seek(n)  # (only what is held: a take-back runs outside a callback)
             else:  # taken during the rebalance: not positioned yet
                 await self._position(n)
         held = self.consumer.assignment()
@@ -201,8 +200,7 @@ class Rebalancing:
 
     async def _undo(self, n: int) -> None:
         """What a take left of a partition no longer ours (tables, the stage's state)."""
-        for table in self.tables:
-            table.drop({n})
+        await self._drop({n})
         await self._prepare(set(), {n})
 
     async def _position(self, n: int) -> None:
@@ -217,10 +215,8 @@ class Rebalancing:
             self.next[tp] = committed
         # a rebalance that began meanwhile took the assignment away: its callback seeks
         # to these offsets (the partition is still ours) or drops them
+        self._seek(n)
         held = self.consumer.assignment()
-        for tp in sorted(mine):
-            if tp in held:
-                self.consumer.seek(tp, self.next[tp])
         self.consumer.resume(*(tp for tp in mine if tp in held))
 
     async def _prepare(self, new: set[int], gone: set[int]) -> None:

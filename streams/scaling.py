@@ -5,12 +5,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 from typing import Any
 
-from memstream.core.topic_reader import end_offsets
 from memstream.memory.shards import PartitionedStore
 from memstream.memory.store import MemoryStore
 from memstream.streams import faust_setup
@@ -64,19 +62,10 @@ def register(p: Pipeline) -> None:
 
     @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def close_shards(app: Any, **_: Any) -> None:
-        """After the loops stopped: owned shards closed with a checkpoint (the topics' ends
-        now: nothing of theirs is open), the standbys with theirs."""
+        """After the loops stopped: owned shards closed with a checkpoint (what each
+        holds: nothing of theirs is open), the standbys with theirs."""
         for loop in p.loops:  # their batches done (each stops once; again is a no-op)
             await loop.stop()
         await standbys.stop()
         await shared.stop()
-        owned = sorted(store.owned)
-        if not owned:
-            return
-        try:
-            ends = await asyncio.wait_for(end_offsets(s, topics), 10.0)
-        except Exception as exc:  # the broker is away: the next start restores in full
-            log.warning("shard checkpoints not written (%s)", type(exc).__name__)
-            await keeper.close(None)
-            return
-        await keeper.close(lambda n: {t: ends[t].get(n, 0) for t in topics})
+        await keeper.close()

@@ -44,6 +44,7 @@ from memstream.topics.schemas import AccessEvent, JobResult, JobStatus, MemoryCh
 
 log = logging.getLogger(__name__)
 ENDS_S = 5.0  # reading the access topic's ends as a shard becomes a standby
+CLOSE_ENDS_S = 10.0  # ... at shutdown, for the checkpoints
 OpenShard = Callable[[Path], MemoryStore]
 Offsets = dict[str, int]  # topic -> the next offset to fold, of one partition
 
@@ -264,7 +265,7 @@ class ShardKeeper:
             if (held is not None and self.standbys is not None
                     and partition in self.standbys.requested):
                 if ends is None:
-                    ends = await self._access_ends()
+                    ends = await self._access_ends(ENDS_S)
                 if ends:
                     held[self.topics[2]] = ends[self.topics[2]].get(partition, 0)
                     await self.standbys.adopt(partition, shard, held)
@@ -275,23 +276,28 @@ class ShardKeeper:
         if self.standbys is not None:
             self.standbys.refresh()  # a partition it stands by for now
 
-    async def _access_ends(self) -> dict[str, dict[int, int]]:
+    async def _access_ends(self, timeout_s: float) -> dict[str, dict[int, int]]:
+        """The memory-access topic's ends now ({}: the broker is away)."""
         try:
             return await asyncio.wait_for(end_offsets(self.settings, self.topics[2:]),
-                                          ENDS_S)
+                                          timeout_s)
         except Exception as exc:  # the broker is away: the shard is restored anew
-            log.info("access ends not read (%s)", type(exc).__name__)
+            log.warning("access ends not read (%s): no standby kept, no checkpoint written",
+                        type(exc).__name__)
             return {}
 
-    async def close(self, ends: Callable[[int], Offsets] | None = None) -> None:
+    async def close(self) -> None:
         """Shutdown: every owned shard closed with a checkpoint, so a restart folds only
         the tail. The changes and results it holds are the restore's ends and its own
         committed writes since (the topics' ends could already hold a new owner's records
-        if the stop outlasted the session); the hits are the access topic's ``ends(p)``."""
+        if the stop outlasted the session); the hits are the access topic's ends now. With
+        the broker away, no checkpoint: the next start restores in full."""
+        ends = await self._access_ends(CLOSE_ENDS_S) if self.store.owned else {}
         for partition in sorted(self.store.owned):
             shard = self.store.owned.pop(partition)
             held = self.held.pop(partition, None)
             await asyncio.to_thread(shard.close)
-            if ends is not None and held is not None:
-                offsets = {**ends(partition), **{t: held[t] for t in self.topics[:2]}}
+            if ends and held is not None:
+                offsets = {**{t: held[t] for t in self.topics[:2]},
+                           self.topics[2]: ends[self.topics[2]].get(partition, 0)}
                 self.files.write_checkpoint(partition, offsets, self.clock())

@@ -103,11 +103,7 @@ class Standbys:
         if partition not in self.store.standby and self.opening != partition:
             return None
         async with self.lock:
-            shard = self.store.standby.pop(partition, None)
-            offsets = self.offsets.pop(partition, None)
-            cursors = self.cursors.pop(partition, {})
-            self.durable.pop(partition, None)
-            self.behind.pop(partition, None)
+            shard, offsets, cursors = self._forget(partition)
         self.refresh()
         if shard is None or offsets is None:
             return None
@@ -118,12 +114,27 @@ class Standbys:
         to ``offsets`` and its cursors folded (it was served), and is followed from
         there."""
         async with self.lock:
-            self.store.standby[partition] = shard
-            self.offsets[partition] = dict(offsets)
-            self.cursors[partition] = {}
-            self.durable[partition] = offsets.get(self.topics[1], 0)
-            self.behind[partition] = False
+            self._keep(partition, shard, offsets, {}, offsets.get(self.topics[1], 0))
         self.refresh()
+
+    def _keep(self, partition: int, shard: MemoryStore, offsets: Offsets,
+              cursors: dict[UserKey, Cursor], durable: int) -> None:
+        """A standby shard, followed from ``offsets`` (under ``lock``)."""
+        self.store.standby[partition] = shard
+        self.offsets[partition] = dict(offsets)
+        self.cursors[partition] = cursors
+        self.durable[partition] = durable
+        self.behind[partition] = False
+
+    def _forget(self, partition: int,
+                ) -> tuple[MemoryStore | None, Offsets | None, dict[UserKey, Cursor]]:
+        """A standby shard no longer followed: it and what it holds (under ``lock``)."""
+        shard = self.store.standby.pop(partition, None)
+        offsets = self.offsets.pop(partition, None)
+        cursors = self.cursors.pop(partition, {})
+        self.durable.pop(partition, None)
+        self.behind.pop(partition, None)
+        return shard, offsets, cursors
 
     async def stop(self) -> None:
         for task in (self.following, self.task):
@@ -165,13 +176,9 @@ class Standbys:
         """Close what is no longer wanted, restore what is wanted and missing."""
         for partition in sorted(set(self.store.standby) - self.wanted):
             async with self.lock:
-                shard = self.store.standby.pop(partition, None)
+                shard, _, _ = self._forget(partition)
                 if shard is not None:
                     await asyncio.to_thread(shard.close)
-                self.offsets.pop(partition, None)
-                self.cursors.pop(partition, None)
-                self.durable.pop(partition, None)
-                self.behind.pop(partition, None)
                 if partition not in self.store.owned and partition not in self.busy():
                     self.files.wipe(partition)
         for partition in sorted(self.wanted - set(self.store.standby)):
@@ -202,11 +209,7 @@ class Standbys:
             self.files.wipe(partition)
             self.behind.pop(partition, None)
             raise
-        self.store.standby[partition] = shard
-        self.offsets[partition] = ends
-        self.cursors[partition] = job.cursors
-        self.durable[partition] = (start or {}).get(self.topics[1], 0)
-        self.behind[partition] = False
+        self._keep(partition, shard, ends, job.cursors, (start or {}).get(self.topics[1], 0))
         log.info("standby shard %d: %s, %d change(s) folded", partition,
                  "caught up" if start else "restored", job.changes)
 

@@ -8,7 +8,7 @@ restores. A worker that does not answer is listed as such.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -46,6 +46,13 @@ def gather(settings: Settings, urls: Sequence[str], timeout: float = 5.0,
                 continue
             todo += [u for u in found[url].get("workers", {}).values() if u not in found]
     return found
+
+
+def serves_what_it_owns(status: Mapping[str, Any]) -> bool:
+    """A worker's ``/v1/cluster`` answer: every partition the map gives it is served
+    (restored, not still being taken)."""
+    mine = {p for p, v in status["partitions"].items() if v["owner"] == status["worker"]}
+    return mine == {p for p, state in status["shards"].items() if state == "serving"}
 
 
 def render(found: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ import pytest
 
 from memstream.dev.process import WorkerProcess
 from memstream.memory.shards import partition_of
+from memstream.ops.status import serves_what_it_owns
 from tests.integration.conftest import free_port, remembered, until
 
 pytestmark = pytest.mark.integration
@@ -62,10 +63,8 @@ async def both_serving(urls: list[str], workers: int) -> dict[str, Any] | None:
         if r.status_code != 200:
             return None
         status = r.json()
-        mine = {p for p, v in status["partitions"].items() if v["owner"] == status["worker"]}
-        serving = {p for p, s in status["shards"].items() if s == "serving"}
         if (len(status["workers"]) != workers or not status["groups_aligned"]
-                or mine != serving):
+                or not serves_what_it_owns(status)):
             return None
         seen.append(status)
     if any(s["partitions"] != seen[0]["partitions"] for s in seen):

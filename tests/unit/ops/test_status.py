@@ -9,7 +9,7 @@ from pydantic import SecretStr
 
 from memstream.core.errors import ConfigError
 from memstream.core.settings import Settings
-from memstream.ops.status import gather, render
+from memstream.ops.status import gather, render, serves_what_it_owns
 
 pytestmark = pytest.mark.unit
 W1 = {"worker": "w1", "url": "http://w1:1", "store": "partitioned", "groups_aligned": True,
@@ -43,3 +43,11 @@ def test_every_worker_is_asked_and_one_that_does_not_answer_is_listed():
 def test_a_key_is_needed():
     with pytest.raises(ConfigError):
         gather(Settings(), ["http://w1:1"])
+
+
+def test_a_worker_serves_what_it_owns_only_once_every_owned_shard_is_serving():
+    assert serves_what_it_owns(W1)  # owns 0 (serving); 1 is a standby here
+    restoring = {**W1, "shards": {"0": "restoring", "1": "standby"}}
+    assert not serves_what_it_owns(restoring)
+    extra = {**W1, "shards": {"0": "serving", "1": "serving"}}  # serves one it no longer owns
+    assert not serves_what_it_owns(extra)

@@ -480,19 +480,33 @@ async def test_a_shard_given_up_when_the_ends_cannot_be_read_is_wiped(tmp_path, 
     assert 3 not in store.standby and not keeper.files.path(3).exists()
 
 
+@pytest.mark.parametrize("broker", ["up", "away"])
 async def test_the_shutdown_checkpoint_names_what_the_shard_holds_not_the_topics_ends(
-        tmp_path):
+        tmp_path, monkeypatch, broker):
     """A stop that outlasted the session: a new owner may have written past what this
-    shard holds; the checkpoint must not claim its records (they would be skipped)."""
+    shard holds; the checkpoint must not claim its records (they would be skipped). Only
+    the hits come from the topic's end; with the broker away no checkpoint is written."""
     keeper, _, store = _keeper_with_standbys(tmp_path, set())
     (tmp_path / "store").mkdir()
     store.owned[3] = make_store("edge", keeper.files.path(3), DIM)
     store.owned[5] = make_store("edge", keeper.files.path(5), DIM)
     keeper.held[3] = {"changes": 40, "results": 7, "access": 2}
     keeper.wrote(3, {"changes": 45})
-    await keeper.close(lambda n: {"changes": 90, "results": 80, "access": 70})
-    assert keeper.files.checkpoint(3, keeper.clock()) == {
-        "changes": 45, "results": 7, "access": 70}
+
+    async def ends(settings, topics):
+        if broker == "away":
+            raise ConnectionError("broker away")
+        # the topics' ends now (a new owner wrote): only the hits' may be taken
+        every = {"changes": {3: 90, 5: 90}, "results": {3: 80, 5: 80}, "access": {3: 70, 5: 70}}
+        return {t: every[t] for t in topics}
+
+    monkeypatch.setattr(shards_module, "end_offsets", ends)
+    await keeper.close()
+    if broker == "up":
+        assert keeper.files.checkpoint(3, keeper.clock()) == {
+            "changes": 45, "results": 7, "access": 70}
+    else:
+        assert keeper.files.checkpoint(3, keeper.clock()) is None  # restored in full
     assert keeper.files.checkpoint(5, keeper.clock()) is None  # what it holds is unknown
     assert not store.owned
 
