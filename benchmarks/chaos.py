@@ -375,6 +375,23 @@ def change_stats(changes: Sequence[MemoryChange]) -> dict[str, int]:
             "change_ids_differing_content": sum(len(v) > 1 for v in content.values())}
 
 
+def event_stats(changes: Sequence[Any], events: Sequence[Any]) -> dict[str, int]:
+    """The public memory events against the changelog, both read committed, per partition:
+    a change without its event, an event without its change, and a partition whose two
+    sequences of change ids differ (each change's event is in its transaction)."""
+    def ids(records: Sequence[Any]) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = defaultdict(list)
+        for r in records:
+            out[r.partition].append(json.loads(r.value)["change_id"])
+        return out
+
+    c, e = ids(changes), ids(events)
+    every_c = {x for v in c.values() for x in v}
+    every_e = {x for v in e.values() for x in v}
+    return {"events_missing": len(every_c - every_e), "events_unexpected": len(every_e - every_c),
+            "event_partitions_out_of_order": sum(c.get(n) != e.get(n) for n in set(c) | set(e))}
+
+
 def decision_stats(values: Iterable[bytes]) -> dict[str, int]:
     """Jobs decided more than once, read tolerantly from raw decision records.
 
@@ -882,8 +899,11 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
         await chaos.until_ready()
         http = await asyncio.to_thread(http_live, nodes[0], sorted(truth))
         b = settings
-        changes = [MemoryChange.model_validate_json(r.value) for r in await read_topics(
-            b, [(topics.memory_changes.name, topics.memory_changes.partitions)])]
+        change_records = await read_topics(
+            b, [(topics.memory_changes.name, topics.memory_changes.partitions)])
+        changes = [MemoryChange.model_validate_json(r.value) for r in change_records]
+        public = await read_topics(
+            b, [(topics.memory_events.name, topics.memory_events.partitions)])
         decisions = await read_topics(b, [(topics.decisions.name, topics.decisions.partitions)])
         job_rows = [json.loads(r.value) for r in await read_topics(
             b, [(topics.jobs.name, topics.jobs.partitions)])]
@@ -904,7 +924,7 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
             "job_records": sum(jobs.values()), "job_ids": len(jobs),
             "job_records_beyond_first": sum(n - 1 for n in jobs.values()),
             "job_records_resent_by_timeout": sum(j.get("attempt", 1) > 1 for j in job_rows),
-            **change_stats(changes),
+            **change_stats(changes), **event_stats(change_records, public),
             **decision_stats(r.value for r in decisions),
             "restart": restart_stats(procs, [r.timestamp / 1000 for r in outputs], end),
         })
@@ -949,6 +969,9 @@ def print_report(outcome: Outcome, meta: Mapping[str, Any]) -> None:
         ("change records / ids / republished", f"{f['change_records']} / {f['change_ids']} / "
                                                f"{f['change_records_republished']}"),
         ("change log: changes that fail to replay", f["replay_failed_changes"]),
+        ("public events: missing / unexpected / partitions out of order",
+         f"{f['events_missing']} / {f['events_unexpected']} / "
+         f"{f['event_partitions_out_of_order']}"),
         ("change ids with differing payloads", f"{f['change_ids_differing_payloads']} "
                                                f"(content: {f['change_ids_differing_content']})"),
         ("job records / ids / beyond first (timeout)",
@@ -983,6 +1006,8 @@ def clean(row: Mapping[str, Any]) -> bool:
     return (row["sessions_covered"] == row["sessions"] and row["stall_restarts"] == 0
             and row["replay_failed_changes"] == 0
             and row["change_ids_differing_payloads"] == 0
+            and (row.get("events_missing", 0), row.get("events_unexpected", 0),
+                 row.get("event_partitions_out_of_order", 0)) == (0, 0, 0)
             and all((v["missing"], v["stale"], v["duplicate"], v["unexpected"]) == (0, 0, 0, 0)
                     for v in views))
 

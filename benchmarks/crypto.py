@@ -16,12 +16,15 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+from benchmarks import smoke
 from memstream.memory import crypto
 from memstream.memory.apply import apply_change
 from memstream.memory.model import Memory, MemoryType, Source
@@ -63,12 +66,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--changes", type=int, default=5000)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--smoke", action="store_true",
-                    help=f"tiny sizes, to check it runs: {SMOKE} (explicit options win)")
-    args = ap.parse_args()
-    if args.smoke:
-        ap.set_defaults(**SMOKE)
-        args = ap.parse_args()
+    args = smoke.parse(ap, SMOKE)
     n, r = args.changes, args.repeats
     items = changes(n, random.Random(7))
     key = crypto.new_data_key()

@@ -31,6 +31,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -38,6 +39,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from statistics import median
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+from benchmarks import smoke
 from memstream.core import kafka
 from memstream.core.kafka_io import start_producer
 from memstream.core.settings import Settings
@@ -250,12 +253,7 @@ def main() -> None:
                     help="also run the worker from another checkout, side by side")
     ap.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
                     help="a running broker (else the local one, started if need be)")
-    ap.add_argument("--smoke", action="store_true",
-                    help=f"tiny sizes, to check it runs: {SMOKE} (explicit options win)")
-    args = ap.parse_args()
-    if args.smoke:
-        ap.set_defaults(**SMOKE)
-        args = ap.parse_args()
+    args = smoke.parse(ap, SMOKE)
     base = Settings(idle_timeout_s=5.0, tick_interval_s=1.0, partitions=4, extract_enabled=False)
     if args.smoke:  # unended sessions flushed sooner: the run waits for them
         base = base.model_copy(update={"idle_timeout_s": 1.0, "tick_interval_s": 0.5})

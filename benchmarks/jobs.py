@@ -47,6 +47,7 @@ import os
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -57,6 +58,8 @@ from typing import Any, cast
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+from benchmarks import smoke
 from memstream.jobs import triggers
 from memstream.jobs.work import decide_job
 from memstream.memory.access import AccessStats
@@ -399,12 +402,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=720, help="timer rounds per size")
     ap.add_argument("--tick", type=float, default=5.0, help="tick interval, simulated s")
     ap.add_argument("--seed", type=int, default=17)
-    ap.add_argument("--smoke", action="store_true",
-                    help=f"tiny sizes, to check it runs: {SMOKE} (explicit options win)")
-    args = ap.parse_args()
-    if args.smoke:
-        ap.set_defaults(**SMOKE)
-        args = ap.parse_args()
+    args = smoke.parse(ap, SMOKE)
     small_n = min(args.small_users, args.users)
     t_run = time.perf_counter()
     loadavg_start = os.getloadavg()

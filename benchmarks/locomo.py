@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+from benchmarks import smoke
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.dev.locomo import CATEGORIES, load
@@ -154,13 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pace", type=float, default=0.0,
                     help="seconds between produced events (0: as fast as the producer goes; "
                     "users are interleaved either way)")
-    ap.add_argument("--smoke", action="store_true",
-                    help=f"check it runs: {SMOKE} (explicit options win), the synthetic "
-                    "conversation unless --data, the stub judge unless --base-url/--recorded")
-    args = ap.parse_args(argv)
-    if args.smoke:
-        ap.set_defaults(**SMOKE)
-        args = ap.parse_args(argv)
+    args = smoke.parse(ap, SMOKE, argv, what="check it runs (the synthetic conversation "
+                       "unless --data, the stub judge unless --base-url/--recorded)")
     if args.data is None and not args.smoke:
         ap.error("--data is required (the LOCOMO file is never part of the project)")
 

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+from benchmarks import smoke
 from benchmarks.changegen import changes
 from memstream.memory import checksum, store_edge
 from memstream.memory.apply import apply_change
@@ -266,12 +267,7 @@ def main() -> None:
     ap.add_argument("--bootstrap", default=None)
     ap.add_argument("--one-by-one", action="store_true",
                     help="also replay change by change (apply_change), once")
-    ap.add_argument("--smoke", action="store_true",
-                    help=f"tiny sizes, to check it runs: {SMOKE} (explicit options win)")
-    args = ap.parse_args()
-    if args.smoke:
-        ap.set_defaults(**SMOKE)
-        args = ap.parse_args()
+    args = smoke.parse(ap, SMOKE)
     log = list(changes(args.users, args.per_user, DIM, duplicates=0.02, forget_every=50))
     wires = {"today": [c.model_dump_json().encode() for c in log],  # the vector as floats
              "new": [c.dumps() for c in log]}  # the wire form: the vector packed

@@ -16,10 +16,13 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+from benchmarks import smoke
 from memstream.memory.embedding import UseEmbedder
 from memstream.memory.model import Memory, MemoryType, Source
 from memstream.memory.store import MemoryStore, Scope
@@ -78,12 +81,7 @@ def main() -> None:
     ap.add_argument("--memories", type=int, default=5000)
     ap.add_argument("--users", type=int, default=50)
     ap.add_argument("--queries", type=int, default=500)
-    ap.add_argument("--smoke", action="store_true",
-                    help=f"tiny sizes, to check it runs: {SMOKE} (explicit options win)")
-    args = ap.parse_args()
-    if args.smoke:
-        ap.set_defaults(**SMOKE)
-        args = ap.parse_args()
+    args = smoke.parse(ap, SMOKE)
     rng = random.Random(3)
     data = records(args.memories, args.users, rng)
     from qdrant_client import QdrantClient

@@ -29,6 +29,7 @@ from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import Record, follow
 from memstream.memory import crypto
+from memstream.topics.events import MemoryEvent
 
 log = logging.getLogger(__name__)
 FORGOTTEN = "!forgotten"
@@ -60,9 +61,13 @@ class UserKeys:
 
     # --- the follower ------------------------------------------------------------------
 
-    async def start(self) -> None:
-        self._producer = kafka.producer(self._settings, acks="all", enable_idempotence=True)
-        await self._producer.start()
+    async def start(self, *, write: bool = True) -> None:
+        """Follow the topic; ``write`` False: a reader's view (it can open, never create a
+        key, forget a user or roll the topic)."""
+        if write:
+            self._producer = kafka.producer(self._settings, acks="all",
+                                            enable_idempotence=True)
+            await self._producer.start()
         self._task = asyncio.create_task(self._follow())
 
     @property
@@ -138,9 +143,12 @@ class UserKeys:
         return out
 
     def opener(self) -> Any:
-        """For readers: change -> opened change, or None when its key is gone."""
+        """For readers: change (or public event) -> opened, or None when its key is gone."""
         def open_one(change: Any) -> Any:
-            return crypto.open_change(change, self.keys_of(change.tenant_id, change.user_id))
+            keys = self.keys_of(change.tenant_id, change.user_id)
+            if isinstance(change, MemoryEvent):
+                return crypto.open_event(change, keys)
+            return crypto.open_change(change, keys)
         return open_one
 
     async def key_for_write(self, tenant: str, user: str) -> tuple[str, bytes]:

@@ -11,6 +11,7 @@ from aiokafka.errors import KafkaConnectionError
 
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
+from memstream.ops.changes_cli import changes, schemas
 from memstream.ops.rebuild import rebuild
 from memstream.ops.replay_cli import replay
 
@@ -344,6 +345,8 @@ def demo(settings: Settings, keep_broker: bool, serve: bool, workers: int) -> No
 
 main.add_command(replay)
 main.add_command(rebuild)
+main.add_command(changes)
+main.add_command(schemas)
 
 
 if __name__ == "__main__":

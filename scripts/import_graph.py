@@ -17,7 +17,8 @@ import sys
 
 import grimp
 
-PACKAGES = {"core", "topics", "memory", "jobs", "streams", "web", "client", "ops", "dev"}
+PACKAGES = {"core", "topics", "memory", "jobs", "streams", "web", "client", "consumer", "ops",
+            "dev"}
 
 
 def package(module: str) -> str:

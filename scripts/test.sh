@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: install, start the real Kafka broker, run unit + integration tests,
-# stop the broker. Fails if any integration test was skipped.
+# The test command: install, start the real Kafka broker, run unit + integration tests
+# (side by side), stop the broker. Fails if any integration test was skipped. With
+# arguments: one pytest run of the given selection, e.g. ./scripts/test.sh tests/unit -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
@@ -30,4 +31,24 @@ export MEMSTREAM_REQUIRE_INTEGRATION=1
 .venv/bin/lint-imports --no-cache --no-logo  # the layer contracts of pyproject.toml
 .venv/bin/python scripts/import_graph.py --check >/dev/null || {
   .venv/bin/python scripts/import_graph.py | tail -5; echo "import cycles (above)"; exit 1; }
-.venv/bin/python -m pytest -m "unit or integration" "$@"
+if [ "$#" -gt 0 ]; then  # a selection: one run
+  .venv/bin/python -m pytest -m "unit or integration" "$@"
+  exit
+fi
+# The unit tests need no service and mostly compute; the integration tests mostly wait on
+# the broker and their workers (barriers). Side by side they take ~the integration time
+# alone. The unit run's report is printed after the integration run's.
+unit_log=$(mktemp) unit_tmp=$(mktemp -d)
+MEMSTREAM_REQUIRE_INTEGRATION=0 .venv/bin/python -m pytest -m unit -p no:cacheprovider \
+  --basetemp="$unit_tmp" >"$unit_log" 2>&1 &
+unit_pid=$!
+trap 'kill "$unit_pid" 2>/dev/null || true; stop_broker' EXIT
+integration=0
+.venv/bin/python -m pytest -m integration || integration=$?
+unit=0
+wait "$unit_pid" || unit=$?
+echo "=== unit tests (ran alongside) ==="
+cat "$unit_log"
+rm -rf "$unit_log" "$unit_tmp"
+echo "unit: exit $unit, integration: exit $integration"
+[ "$unit" = 0 ] && [ "$integration" = 0 ]

@@ -103,9 +103,12 @@ async def publish(p: Pipeline, work: Work, key: bytes, decision: JobDecision,
     again shreds again); callers woken and counts taken once it is committed."""
     wire = await privacy.seal_all(p, applied.publish)
     await privacy.after_erase(p, applied.publish)
-    work.out += [(p.topics.memory_changes.name, key, change.dumps()) for change in wire]
+    t = p.topics
+    for change, event in wire:  # the changelog and downstream's event, one transaction
+        work.out.append((t.memory_changes.name, key, change.dumps()))
+        work.out.append((t.memory_events.name, key, event.dumps()))
     if decision.user_id == GLOBAL_USER:  # every worker's copy (streams.standby.GlobalCopy)
-        work.out += [(p.topics.global_changes.name, key, change.dumps()) for change in wire]
+        work.out += [(t.global_changes.name, key, change.dumps()) for change, _ in wire]
     result = JobResult.for_job(
         decision, applied.status, datetime.fromtimestamp(p.clock(), UTC),
         llm_calls=decision.llm_calls, error=applied.error, applied_seq=applied.applied_seq)

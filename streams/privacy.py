@@ -2,7 +2,8 @@
 
 With ``MEMSTREAM_MASTER_KEY`` set, the worker follows the user-keys topic
 (:class:`memstream.memory.user_keys.UserKeys`); the apply stage seals every change event with the
-user's data key before publishing it (:func:`seal_all`). A forget-me request
+user's data key before publishing it, and its public event with the same key
+(:func:`seal_all`). A forget-me request
 (:func:`forget`) first shreds the user's keys and sets the marker (from then on no read
 returns a memory of the user created before it, on any worker following the topic), then
 sends the erasure as a job of the user: the ingest stage drops the buffered messages, the
@@ -20,6 +21,7 @@ from typing import Any
 from memstream.memory import crypto
 from memstream.memory.model import Memory
 from memstream.streams.pipeline import Pipeline
+from memstream.topics.events import MemoryEvent
 from memstream.topics.schemas import MemoryChange
 
 log = logging.getLogger(__name__)
@@ -46,21 +48,24 @@ def register(p: Pipeline) -> None:
         await keys.stop()
 
 
-async def seal_all(p: Pipeline, changes: Sequence[MemoryChange]) -> list[MemoryChange]:
-    """The change events as published: sealed with each user's data key (the forget-me
-    audit record stays plain: it holds no content)."""
+async def seal_all(p: Pipeline, changes: Sequence[MemoryChange]
+                   ) -> list[tuple[MemoryChange, MemoryEvent]]:
+    """The change events as published, each with its public event (``topics.events``):
+    both sealed with the user's data key (a forget-me's erase record stays plain: it holds
+    no content)."""
+    events = [(c, MemoryEvent.of(c)) for c in changes]
     if p.user_keys is None:
-        return list(changes)
+        return events
     if not p.user_keys.ready and not await p.user_keys.wait_ready(READY_S):
         # a key made before the topic is read could be a user's second: tried again later
         raise TimeoutError("the user-keys topic is not read to its end yet")
     out = []
-    for c in changes:
+    for c, e in events:
         if c.op == "erase":
-            out.append(c)
+            out.append((c, e))
             continue
         key_id, key = await p.user_keys.key_for_write(c.tenant_id, c.user_id)
-        out.append(crypto.seal_change(c, key_id, key))
+        out.append((crypto.seal_change(c, key_id, key), crypto.seal_event(e, key_id, key)))
     return out
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from memstream.core.errors import BrokerError
 from memstream.core.settings import Settings
+from memstream.topics.events import MemoryEvent
 from memstream.topics.schemas import (
     AccessEvent,
     ChatMessage,
@@ -66,6 +67,7 @@ class Topics:
     dead_letters: TopicSpec
     decisions: TopicSpec
     memory_changes: TopicSpec
+    memory_events: TopicSpec
     tool_requests: TopicSpec
     memory_access: TopicSpec
     api_keys: TopicSpec
@@ -76,9 +78,9 @@ class Topics:
     def all(self) -> list[TopicSpec]:
         return [
             self.messages, self.session_events, self.jobs, self.job_results, self.ticks,
-            self.dead_letters, self.decisions, self.memory_changes, self.tool_requests,
-            self.memory_access, self.api_keys, self.maintenance_ticks, self.user_keys,
-            self.global_changes,
+            self.dead_letters, self.decisions, self.memory_changes, self.memory_events,
+            self.tool_requests, self.memory_access, self.api_keys, self.maintenance_ticks,
+            self.user_keys, self.global_changes,
         ]
 
     def ingest_inputs(self) -> list[TopicSpec]:
@@ -137,6 +139,14 @@ def registry(settings: Settings) -> Topics:
             settings.topic("memory-changes"), MemoryChange, n, -1,
             doc="Every applied ADD/UPDATE/DELETE with before/after, reason and lineage; "
                 "the store's source of truth (kept forever, replayable).",
+        ),
+        memory_events=TopicSpec(
+            settings.topic("memory-events"), MemoryEvent, n,
+            -1 if settings.events_retention_days is None
+            else settings.events_retention_days * DAY_MS,
+            doc="For downstream services: every applied change as a slim, versioned public "
+                "event (no vector, no store records), written in the same transaction as "
+                "its memory-change event (docs/consuming.md).",
         ),
         tool_requests=TopicSpec(
             settings.topic("tool-requests"), ToolRequest, n, keep,

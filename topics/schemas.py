@@ -28,6 +28,7 @@ from pydantic import (
     SerializationInfo,
     TypeAdapter,
     ValidationError,
+    WithJsonSchema,
 )
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -45,7 +46,8 @@ def _check_id(value: str) -> str:
     return value
 
 
-Ident = Annotated[str, AfterValidator(_check_id)]
+Ident = Annotated[str, AfterValidator(_check_id),
+                  WithJsonSchema({"type": "string", "pattern": ID_PATTERN.pattern})]
 
 
 def _aware(value: datetime) -> datetime:

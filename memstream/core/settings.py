@@ -96,6 +96,9 @@ class Settings(BaseSettings):
         86_400.0, gt=0, description="Compaction of the user-keys topic and the tables' "
         "changelogs happens within this (max.compaction.lag.ms): the erasure bound")
     dead_letter_retention_days: int = Field(30, ge=1, description="Retention of dead letters")
+    events_retention_days: int | None = Field(
+        None, ge=1, description="Retention of the public memory-events topic (downstream "
+        "services); unset: kept forever, so a new consumer can start from the beginning")
 
     # --- Triggers and coalescing (SPEC §3) -------------------------------------------
     min_new_messages: int = Field(4, ge=1, description="New messages that trigger a job")

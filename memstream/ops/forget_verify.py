@@ -4,7 +4,8 @@ keeps? (SPEC §7; the README states the bound.)
 It scans every record physically in every topic memstream owns (aborted transactions
 included: they stay in the log until retention or compaction removes them) for the given
 plaintext needles (canaries), counts the memory-change records of the user that still
-open (plain content, or sealed with a data key that still exists), and asks the store how
+open (plain content, or sealed with a data key that still exists), and the same of its
+public memory events, and asks the store how
 many records of the user it holds besides the fencing cursor (through the worker's admin
 residue view when a worker serves it, else by opening the store: the worker must not be
 running on an embedded store then). Nothing it finds is printed: only where and how many.
@@ -21,6 +22,7 @@ from typing import Any
 
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import Record, end_offsets, read_range
+from memstream.topics.events import MemoryEvent
 from memstream.topics.registry import all_topic_names, registry
 from memstream.topics.schemas import MemoryChange
 
@@ -31,7 +33,7 @@ READ_TIMEOUT_S = 60.0
 class Residues:
     store_records: int | None = None  # None: the store could not be asked
     topics: dict[str, int] = field(default_factory=dict)  # topic -> records with a needle
-    readable_changes: int = 0  # change events of the user whose content still opens
+    readable_changes: int = 0  # change and public events of the user whose content opens
     scanned: int = 0
 
     @property
@@ -41,7 +43,8 @@ class Residues:
     def rows(self) -> list[tuple[str, str]]:
         out = [("store: records of the user (besides the cursor)",
                 "?" if self.store_records is None else str(self.store_records)),
-               ("memory-change events of the user that still open", str(self.readable_changes))]
+               ("memory-change and memory-event records of the user that still open",
+                str(self.readable_changes))]
         out += [(f"topic {name}: records holding a canary", str(n))
                 for name, n in sorted(self.topics.items())]
         out.append(("records scanned", str(self.scanned)))
@@ -50,7 +53,9 @@ class Residues:
 
 async def _scan(settings: Settings, tenant: str, user: str, needles: list[bytes],
                 residues: Residues) -> None:
-    changes_topic = registry(settings).memory_changes.name
+    topics = registry(settings)
+    models: dict[str, type[MemoryChange] | type[MemoryEvent]] = {
+        topics.memory_changes.name: MemoryChange, topics.memory_events.name: MemoryEvent}
     opener = None
     if settings.master_key is not None:
         from memstream.memory.user_keys import UserKeys
@@ -67,8 +72,9 @@ async def _scan(settings: Settings, tenant: str, user: str, needles: list[bytes]
             raw = (r.key or b"") + b"\x00" + (r.value or b"")
             if any(n in raw for n in needles):
                 residues.topics[topic] = residues.topics.get(topic, 0) + 1
-            if topic == changes_topic and r.value:
-                residues.readable_changes += _still_opens(r.value, tenant, user, opener)
+            if topic in models and r.value:
+                residues.readable_changes += _still_opens(models[topic], r.value, tenant, user,
+                                                          opener)
 
     try:
         names = all_topic_names(settings)
@@ -81,9 +87,10 @@ async def _scan(settings: Settings, tenant: str, user: str, needles: list[bytes]
             await keys.stop()
 
 
-def _still_opens(value: bytes, tenant: str, user: str, opener: Any) -> int:
+def _still_opens(model: type[MemoryChange] | type[MemoryEvent], value: bytes, tenant: str,
+                user: str, opener: Any) -> int:
     try:
-        change = MemoryChange.model_validate_json(value)
+        change = model.model_validate_json(value)
     except ValueError:
         return 0
     if (change.tenant_id, change.user_id) != (tenant, user) or change.op == "erase":

@@ -51,3 +51,6 @@ async def test_memories_survive_worker_crashes(kafka_bootstrap, tmp_path):
     assert f["sessions_covered"] == f["sessions"], f
     _clean(outcome)
     assert f["replay_failed_changes"] == 0 and f["change_ids_differing_content"] == 0, f
+    # downstream's public events: each change's, in the changelog's order per partition
+    assert (f["events_missing"], f["events_unexpected"],
+            f["event_partitions_out_of_order"]) == (0, 0, 0), f

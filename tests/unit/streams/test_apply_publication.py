@@ -25,6 +25,7 @@ from memstream.streams.apply import publish
 from memstream.streams.counters import Counters
 from memstream.streams.extract import failed_decision, skip_decided
 from memstream.streams.stage import Work
+from memstream.topics.events import MemoryEvent
 from memstream.topics.schemas import JobResult, JobStatus, MemoryChange
 from tests.unit.builders import P, forget_request, fresh, job, live, make_store
 
@@ -156,6 +157,7 @@ def pipeline(store) -> SimpleNamespace:
     return SimpleNamespace(
         services=SimpleNamespace(store=store), counters=Counters(), user_keys=None,
         topics=SimpleNamespace(memory_changes=SimpleNamespace(name="changes"),
+                               memory_events=SimpleNamespace(name="events"),
                                job_results=SimpleNamespace(name="results")),
         waiters=SimpleNamespace(resolve=lambda *_: None), clock=lambda: 100.0)
 
@@ -171,7 +173,11 @@ async def test_the_extract_skip_of_the_applied_job_republishes_then_sends_the_re
     work = Work()
     await publish(p, work, b"t1/u1", skipped, applied)
     lost = wire(first.publish)
-    assert work.out[:-1] == [("changes", b"t1/u1", v) for v in lost]
+    assert work.out[:-1:2] == [("changes", b"t1/u1", v) for v in lost]
+    # each change event followed by its public event, the same change, same transaction
+    events = [MemoryEvent.model_validate_json(v) for t, _, v in work.out[1:-1:2] if t == "events"]
+    assert [e.change_id for e in events] == [c.change_id for c in first.publish]
+    assert events == [MemoryEvent.of(c) for c in first.publish]
     topic, _, value = work.out[-1]
     assert topic == "results" and JobResult.model_validate_json(value).status == JobStatus.DONE
     assert p.counters.decisions_duplicate == 0  # counted once the transaction is committed

@@ -89,6 +89,7 @@ from memstream.streams.apply import publish
 from memstream.streams.counters import Counters
 from memstream.streams.extract import decide_with_retries, failed_decision, skip_decided
 from memstream.streams.stage import Work
+from memstream.topics.events import MemoryEvent
 from memstream.topics.schemas import (
     ChatMessage,
     ExtractionJob,
@@ -226,6 +227,7 @@ class PipelineMachine(RuleBasedStateMachine):
         self.decisions: dict[str, list[JobDecision]] = {u: [] for u in USERS}  # partitions
         self.results: list[JobResult] = []  # job-results, not yet taken by the ingest stage
         self.topic: list[bytes] = []  # memory-changes: committed events, in order
+        self.events: list[MemoryEvent] = []  # memory-events: committed, in order
         self.payloads: dict[str, bytes] = {}  # change id -> its one payload
         # what happened, for the checks
         self.sent: dict[tuple[str, int], ExtractionJob] = {}  # (job id, seq) -> job as sent
@@ -245,6 +247,7 @@ class PipelineMachine(RuleBasedStateMachine):
                                      model=self.extractor.model),
             settings=SETTINGS, counters=Counters(), user_keys=None,
             topics=SimpleNamespace(memory_changes=SimpleNamespace(name="changes"),
+                                   memory_events=SimpleNamespace(name="events"),
                                    job_results=SimpleNamespace(name="results")),
             waiters=SimpleNamespace(resolve=lambda *_: None), clock=lambda: self.now)
 
@@ -327,6 +330,10 @@ class PipelineMachine(RuleBasedStateMachine):
                 first = self.payloads.setdefault(change.change_id, value)
                 assert first == value, f"change {change.change_id} published with two payloads"
                 self.topic.append(value)
+            elif topic == "events":  # downstream's copy: right after its change event
+                public = MemoryEvent.model_validate_json(value)
+                assert public == MemoryEvent.of(MemoryChange.model_validate_json(self.topic[-1]))
+                self.events.append(public)
             else:
                 self.results.append(JobResult.model_validate_json(value))
         if how != "at_least_once":  # at least once: committed, but read again
@@ -581,6 +588,9 @@ class PipelineMachine(RuleBasedStateMachine):
             closed_by = m.extra.get("closed_by")
             assert closed_by is None or closed_by in on_topic, f"{m.content}: close lost"
         assert len(self.payloads) == len(on_topic)
+        # I3b: downstream's public events carry the same changes, in the same order
+        assert [e.change_id for e in self.events] == [
+            MemoryChange.model_validate_json(v).change_id for v in self.topic]
 
         # the live values: the plain model (production rules), and I4 where promised
         live = self.check_slots(user)

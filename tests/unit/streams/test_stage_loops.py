@@ -335,8 +335,9 @@ async def test_sealing_waits_until_the_user_keys_are_read(p, monkeypatch):
         await privacy.seal_all(SimpleNamespace(user_keys=keys), [change])  # type: ignore
     assert is_transient(err.value) and made == []
     keys.ready = True
-    (sealed,) = await privacy.seal_all(SimpleNamespace(user_keys=keys), [change])  # type: ignore
-    assert made == ["u1"] and sealed.sealed
+    ((sealed, event),) = await privacy.seal_all(SimpleNamespace(user_keys=keys),  # type: ignore
+                                                [change])
+    assert made == ["u1"] and sealed.sealed and event.sealed and event.after is None
 
 
 async def test_a_transaction_marker_is_no_lag(p):

@@ -1,0 +1,87 @@
+"""Opening sealed public events for a downstream reader (forget-me, SPEC §7).
+
+With ``MEMSTREAM_MASTER_KEY`` the workers seal each event's ``before``, ``after`` and
+``reason`` with the user's data key. A reader that holds the same master key follows the
+user-keys topic (read-only) and opens them; one without it gets the ids only and is told
+so once, clearly; a forgotten user's events no longer open (their keys are shredded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Literal
+
+from memstream.core.errors import MemstreamError
+from memstream.core.settings import Settings
+from memstream.memory import crypto
+from memstream.memory.user_keys import UserKeys
+from memstream.topics.events import MemoryEvent
+
+log = logging.getLogger(__name__)
+Content = Literal["plain", "opened", "sealed", "shredded"]
+KEY_WAIT_S = 10.0  # a key is on its topic before any event sealed with it: a lagging view
+
+
+class ContentUnavailable(MemstreamError):
+    """A sealed event arrived and this process cannot open it (no master key)."""
+
+
+class Opener:
+    """Opens events with the user keys a master key unwraps (:class:`UserKeys`)."""
+
+    def __init__(self, settings: Settings, keys_topic: str, *, require_content: bool) -> None:
+        self._settings = settings
+        self._topic = keys_topic
+        self._require = require_content
+        self._keys: UserKeys | None = None
+        self._warned = False
+
+    async def start(self) -> None:
+        if self._settings.master_key is None:
+            return
+        self._keys = UserKeys(self._settings, self._topic)
+        await self._keys.start(write=False)
+
+    async def stop(self) -> None:
+        if self._keys is not None:
+            await self._keys.stop()
+            self._keys = None
+
+    async def open(self, event: MemoryEvent) -> tuple[MemoryEvent, Content]:
+        """The event with its content, and what became of it."""
+        if event.sealed is None:
+            return event, "plain"
+        if self._keys is None:
+            return self._without_key(event), "sealed"
+        keys = self._keys
+        if not keys.ready and not await keys.wait_ready(60.0):
+            raise TimeoutError("the user-keys topic could not be read to its end")
+        key_id = crypto.sealed_key_id(event)
+        deadline = time.monotonic() + KEY_WAIT_S
+        keys_now = keys.keys_of(event.tenant_id, event.user_id)
+        while key_id not in keys_now:
+            if self._forgotten_before(event) or time.monotonic() > deadline:
+                return event, "shredded"
+            await asyncio.sleep(0.1)  # a key is on its topic before its first sealed event
+            keys_now = keys.keys_of(event.tenant_id, event.user_id)
+        opened = crypto.open_event(event, keys_now)
+        return (event, "shredded") if opened is None else (opened, "opened")
+
+    def _forgotten_before(self, event: MemoryEvent) -> bool:
+        """The user asked to be forgotten after this event: its key is shredded. (An event
+        decided later belongs to a user who came back, with a new key.)"""
+        assert self._keys is not None
+        at = self._keys.forgotten_at(event.tenant_id, event.user_id)
+        return at is not None and event.decided_at.timestamp() <= at
+
+    def _without_key(self, event: MemoryEvent) -> MemoryEvent:
+        why = ("memory events are sealed (the workers have MEMSTREAM_MASTER_KEY) and this "
+               "process has no master key: before, after and reason stay sealed")
+        if self._require:
+            raise ContentUnavailable(why)
+        if not self._warned:
+            log.warning("%s (content='sealed' on each such event)", why)
+            self._warned = True
+        return event

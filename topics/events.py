@@ -1,0 +1,137 @@
+"""The public memory event: what downstream services read (``<prefix>.memory-events``).
+
+The memory-change topic is the store's changelog: it carries every version record the store
+writes and the embedding, which change whenever the store does. Downstream services (CRM
+sync, caches, analytics) read this slim event instead, produced from each change event in
+the same transaction, on the same partition (key ``tenant/user``), so both topics hold the
+same changes in the same order. Its fields are a contract (``docs/consuming.md``): within
+``schema_version`` 1 they only ever grow (new optional fields), and readers ignore fields
+they do not know.
+
+With a master key, ``before``, ``after`` and ``reason`` travel sealed with the user's data
+key, the same key that seals the change event (:mod:`memory.crypto`): a forget-me shreds
+it, and every copy of the user's content on both topics stops opening at once.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from memstream.topics.schemas import Event, MemoryChange
+
+EventOp = Literal["add", "update", "delete", "erase"]
+
+
+def _time(value: Any) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(float(value), UTC)
+
+
+class MemoryState(BaseModel):
+    """One version of a memory as downstream sees it: its content and how it stands."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    version: int = Field(description="1 for a new memory; an update opens version + 1")
+    content: str = Field(description="The memory's text")
+    type: str = Field(description="episodic (a user's facts), procedural (how to act) or "
+                                  "semantic (the tenant's shared knowledge)")
+    importance: int = Field(description="1..10, as the extractor rated it")
+    status: str = Field(description="active (live), superseded (an older version), archived "
+                                    "(decayed) or deleted")
+    slot: str | None = Field(None, description="The single-valued thing it is about "
+                                               "(residence, employer, core:<label>), if any")
+    created_at: datetime = Field(description="When the memory (version 1) was created")
+    updated_at: datetime = Field(description="When this version was written or closed")
+    valid_from: datetime = Field(description="When this version became true")
+    valid_to: datetime | None = Field(None, description="When it stopped being true (closed)")
+    expires_at: datetime | None = Field(None, description="When it expires (TTL), if ever")
+    event_time: datetime | None = Field(
+        None, description="Event time: the newest source message's timestamp (None for tool "
+                          "writes and windowed jobs)")
+
+    @classmethod
+    def of(cls, record: dict[str, Any] | None) -> MemoryState | None:
+        """From a memory record's payload (:meth:`memory.model.Memory.to_payload`)."""
+        if not record or "content" not in record:
+            return None
+        source = record.get("source") or {}
+        return cls(
+            version=record["version"], content=record["content"], type=record["type"],
+            importance=record["importance"], status=record["status"],
+            slot=record.get("slot"), created_at=_time(record["created_at"]),
+            updated_at=_time(record["updated_at"]), valid_from=_time(record["valid_from"]),
+            valid_to=_time(record.get("valid_to")), expires_at=_time(record.get("expires_at")),
+            event_time=_time(source.get("event_ts")),
+        )
+
+
+class EventLineage(BaseModel):
+    """Where the change came from: the messages, the job, who asked."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    kind: str = Field(description="extraction, tool, reflection, consolidation, decay, "
+                                  "deletion, rollback, forget, ...")
+    session_id: str
+    from_seq: int = Field(description="First message sequence number of the job (inclusive)")
+    to_seq: int = Field(description="Last message sequence number of the job (exclusive)")
+    message_ids: list[str] = Field(default_factory=list,
+                                   description="The source messages (or the tool call id)")
+    job_id: str
+    job_seq: int = Field(0, description="The job's number among the user's jobs")
+    actor: str = Field("", description="Tool writes and forget-me: the API key id that asked "
+                                       "(or 'admin')")
+
+
+class MemoryEvent(Event):
+    """One applied change of one memory (add, update, delete) or a user's erasure (erase).
+
+    A consumer applies them in order per user, deduplicates on ``change_id`` (a change can
+    be published twice, byte-identical but for ``sealed``'s nonce) and, on ``erase``,
+    deletes everything it holds of the user.
+    """
+
+    change_id: str = Field(description="Unique per change; the same on a republished copy")
+    op: EventOp
+    tenant_id: str
+    user_id: str = Field(description="The user; __global__ for the tenant's shared knowledge")
+    memory_id: str = Field(description="The memory; '*' for erase")
+    version: int = Field(description="The version this change leaves (delete: the version it "
+                                     "closes; erase: 0)")
+    before: MemoryState | None = Field(None, description="The version it replaces or closes "
+                                                         "(None for add and erase)")
+    after: MemoryState | None = Field(None, description="The version it leaves (add, update: "
+                                                        "active; delete: deleted; erase: None)")
+    reason: str = Field("", description="Why, as the deciding model or the request said")
+    lineage: EventLineage
+    model: str = Field(description="The model (or rule extractor) that decided")
+    prompt_version: str
+    decided_at: datetime
+    erased_versions: int | None = Field(None, description="erase: how many version records "
+                                                          "were erased")
+    sealed: str | None = Field(None, description="With a master key: before, after and reason, "
+                                                 "sealed with the user's data key")
+
+    @classmethod
+    def of(cls, change: MemoryChange) -> MemoryEvent:
+        """The public event of a change event (plain, before any sealing)."""
+        erase = change.op == "erase"
+        lin = change.lineage
+        return cls(
+            change_id=change.change_id, op=change.op, tenant_id=change.tenant_id,
+            user_id=change.user_id, memory_id=change.memory_id, version=change.version,
+            before=MemoryState.of(change.before), after=MemoryState.of(change.after),
+            reason=change.reason,
+            lineage=EventLineage(kind=lin.kind, session_id=lin.session_id,
+                                 from_seq=lin.from_seq, to_seq=lin.to_seq,
+                                 message_ids=list(lin.message_ids), job_id=lin.job_id,
+                                 job_seq=lin.seq, actor=lin.actor),
+            model=change.model, prompt_version=change.prompt_version,
+            decided_at=change.decided_at,
+            erased_versions=int(change.after.get("version_records", 0)) if erase else None,
+        )
