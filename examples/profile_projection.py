@@ -17,8 +17,9 @@ Exactly once into its own table, whatever Kafka redelivers:
   earlier events arrive shredded (content gone) and create nothing, and a late plain copy
   of one (no master key) is older than the erasure and skipped.
 
-The ``applied`` table logs each change applied (no unique key: a change applied twice would
-show as two rows); the integration test checks it.
+The ``delivered`` table logs every event the reader handed over, ``applied`` each one that
+changed the table (no unique keys: a change delivered or applied twice shows as two rows);
+the integration test checks both.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ CREATE TABLE IF NOT EXISTS memories (
     PRIMARY KEY (tenant, user, memory_id));
 CREATE TABLE IF NOT EXISTS positions (partition INTEGER PRIMARY KEY, next_offset INTEGER);
 CREATE TABLE IF NOT EXISTS applied (change_id TEXT NOT NULL, op TEXT NOT NULL,
+    partition INTEGER NOT NULL, offset INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS delivered (change_id TEXT NOT NULL, content TEXT NOT NULL,
     partition INTEGER NOT NULL, offset INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS erased (tenant TEXT, user TEXT, change_id TEXT, decided_at TEXT);
 """
@@ -68,6 +71,8 @@ class Projection:
         """One event and its position in one transaction; True if it changed the table."""
         self.db.execute("BEGIN IMMEDIATE")
         try:
+            self.db.execute("INSERT INTO delivered VALUES (?, ?, ?, ?)",
+                            (e.change_id, e.content, e.partition, e.offset))
             changed = self._apply(e)
             if changed:
                 self.db.execute("INSERT INTO applied VALUES (?, ?, ?, ?)",

@@ -98,8 +98,13 @@ class UserKeys:
                 await self._send(ROLL, None)
 
         while True:  # the worker creates the topic at start: wait for it
-            await follow(self._settings, self.topic, self._take_all,
-                         caught_up=self._caught_up.set, each_poll=roll, committed=False)
+            try:
+                await follow(self._settings, self.topic, self._take_all,
+                             caught_up=self._caught_up.set, each_poll=roll, committed=False)
+            except Exception as exc:  # the broker away: read it again (a dead follower
+                # would leave every later key unknown)
+                log.warning("user keys: following %s failed (%s); again in 1s", self.topic,
+                            type(exc).__name__)
             await asyncio.sleep(1.0)
 
     def _take_all(self, records: list[Record]) -> None:

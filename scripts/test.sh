@@ -39,16 +39,24 @@ fi
 # the broker and their workers (barriers). Side by side they take ~the integration time
 # alone. The unit run's report is printed after the integration run's.
 unit_log=$(mktemp) unit_tmp=$(mktemp -d)
-MEMSTREAM_REQUIRE_INTEGRATION=0 .venv/bin/python -m pytest -m unit -p no:cacheprovider \
-  --basetemp="$unit_tmp" >"$unit_log" 2>&1 &
+# its own session (setsid), so an interrupted run ends it with every process it started;
+# bounded, so a hung unit test fails the run instead of hanging it
+MEMSTREAM_REQUIRE_INTEGRATION=0 setsid timeout -k 10 1500 .venv/bin/python -m pytest -m unit \
+  -p no:cacheprovider --basetemp="$unit_tmp" >"$unit_log" 2>&1 &
 unit_pid=$!
-trap 'kill "$unit_pid" 2>/dev/null || true; stop_broker' EXIT
+stop_units() {
+  if [ -n "${unit_pid:-}" ]; then kill -- "-$unit_pid" 2>/dev/null || true; fi
+  rm -rf "$unit_log" "$unit_tmp"
+  stop_broker
+}
+trap stop_units EXIT
 integration=0
-.venv/bin/python -m pytest -m integration || integration=$?
+.venv/bin/python -m pytest -m integration --durations=15 || integration=$?
 unit=0
 wait "$unit_pid" || unit=$?
+unit_pid=
 echo "=== unit tests (ran alongside) ==="
 cat "$unit_log"
-rm -rf "$unit_log" "$unit_tmp"
+[ "$unit" = 124 ] && echo "unit tests: timed out after 1500 s"
 echo "unit: exit $unit, integration: exit $integration"
 [ "$unit" = 0 ] && [ "$integration" = 0 ]

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from memstream.topics.schemas import Event, MemoryChange
+from memstream.topics.schemas import Event, MemoryChange, Timestamp
 
 EventOp = Literal["add", "update", "delete", "erase"]
 
@@ -31,26 +31,33 @@ def _time(value: Any) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(float(value), UTC)
 
 
+# What readers rely on: unknown fields are ignored, and every field the writer always
+# writes is required in the JSON Schema (serialization mode), defaults or not.
+_PUBLIC = ConfigDict(frozen=True, extra="ignore", json_schema_serialization_defaults_required=True)
+
+
 class MemoryState(BaseModel):
     """One version of a memory as downstream sees it: its content and how it stands."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = _PUBLIC
 
     version: int = Field(description="1 for a new memory; an update opens version + 1")
     content: str = Field(description="The memory's text")
     type: str = Field(description="episodic (a user's facts), procedural (how to act) or "
-                                  "semantic (the tenant's shared knowledge)")
+                                  "semantic (the tenant's shared knowledge); an open set: "
+                                  "read an unknown type as episodic")
     importance: int = Field(description="1..10, as the extractor rated it")
-    status: str = Field(description="active (live), superseded (an older version), archived "
-                                    "(decayed) or deleted")
+    status: str = Field(description="active (live), superseded (an older version, or a late "
+                                    "fact kept as history), archived (decayed) or deleted; "
+                                    "only active is live")
     slot: str | None = Field(None, description="The single-valued thing it is about "
                                                "(residence, employer, core:<label>), if any")
-    created_at: datetime = Field(description="When the memory (version 1) was created")
-    updated_at: datetime = Field(description="When this version was written or closed")
-    valid_from: datetime = Field(description="When this version became true")
-    valid_to: datetime | None = Field(None, description="When it stopped being true (closed)")
-    expires_at: datetime | None = Field(None, description="When it expires (TTL), if ever")
-    event_time: datetime | None = Field(
+    created_at: Timestamp = Field(description="When the memory (version 1) was created")
+    updated_at: Timestamp = Field(description="When this version was written or closed")
+    valid_from: Timestamp = Field(description="When this version became true")
+    valid_to: Timestamp | None = Field(None, description="When it stopped being true (closed)")
+    expires_at: Timestamp | None = Field(None, description="When it expires (TTL), if ever")
+    event_time: Timestamp | None = Field(
         None, description="Event time: the newest source message's timestamp (None for tool "
                           "writes and windowed jobs)")
 
@@ -73,10 +80,10 @@ class MemoryState(BaseModel):
 class EventLineage(BaseModel):
     """Where the change came from: the messages, the job, who asked."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = _PUBLIC
 
-    kind: str = Field(description="extraction, tool, reflection, consolidation, decay, "
-                                  "deletion, rollback, forget, ...")
+    kind: str = Field(description="What made it: extraction, tool, reflection, consolidation, "
+                                  "decay, deletion, rollback, forget, ... (an open set)")
     session_id: str
     from_seq: int = Field(description="First message sequence number of the job (inclusive)")
     to_seq: int = Field(description="Last message sequence number of the job (exclusive)")
@@ -96,6 +103,8 @@ class MemoryEvent(Event):
     deletes everything it holds of the user.
     """
 
+    model_config = _PUBLIC
+
     change_id: str = Field(description="Unique per change; the same on a republished copy")
     op: EventOp
     tenant_id: str
@@ -105,13 +114,15 @@ class MemoryEvent(Event):
                                      "closes; erase: 0)")
     before: MemoryState | None = Field(None, description="The version it replaces or closes "
                                                          "(None for add and erase)")
-    after: MemoryState | None = Field(None, description="The version it leaves (add, update: "
-                                                        "active; delete: deleted; erase: None)")
+    after: MemoryState | None = Field(
+        None, description="The version it leaves (add, update: usually active, a late fact "
+                          "kept as history: superseded; delete: deleted or archived; erase: "
+                          "None)")
     reason: str = Field("", description="Why, as the deciding model or the request said")
     lineage: EventLineage
     model: str = Field(description="The model (or rule extractor) that decided")
     prompt_version: str
-    decided_at: datetime
+    decided_at: Timestamp
     erased_versions: int | None = Field(None, description="erase: how many version records "
                                                           "were erased")
     sealed: str | None = Field(None, description="With a master key: before, after and reason, "
@@ -126,7 +137,8 @@ class MemoryEvent(Event):
             change_id=change.change_id, op=change.op, tenant_id=change.tenant_id,
             user_id=change.user_id, memory_id=change.memory_id, version=change.version,
             before=MemoryState.of(change.before), after=MemoryState.of(change.after),
-            reason=change.reason,
+            reason="forget-me" if erase else change.reason,  # the request's words stay in
+            # the audit (memory-changes): downstream learns that, not why
             lineage=EventLineage(kind=lin.kind, session_id=lin.session_id,
                                  from_seq=lin.from_seq, to_seq=lin.to_seq,
                                  message_ids=list(lin.message_ids), job_id=lin.job_id,

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from memstream.topics.events import MemoryEvent
 from memstream.topics.schemas import ChatMessage, DeadLetter, SessionEvent
 
-BASE_URI = "https://memstream.dev/schemas/"
+BASE_URI = "urn:memstream:schema:"  # names, not addresses: the files are in docs/schemas
 Mode = Literal["validation", "serialization"]
 
 # file -> (model, topic suffix, produced by, mode)

@@ -31,19 +31,18 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
-from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
+from memstream.consumer import placing
 from memstream.consumer.dedup import RecentIds
 from memstream.consumer.opening import Content, Opener
 from memstream.core import kafka
 from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
-from memstream.core.topic_reader import Record, read_ranges, topic_partitions
+from memstream.core.topic_reader import Record
 from memstream.topics.events import MemoryEvent
 from memstream.topics.registry import registry
-from memstream.topics.schemas import user_key
 
 log = logging.getLogger(__name__)
 COMMIT_TIMEOUT_S = 10.0
@@ -97,6 +96,7 @@ class MemoryChanges:
         self._consumer: AIOKafkaConsumer | None = None
         self._buffer: collections.deque[Record] = collections.deque()
         self._warm: set[TopicPartition] = set()  # assigned, not read back and placed yet
+        self._seen_to: dict[TopicPartition, int] = {}  # ids known of every offset below
         self._in_flight: Record | None = None
         self._done: dict[TopicPartition, int] = {}  # next offset to commit
         self._committed: dict[TopicPartition, int] = {}
@@ -105,32 +105,44 @@ class MemoryChanges:
     # --- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> MemoryChanges:
-        await self._opener.start()
-        self._consumer = kafka.consumer(
-            self.settings, group_id=self.group_id, enable_auto_commit=False,
-            isolation_level="read_committed",
-            auto_offset_reset="earliest" if self.from_beginning else "latest")
-        await kafka.started(self._consumer)
-        if self.group_id is not None:
-            self._consumer.subscribe([self.topic], listener=_Listener(self))
-        else:
-            tps = await self._wanted_partitions()
-            self._consumer.assign(tps)
-            self._placing(set(tps))
+        try:
+            await self._opener.start()
+            self._consumer = kafka.consumer(
+                self.settings, group_id=self.group_id, enable_auto_commit=False,
+                isolation_level="read_committed",
+                auto_offset_reset="earliest" if self.from_beginning else "latest")
+            await kafka.started(self._consumer)
+            if self.group_id is not None:
+                self._consumer.subscribe([self.topic], listener=_Listener(self))
+            else:
+                tps = await self._wanted_partitions()
+                self._consumer.assign(tps)
+                self._placing(set(tps))
+        except BaseException:
+            await self._close()  # nothing left running behind a failed start
+            raise
         return self
 
     async def stop(self, *, handled: bool = True) -> None:
         """Commit and close. ``handled`` False (the caller's handler raised): the event in
         flight is not committed, the next reader gets it again."""
-        if self._consumer is not None:
-            if handled:
-                self._finish_in_flight()
-            self._in_flight = None
-            if self.group_id is not None:
-                await self.commit()
-            await kafka.stopped(self._consumer)
+        try:
+            if self._consumer is not None:
+                if handled:
+                    self._finish_in_flight()
+                self._in_flight = None
+                if self.group_id is not None:
+                    await self.commit()
+        finally:
+            await self._close()
+
+    async def _close(self) -> None:
+        try:
+            if self._consumer is not None:
+                await kafka.stopped(self._consumer)
+        finally:
             self._consumer = None
-        await self._opener.stop()
+            await self._opener.stop()
 
     async def __aenter__(self) -> MemoryChanges:
         return await self.start()
@@ -147,20 +159,32 @@ class MemoryChanges:
     async def __anext__(self) -> Received:
         assert self._consumer is not None, "MemoryChanges.start() (or async with) first"
         self._finish_in_flight()  # the caller is back: its handler returned
-        if time.monotonic() - self._last_commit >= self.commit_interval_s:
-            await self.commit()
         idle_since = time.monotonic()
         while True:
-            await self._place_new()
+            if time.monotonic() - self._last_commit >= self.commit_interval_s:
+                await self.commit()  # also while idle: the group's lag reaches 0
+            await placing.place_new(self)
             while self._buffer:
                 record = self._buffer.popleft()
-                event = await self._deliverable(record)
+                tp = TopicPartition(record.topic, record.partition)
+                try:
+                    event = await self._deliverable(record)
+                except BaseException:
+                    if self._ours(tp):
+                        self._buffer.appendleft(record)  # not lost: the next call tries it
+                    raise
+                if not self._ours(tp):
+                    continue  # moved (or moving) while it was opened: its reader has it
+                self._seen_to[tp] = record.offset + 1
                 if event is None:
                     self._mark(record)
                     continue
+                self._recent.add(record.partition, event.change_id)
                 self._in_flight = record
                 self.stats.delivered += 1
                 return event
+            if self._warm:
+                continue  # a partition came (back) meanwhile: placed before the next read
             batch = await self._consumer.getmany(timeout_ms=500, max_records=500)
             for records in batch.values():
                 self._buffer.extend(records)
@@ -169,6 +193,11 @@ class MemoryChanges:
             elif self.idle_timeout_s is not None and \
                     time.monotonic() - idle_since >= self.idle_timeout_s:
                 raise StopAsyncIteration
+
+    def _ours(self, tp: TopicPartition) -> bool:
+        """Held, and placed: its records in the buffer come after where it starts."""
+        assert self._consumer is not None
+        return tp in self._consumer.assignment() and tp not in self._warm
 
     async def commit(self) -> bool:
         """Commit the offsets of every event the caller has finished with; False when the
@@ -191,22 +220,9 @@ class MemoryChanges:
         self._committed.update(todo)
         return True
 
-    def lag(self) -> dict[int, int]:
-        """Committed events each held partition is behind its end (as last fetched)."""
-        assert self._consumer is not None
-        out = {}
-        for tp in self._consumer.assignment():
-            end = self._consumer.highwater(tp)
-            if end is not None:
-                out[tp.partition] = max(0, end - self._done.get(tp, end))
-        return out
-
     # --- per record ------------------------------------------------------------------
 
     async def _deliverable(self, record: Record) -> Received | None:
-        tp = TopicPartition(record.topic, record.partition)
-        if tp not in self._consumer_assignment():
-            return None  # moved away meanwhile: its new reader has it
         try:
             event = MemoryEvent.model_validate_json(record.value or b"")
         except ValidationError as exc:
@@ -221,13 +237,9 @@ class MemoryChanges:
             return None
         try:
             opened, content = await self._opener.open(event)
-        except InvalidRecord as exc:  # a blob that does not open with the user's key
+        except InvalidRecord as exc:  # a blob that does not open with the user's own key
             self._invalid(record, str(exc))
             return None
-        except BaseException:
-            self._buffer.appendleft(record)  # not lost: the next call tries it again
-            raise
-        self._recent.add(record.partition, event.change_id)
         self.stats.shredded += content == "shredded"
         return Received(**opened.__dict__, partition=record.partition, offset=record.offset,
                         content=content)
@@ -245,92 +257,27 @@ class MemoryChanges:
             self._mark(self._in_flight)
             self._in_flight = None
 
-    def _consumer_assignment(self) -> set[TopicPartition]:
-        assert self._consumer is not None
-        return set(self._consumer.assignment())
-
-    # --- partitions: where each starts, read back for the dedup window -----------------
+    # --- partitions -----------------------------------------------------------------
 
     async def _wanted_partitions(self) -> list[TopicPartition]:
-        tps = await topic_partitions(self.settings, self.topic)
-        if not tps:
-            raise LookupError(f"topic {self.topic} does not exist (has a worker run?)")
-        if self.user is not None and self.tenant is not None:  # only the user's partition
-            every = [tp.partition for tp in tps]
-            mine = DefaultPartitioner()(user_key(self.tenant, self.user).encode(), every, every)
-            tps = [tp for tp in tps if tp.partition == mine]
-        return tps
+        return await placing.wanted(self.settings, self.topic, self.tenant, self.user)
 
     def _placing(self, tps: set[TopicPartition]) -> None:
-        """New partitions wait (paused) until placed: outside the rebalance callback, so a
-        long read-back never delays the group's heartbeat."""
+        """New partitions wait (paused) until placed (:func:`placing.place_new`): outside
+        the rebalance callback, so a long read-back never delays the group's heartbeat."""
         assert self._consumer is not None
         self._warm |= tps
         self._consumer.pause(*tps)
 
     def _revoked(self, tps: set[TopicPartition]) -> None:
+        """The partitions went: their buffered records with them. Their change ids stay (a
+        change id is one change whoever read it): handed back, they read back nothing."""
         self._warm -= tps
         self._buffer = collections.deque(r for r in self._buffer
                                          if TopicPartition(r.topic, r.partition) not in tps)
         for tp in tps:
-            self._recent.forget(tp.partition)
             self._done.pop(tp, None)
             self._committed.pop(tp, None)
-
-    async def _place_new(self) -> None:
-        c = self._consumer
-        assert c is not None
-        self._warm &= c.assignment()
-        if not self._warm:
-            return
-        todo = set(self._warm)  # they stay to place until placed (an error: tried again)
-        starts = {tp: await self._start_of(c, tp) for tp in todo}
-        await self._read_back(starts)
-        for tp, start in starts.items():
-            if tp in c.assignment():
-                c.seek(tp, start)
-                self._done[tp] = self._committed[tp] = start
-                c.resume(tp)
-        self._warm -= todo
-
-    async def _start_of(self, c: AIOKafkaConsumer, tp: TopicPartition) -> int:
-        given = self.start_at(tp.partition) if self.start_at is not None else None
-        if given is not None:
-            return given
-        if self.group_id is not None:
-            committed = await c.committed(tp)
-            if committed is not None:
-                return int(committed)
-        ends = await (c.beginning_offsets([tp]) if self.from_beginning else c.end_offsets([tp]))
-        return int(ends[tp])
-
-    async def _read_back(self, starts: dict[TopicPartition, int]) -> None:
-        """The change ids of the ``dedup_window`` offsets before each start, in one read."""
-        assert self._consumer is not None
-        if not starts:
-            return
-        lows = await self._consumer.beginning_offsets(list(starts))
-        begin = {tp: max(lows[tp], start - self._recent.window) for tp, start in starts.items()}
-        todo = [tp for tp in starts if begin[tp] < starts[tp]]
-
-        def take(tp: TopicPartition, records: list[Record]) -> None:
-            for r in records:
-                try:
-                    self._recent.add(tp.partition, _change_id(r.value))
-                except ValueError:
-                    continue
-
-        if todo:
-            await read_ranges(self.settings, todo, take, start=begin,
-                              end={tp: starts[tp] for tp in todo}, idle_timeout_s=60.0)
-
-
-class _Id(BaseModel):
-    change_id: str
-
-
-def _change_id(value: bytes | None) -> str:
-    return _Id.model_validate_json(value or b"").change_id
 
 
 class _Listener(ConsumerRebalanceListener):

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Literal
 
-from memstream.core.errors import MemstreamError
+from memstream.core.errors import InvalidRecord, MemstreamError
 from memstream.core.settings import Settings
 from memstream.memory import crypto
 from memstream.memory.user_keys import UserKeys
@@ -21,11 +21,13 @@ from memstream.topics.events import MemoryEvent
 
 log = logging.getLogger(__name__)
 Content = Literal["plain", "opened", "sealed", "shredded"]
-KEY_WAIT_S = 10.0  # a key is on its topic before any event sealed with it: a lagging view
+KEY_WAIT_S = 30.0  # a key is on its topic before any event sealed with it: a lagging view
 
 
 class ContentUnavailable(MemstreamError):
-    """A sealed event arrived and this process cannot open it (no master key)."""
+    """A sealed event this process cannot open: no master key (``require_content``), not
+    the workers' master key, or the user's key not on the key topic. The event is not
+    passed: the reader gives it again on the next call."""
 
 
 class Opener:
@@ -59,15 +61,29 @@ class Opener:
         if not keys.ready and not await keys.wait_ready(60.0):
             raise TimeoutError("the user-keys topic could not be read to its end")
         key_id = crypto.sealed_key_id(event)
+        if self._forgotten_before(event):
+            return event, "shredded"  # its key went with the forget-me request
         deadline = time.monotonic() + KEY_WAIT_S
-        keys_now = keys.keys_of(event.tenant_id, event.user_id)
+        keys_now = self._keys_of(event)
         while key_id not in keys_now:
-            if self._forgotten_before(event) or time.monotonic() > deadline:
-                return event, "shredded"
+            if time.monotonic() > deadline:  # never "shredded" by guess: content not lost
+                raise ContentUnavailable(
+                    f"key {key_id} of {event.tenant_id}/{event.user_id} is not on the "
+                    f"user-keys topic after {KEY_WAIT_S:.0f}s and the user was not "
+                    "forgotten (is the key topic readable?)")
             await asyncio.sleep(0.1)  # a key is on its topic before its first sealed event
-            keys_now = keys.keys_of(event.tenant_id, event.user_id)
+            keys_now = self._keys_of(event)
         opened = crypto.open_event(event, keys_now)
         return (event, "shredded") if opened is None else (opened, "opened")
+
+    def _keys_of(self, event: MemoryEvent) -> dict[str, bytes]:
+        assert self._keys is not None
+        try:
+            return self._keys.keys_of(event.tenant_id, event.user_id)
+        except InvalidRecord as exc:  # the key-encryption key does not fit: configuration
+            raise ContentUnavailable(
+                "the master key does not unwrap the user keys: MEMSTREAM_MASTER_KEY must be "
+                "the workers' own") from exc
 
     def _forgotten_before(self, event: MemoryEvent) -> bool:
         """The user asked to be forgotten after this event: its key is shredded. (An event

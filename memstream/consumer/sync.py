@@ -6,7 +6,8 @@
 
 The reader runs on an event loop in a thread of its own, so the group's heartbeats go on
 while the caller's handler runs (a handler slower than the session timeout would otherwise
-cost the consumer its partitions).
+cost the consumer its partitions; one slower than ``max_poll_interval_ms``, 300 s, still
+does). Close it (``with``): the last offsets are committed on close.
 """
 
 from __future__ import annotations
@@ -35,7 +36,12 @@ class MemoryChangesSync:
         self.reader: MemoryChanges = self._run(_make(settings, kwargs))
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # Ctrl-C while waiting: the read stops too, before close()
+            raise
 
     def __enter__(self) -> MemoryChangesSync:
         self._run(self.reader.start())
@@ -51,7 +57,8 @@ class MemoryChangesSync:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
-            self._loop.close()
+            if not self._thread.is_alive():
+                self._loop.close()
 
     def __iter__(self) -> Iterator[Received]:
         return self

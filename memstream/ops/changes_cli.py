@@ -81,7 +81,8 @@ def tail(settings: Settings, tenant: str | None, user: str | None, as_json: bool
               show_default=True)
 @click.option("--check", is_flag=True, help="Exit 1 if a file differs from the models")
 def schemas(directory: Path, check: bool) -> None:
-    """Write the contract's JSON Schema files (generated from the pydantic models)."""
+    """Write the contract's JSON Schema files (generated from the pydantic models; run it
+    from the repository root, or give --dir)."""
     if check:
         stale = jsonschema.stale(directory)
         for name in stale:

@@ -151,6 +151,10 @@ async def _run(ds, tenant: str, service: Service) -> None:
             assert api and service.profile(tenant, user) == api, user
         counts = Counter(service.applied())
         assert [c for c, n in counts.items() if n > 1] == []  # 0 duplicates applied
+        delivered = Counter(r[0] for r in service.rows("SELECT change_id FROM delivered"))
+        assert [c for c, n in delivered.items() if n > 1] == []  # nor delivered twice
+        assert {r[0] for r in service.rows("SELECT DISTINCT content FROM delivered")} == {
+            "opened"}  # every sealed event opened with the master key
         republished = len(on_topic) - len(ids)
         print(f"downstream: {len(ids)} changes, {republished} republished on the topic, "
               f"{sum(counts.values())} applied once each")

@@ -13,8 +13,13 @@ from types import SimpleNamespace
 import pytest
 from aiokafka.structs import TopicPartition
 
-from memstream.consumer import ContentUnavailable, MemoryChanges, MemoryChangesSync, opening
-from memstream.consumer import changes as changes_module
+from memstream.consumer import (
+    ContentUnavailable,
+    MemoryChanges,
+    MemoryChangesSync,
+    opening,
+    placing,
+)
 from memstream.consumer.changes import _Listener
 from memstream.consumer.opening import Opener
 from memstream.core import kafka
@@ -110,8 +115,8 @@ def patched(monkeypatch, log, stored=None) -> FakeConsumer:
     fake = FakeConsumer(log)
     fake.stored = dict(stored or {})
     monkeypatch.setattr(kafka, "consumer", lambda _s, **c: fake.config.update(c) or fake)
-    monkeypatch.setattr(changes_module, "read_ranges", fake.read_ranges)
-    monkeypatch.setattr(changes_module, "topic_partitions", fake.partitions)
+    monkeypatch.setattr(placing, "read_ranges", fake.read_ranges)
+    monkeypatch.setattr(placing, "topic_partitions", fake.partitions)
     return fake
 
 
@@ -226,9 +231,20 @@ async def test_a_revoked_partition_takes_its_in_flight_and_buffered_events(monke
     reader, fake = await started(monkeypatch, {0: [ev("a"), ev("b")], 1: [ev("c")]})
     assert (await anext(reader)).change_id == "a"
     await fake.rebalance({TP0}, {TP0})  # the group takes it and gives it back meanwhile
-    # a was not finished when the partition went: not committed, read again; b follows it
-    assert await ids(reader) == [(1, 0, "c"), (0, 0, "a"), (0, 1, "b")]
+    # a was not finished when the partition went: not committed then; read again from the
+    # group's offset, it is known here (its handler finishes as the caller comes back)
+    assert await ids(reader) == [(1, 0, "c"), (0, 1, "b")]
+    assert reader.stats.duplicates == 1 and fake.read_backs[1:] == []  # nothing re-read
     assert fake.commits[0] == {TP1: 1} and fake.stored == {TP0: 2, TP1: 1}
+
+
+async def test_a_partition_revoked_for_good_is_read_again_by_its_next_owner(monkeypatch):
+    reader, fake = await started(monkeypatch, {0: [ev("a"), ev("b")]})
+    assert (await anext(reader)).change_id == "a"
+    await fake.rebalance({TP0}, set())
+    assert await ids(reader) == [] and fake.stored == {}  # a is not committed: the next
+    other, _ = await started(monkeypatch, {0: fake.log[TP0]})  # reader gets it
+    assert await ids(other) == [(0, 0, "a"), (0, 1, "b")]
 
 
 async def test_a_revoked_partition_is_not_read_or_committed_any_more(monkeypatch):
@@ -307,7 +323,8 @@ async def test_a_held_key_opens_and_a_forgotten_users_events_are_shredded(monkey
     forgotten = opener(FakeKeys({}, forgotten=after_it)).open(sealed)  # no wait for a key
     assert await asyncio.wait_for(forgotten, opening.KEY_WAIT_S / 4) == (sealed, "shredded")
     monkeypatch.setattr(opening, "KEY_WAIT_S", 0.3)
-    assert await opener(FakeKeys({})).open(sealed) == (sealed, "shredded")  # never comes
+    with pytest.raises(ContentUnavailable, match="not forgotten"):  # never guessed shredded
+        await opener(FakeKeys({})).open(sealed)
     late = FakeKeys({"k1": key}, forgotten=T0.timestamp() - 60, late=1)  # came back: new key
     assert await opener(late).open(sealed) == (event("a"), "opened")
 
@@ -355,3 +372,42 @@ async def test_a_partition_whose_placing_failed_is_placed_at_the_next_call(monke
     with pytest.raises(ConnectionError):
         await anext(reader)
     assert await ids(reader) == [(0, 0, "a")] and TP0 not in fake.paused
+
+
+async def test_a_master_key_that_does_not_unwrap_stops_the_reader_and_loses_nothing(
+        monkeypatch):
+    from memstream.core.errors import InvalidRecord
+
+    class WrongKek(FakeKeys):
+        def keys_of(self, tenant: str, user: str) -> dict[str, bytes]:
+            raise InvalidRecord("undecryptable", "sealed data does not open with this key")
+
+    sealed = crypto.seal_event(event("a"), "k1", crypto.new_data_key()).dumps()
+    reader, fake = await started(monkeypatch, {0: [sealed]})
+    reader._opener = opener(WrongKek({}))
+    with pytest.raises(ContentUnavailable, match="the workers' own"):
+        await anext(reader)
+    await reader.commit()
+    assert reader.stats.invalid == 0 and fake.stored == {}  # not skipped, not committed
+
+
+async def test_an_idle_reader_commits_what_its_caller_finished(monkeypatch):
+    reader, fake = await started(monkeypatch, {0: [ev("a")]}, idle_timeout_s=0.3)
+    assert await ids(reader) == [(0, 0, "a")]  # ends idle, without stop()
+    assert fake.stored == {TP0: 1}
+
+
+async def test_a_record_whose_partition_moved_while_it_was_opened_is_left_to_its_reader(
+        monkeypatch):
+    reader, fake = await started(monkeypatch, {0: [ev("a"), ev("b")]})
+    real, moved = reader._opener.open, []
+
+    async def slow(e):  # a key that comes late: the group rebalances meanwhile
+        if not moved:
+            moved.append(e.change_id)
+            await fake.rebalance({TP0}, {TP0})
+        return await real(e)
+
+    monkeypatch.setattr(reader._opener, "open", slow)
+    assert await ids(reader) == [(0, 0, "a"), (0, 1, "b")]  # once each, in order
+    assert moved == ["a"] and fake.stored == {TP0: 2}

@@ -17,7 +17,7 @@ from memstream.memory.coalescing import on_tool
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, RulesModel
 from memstream.topics.events import MemoryEvent
-from memstream.topics.jsonschema import SCHEMAS, render, stale
+from memstream.topics.jsonschema import SCHEMAS, render, schema_of, stale
 from memstream.topics.schemas import MemoryChange
 from tests.unit.builders import P, forget_request, fresh, job, make_store, msg
 
@@ -102,7 +102,9 @@ def test_an_erase_carries_how_many_records_and_no_content(changes):
     assert (e.op, e.memory_id, e.version, e.before, e.after) == ("erase", "*", 0, None, None)
     assert e.erased_versions == c.after["version_records"] == 2  # v1 and v2
     assert e.lineage.kind == "forget" and e.lineage.message_ids == ["forget-1"]
-    assert e.reason.startswith("forget-me")
+    asked = c.model_copy(update={"reason": "forget-me: ticket #4711, Jane Roe"})
+    assert e.reason == MemoryEvent.of(asked).reason == "forget-me"  # the words stay in the
+    # audit (memory-changes): downstream learns that the user asked, not why
 
 
 @pytest.mark.parametrize("op", ["add", "update", "delete", "erase"])
@@ -167,3 +169,49 @@ def test_a_broken_event_is_rejected_by_the_schema(changes, broken):
     assert v.is_valid(body)
     broken(body)
     assert not v.is_valid(body)
+
+
+# --- the v1 contract, frozen: a field may be added, none removed, retyped or made optional
+V1 = {
+    None: {"change_id": "string", "op": "string", "tenant_id": "string",
+           "user_id": "string", "memory_id": "string", "version": "integer",
+           "before": ["MemoryState", "null"], "after": ["MemoryState", "null"],
+           "reason": "string", "lineage": "EventLineage", "model": "string",
+           "prompt_version": "string", "decided_at": "string",
+           "erased_versions": ["integer", "null"], "sealed": ["null", "string"],
+           "schema_version": "integer"},
+    "MemoryState": {"version": "integer", "content": "string", "type": "string",
+                    "importance": "integer", "status": "string", "slot": ["null", "string"],
+                    "created_at": "string", "updated_at": "string", "valid_from": "string",
+                    "valid_to": ["null", "string"], "expires_at": ["null", "string"],
+                    "event_time": ["null", "string"]},
+    "EventLineage": {"kind": "string", "session_id": "string", "from_seq": "integer",
+                     "to_seq": "integer", "message_ids": "array", "job_id": "string",
+                     "job_seq": "integer", "actor": "string"},
+}
+V1_OPS = ["add", "update", "delete", "erase"]
+
+
+def _json_type(prop: dict) -> object:
+    if "anyOf" in prop:
+        return sorted(str(_json_type(x)) for x in prop["anyOf"])
+    if "$ref" in prop:
+        return prop["$ref"].rsplit("/", 1)[-1]
+    return prop["type"]
+
+
+@pytest.mark.parametrize("part", list(V1), ids=lambda p: p or "MemoryEvent")
+def test_the_v1_contract_only_grows(part):
+    """Consumers in other languages validate against these files: within schema_version 1
+    a field may be added, never removed, renamed, retyped or made optional (bump the
+    version and publish on a new topic instead: docs/consuming.md#evolution)."""
+    schema = schema_of("memory-event.v1.json")
+    node = schema if part is None else schema["$defs"][part]
+    for name, kind in V1[part].items():
+        assert name in node["properties"], f"{name} removed from the v1 contract"
+        assert _json_type(node["properties"][name]) == kind, f"{name} retyped"
+        assert name in node["required"], f"{name} no longer always written"
+    if part is None:
+        assert node["properties"]["op"]["enum"] == V1_OPS  # a new op is a new version
+        assert node["properties"]["schema_version"]["const"] == 1
+    assert node.get("additionalProperties") is not False  # readers ignore unknown fields
