@@ -9,11 +9,16 @@ import os
 import pytest
 
 
+LAST = "tests/integration/test_benchmarks_smoke.py"  # the busiest module: after the
+# unit tests that scripts/test.sh runs beside the integration tests are done
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     unmarked = [i.nodeid for i in items
                 if not (i.get_closest_marker("unit") or i.get_closest_marker("integration"))]
     if unmarked:
         raise pytest.UsageError(f"tests without a unit/integration marker: {unmarked[:5]}")
+    items.sort(key=lambda i: i.nodeid.startswith(LAST))  # stable: the rest keep their order
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
