@@ -8,7 +8,6 @@ import os
 
 import pytest
 
-
 LAST = "tests/integration/test_benchmarks_smoke.py"  # the busiest module: after the
 # unit tests that scripts/test.sh runs beside the integration tests are done
 
