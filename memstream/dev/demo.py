@@ -29,7 +29,7 @@ from memstream.core.kafka_io import TopicReader, send_events, start_producer
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.dev.demo_governance import report_governance
-from memstream.dev.demo_ops import report_operations
+from memstream.dev.demo_ops import report_downstream, report_operations
 from memstream.dev.process import WorkerProcess
 from memstream.topics.registry import (
     Topics,
@@ -302,6 +302,7 @@ def run_demo(base: Settings, *, keep_broker: bool, serve: bool = False,
         windowed = asyncio.run(_windowed(settings, events))
         _report(settings, events, decisions)
         _report_windowed(windowed)
+        report_downstream(settings)
         if workers > 1:
             _report_cluster(settings)
         tenant, user = sorted({(e.tenant_id, e.user_id) for e in events})[0]  # type: ignore[attr-defined]

@@ -72,3 +72,25 @@ def _inspector(settings: Settings, serve: bool) -> None:
     else:
         click.echo(f"\nMemory inspector: {url} while the worker runs "
                    "(`./scripts/demo.sh --serve` keeps it open)")
+
+
+def report_downstream(settings: Settings, shown: int = 4) -> None:
+    """What a downstream service reads: the public memory events (memstream.consumer)."""
+    import asyncio
+    from collections import Counter
+
+    from memstream.consumer import MemoryChanges
+    from memstream.ops.changes_cli import line
+
+    async def read() -> list[str]:
+        async with MemoryChanges(settings, group_id=None, idle_timeout_s=1.0) as found:
+            events = [e async for e in found]
+        ops = Counter(e.op for e in events)
+        head = (f"\nWhat downstream services read ({found.topic}, through "
+                f"memstream.consumer; lines as `memstream changes tail` prints them): "
+                f"{len(events)} events (" + ", ".join(f"{op} {n}" for op, n in
+                                                   sorted(ops.items())) + ")")
+        return [head] + [f"  {line(e)}" for e in events[:shown]]
+
+    for text in asyncio.run(read()):
+        click.echo(text)
