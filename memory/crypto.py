@@ -32,8 +32,10 @@ from memstream.topics.schemas import WIRE, MemoryChange, Vector
 _C = TypeVar("_C", bound=BaseModel)
 VERSION = "v1"
 NONCE_BYTES = 12
-SEALED_FIELDS = ("before", "after", "records", "vector", "reason")
-EVENT_SEALED_FIELDS = ("before", "after", "reason")  # of the public event (topics.events)
+# what sealing moves into the blob, and the values those fields are left with
+SEALED_FIELDS: dict[str, Any] = {"before": None, "after": {}, "records": [], "vector": None,
+                                 "reason": ""}
+EVENT_SEALED_FIELDS: dict[str, Any] = {"before": None, "after": None, "reason": ""}  # public
 
 
 def new_data_key() -> bytes:
@@ -79,13 +81,7 @@ def _aad(change: MemoryChange) -> str:
 
 def seal_change(change: MemoryChange, key_id: str, data_key: bytes) -> MemoryChange:
     """The change with its content sealed (``sealed`` = "v1:<key id>:<nonce+ciphertext>")."""
-    # pydantic-core, the vector packed as on the wire (a float list is ~4x the bytes);
-    # _Content reads both forms, so blobs sealed before 2026-12-02 still open
-    content = change.model_dump_json(include=set(SEALED_FIELDS), context=WIRE).encode()
-    token = _enc(data_key, content, _aad(change))
-    return change.model_copy(update={"before": None, "after": {}, "records": [],
-                                     "vector": None, "reason": "",
-                                     "sealed": f"{VERSION}:{key_id}:{token}"})
+    return _sealed(change, key_id, data_key, _aad(change), SEALED_FIELDS)
 
 
 def _event_aad(event: MemoryEvent) -> str:
@@ -96,10 +92,7 @@ def seal_event(event: MemoryEvent, key_id: str, data_key: bytes) -> MemoryEvent:
     """The public event with its content sealed, with the key that seals its change event
     (a forget-me shreds both at once); the associated data differs, so a blob of one topic
     never opens as the other's."""
-    content = event.model_dump_json(include=set(EVENT_SEALED_FIELDS)).encode()
-    token = _enc(data_key, content, _event_aad(event))
-    return event.model_copy(update={"before": None, "after": None, "reason": "",
-                                    "sealed": f"{VERSION}:{key_id}:{token}"})
+    return _sealed(event, key_id, data_key, _event_aad(event), EVENT_SEALED_FIELDS)
 
 
 def open_event(event: MemoryEvent, keys: Mapping[str, bytes]) -> MemoryEvent | None:
@@ -127,6 +120,17 @@ def open_change(change: MemoryChange, keys: Mapping[str, bytes]) -> MemoryChange
 
 
 _E = TypeVar("_E", MemoryChange, MemoryEvent)
+
+
+def _sealed(plain: _E, key_id: str, data_key: bytes, aad: str,
+            emptied: Mapping[str, Any]) -> _E:
+    """``plain`` with the fields of ``emptied`` sealed into ``sealed`` and set to those
+    values. pydantic-core dumps them, a vector packed as on the wire (a float list is ~4x
+    the bytes; the content models read both forms, so blobs sealed before 2026-12-02 still
+    open)."""
+    content = plain.model_dump_json(include=set(emptied), context=WIRE).encode()
+    token = _enc(data_key, content, aad)
+    return plain.model_copy(update={**emptied, "sealed": f"{VERSION}:{key_id}:{token}"})
 
 
 def _opened(sealed: _E, keys: Mapping[str, bytes], aad: str,

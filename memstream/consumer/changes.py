@@ -115,7 +115,7 @@ class MemoryChanges:
             if self.group_id is not None:
                 self._consumer.subscribe([self.topic], listener=_Listener(self))
             else:
-                tps = await self._wanted_partitions()
+                tps = await placing.wanted(self.settings, self.topic, self.tenant, self.user)
                 self._consumer.assign(tps)
                 self._placing(set(tps))
         except BaseException:
@@ -258,9 +258,6 @@ class MemoryChanges:
             self._in_flight = None
 
     # --- partitions -----------------------------------------------------------------
-
-    async def _wanted_partitions(self) -> list[TopicPartition]:
-        return await placing.wanted(self.settings, self.topic, self.tenant, self.user)
 
     def _placing(self, tps: set[TopicPartition]) -> None:
         """New partitions wait (paused) until placed (:func:`placing.place_new`): outside

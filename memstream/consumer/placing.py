@@ -61,8 +61,10 @@ async def place_new(r: Reader) -> None:
     if not r._warm:
         return
     todo = set(r._warm)  # they stay to place until placed (an error: tried again)
-    starts = {tp: await start_of(r, c, tp) for tp in todo}
-    await read_back(r, c, starts)
+    lows = await c.beginning_offsets(list(todo))
+    highs = await c.end_offsets(list(todo))
+    starts = {tp: await start_of(r, c, tp, lows[tp], highs[tp]) for tp in todo}
+    await read_back(r, starts, lows, highs)
     for tp, start in starts.items():
         if tp in c.assignment():
             c.seek(tp, start)
@@ -71,7 +73,8 @@ async def place_new(r: Reader) -> None:
     r._warm -= todo
 
 
-async def start_of(r: Reader, c: AIOKafkaConsumer, tp: TopicPartition) -> int:
+async def start_of(r: Reader, c: AIOKafkaConsumer, tp: TopicPartition, low: int,
+                   high: int) -> int:
     given = r.start_at(tp.partition) if r.start_at is not None else None
     if given is not None:
         return given
@@ -79,18 +82,13 @@ async def start_of(r: Reader, c: AIOKafkaConsumer, tp: TopicPartition) -> int:
         committed = await c.committed(tp)
         if committed is not None:
             return int(committed)
-    ends = await (c.beginning_offsets([tp]) if r.from_beginning else c.end_offsets([tp]))
-    return int(ends[tp])
+    return low if r.from_beginning else high
 
 
-async def read_back(r: Reader, c: AIOKafkaConsumer,
-                    starts: dict[TopicPartition, int]) -> None:
+async def read_back(r: Reader, starts: dict[TopicPartition, int],
+                    lows: dict[TopicPartition, int], highs: dict[TopicPartition, int]) -> None:
     """The change ids of the ``dedup_window`` offsets before each start (those the reader
     has not seen already), in one read."""
-    if not starts:
-        return
-    lows = await c.beginning_offsets(list(starts))
-    highs = await c.end_offsets(list(starts))
     window = r._recent.window
     begin = {tp: max(lows[tp], start - window, r._seen_to.get(tp, 0))
              for tp, start in starts.items()}

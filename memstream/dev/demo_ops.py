@@ -1,15 +1,20 @@
 """The demo's last part: the operator's view (issue 10): the worker's metrics summary, a
 rebuild of the store from the memory-change topic (verified against the live store by the
-running worker), and where the memory inspector is."""
+running worker), and where the memory inspector is; and what a downstream service reads
+(the public memory events)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
 from typing import Any
 
 import click
 import httpx
 
+from memstream.consumer import MemoryChanges
 from memstream.core.settings import Settings
+from memstream.ops.changes_cli import line
 from memstream.web.models.metrics import MetricsSummary
 
 
@@ -76,12 +81,6 @@ def _inspector(settings: Settings, serve: bool) -> None:
 
 def report_downstream(settings: Settings, shown: int = 4) -> None:
     """What a downstream service reads: the public memory events (memstream.consumer)."""
-    import asyncio
-    from collections import Counter
-
-    from memstream.consumer import MemoryChanges
-    from memstream.ops.changes_cli import line
-
     async def read() -> list[str]:
         async with MemoryChanges(settings, group_id=None, idle_timeout_s=1.0) as found:
             events = [e async for e in found]

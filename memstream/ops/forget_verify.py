@@ -3,12 +3,12 @@ keeps? (SPEC §7; the README states the bound.)
 
 It scans every record physically in every topic memstream owns (aborted transactions
 included: they stay in the log until retention or compaction removes them) for the given
-plaintext needles (canaries), counts the memory-change records of the user that still
-open (plain content, or sealed with a data key that still exists), and the same of its
-public memory events, and asks the store how
-many records of the user it holds besides the fencing cursor (through the worker's admin
-residue view when a worker serves it, else by opening the store: the worker must not be
-running on an embedded store then). Nothing it finds is printed: only where and how many.
+plaintext needles (canaries), counts the memory-change and memory-event records of the
+user that still open (plain content, or sealed with a data key that still exists), and
+asks the store how many records of the user it holds besides the fencing cursor (through
+the worker's admin residue view when a worker serves it, else by opening the store: the
+worker must not be running on an embedded store then). Nothing it finds is printed: only
+where and how many.
 """
 
 from __future__ import annotations
