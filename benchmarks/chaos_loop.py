@@ -5,13 +5,13 @@
     .venv/bin/python benchmarks/chaos_loop.py --smoke --bootstrap HOST:PORT   # 4 users, 1 kill
 
 Prints one line per run (sessions covered, jobs re-sent by their timeout, settle time,
-memories missing / stale / duplicate). A run that fails, re-sends a job or settles slowly
-keeps its worker log and dumps every record of the users concerned (jobs, decisions,
-results, state changelog; committed and uncommitted, so aborted records show) to
-``<work>/run<N>/dump.json``: how the lost jobs of stop 13 were traced. The last line on
-stdout is one JSON object: runs, how many were OK, and one row per run. The broker
-(``--bootstrap``, default ``$MEMSTREAM_TEST_BOOTSTRAP`` or 127.0.0.1:19092) is only used,
-never restarted.
+memories missing / stale / duplicate, the public events against the changelog). A run
+that fails, re-sends a job or settles slowly keeps its worker log and dumps every record of
+the users concerned (jobs, decisions, results, state changelog; committed and uncommitted,
+so aborted records show) to ``<work>/run<N>/dump.json``: how the lost jobs of stop 13
+were traced. The last line on stdout is one JSON object: runs, how many were OK, and one
+row per run. The broker (``--bootstrap``, default ``$MEMSTREAM_TEST_BOOTSTRAP`` or
+127.0.0.1:19092) is only used, never restarted.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 from benchmarks.chaos import (
+    EVENT_CHECKS,
     bench_settings,
+    events_consistent,
     read_topics,
     run_chaos,
     scenario,
@@ -80,11 +82,12 @@ async def one(boot: str, root: Path, i: int, size: Size = FULL) -> dict[str, Any
                           seed=11 + i, settle_timeout=size.settle_timeout, keep_topics=True)
     f = out.figures
     counts = [r.counts() for r in (out.http, out.replayed)]
-    ok = f["sessions_covered"] == f["sessions"] and all(
+    public = {k: f[k] for k in EVENT_CHECKS}
+    ok = f["sessions_covered"] == f["sessions"] and events_consistent(f) and all(
         (c["missing"], c["stale"], c["duplicate"]) == (0, 0, 0) for c in counts)
     print(i, "OK" if ok else "FAIL", f"covered {f['sessions_covered']}/{f['sessions']}",
           f"re-sent {f['job_records_resent_by_timeout']}", f"settle {f['settle_s']}s",
-          "http", counts[0], "replay", counts[1], flush=True)
+          "http", counts[0], "replay", counts[1], "public events", public, flush=True)
     if not ok or f["job_records_resent_by_timeout"] or f["settle_s"] > 60:
         await dump(settings, f, work)
     else:
@@ -94,7 +97,7 @@ async def one(boot: str, root: Path, i: int, size: Size = FULL) -> dict[str, Any
             "sessions_covered": f["sessions_covered"], "kills_done": f["kills_done"],
             "job_records_resent_by_timeout": f["job_records_resent_by_timeout"],
             "settle_s": f["settle_s"], "runtime_s": f["runtime_s"],
-            "http": counts[0], "replay": counts[1]}
+            "http": counts[0], "replay": counts[1], "public_events": public}
 
 
 async def main() -> None:
