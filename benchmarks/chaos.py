@@ -57,10 +57,10 @@ from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
 from memstream.ops.status import serves_what_it_owns
+from memstream.topics.layout import create_topics
 from memstream.topics.registry import (
     Topics,
     all_topic_names,
-    create_topics,
     delete_topics,
     registry,
 )

@@ -53,7 +53,8 @@ from memstream.dev import broker as local_broker
 from memstream.memory import crypto
 from memstream.memory.user_keys import UserKeys
 from memstream.topics.events import MemoryEvent
-from memstream.topics.registry import create_topics, delete_topics, registry
+from memstream.topics.layout import create_topics
+from memstream.topics.registry import delete_topics, registry
 from memstream.topics.schemas import MemoryChange
 
 DIM = 512

@@ -36,10 +36,10 @@ from aiokafka import AIOKafkaProducer
 from memstream.core.kafka_io import TopicReader, send_events, start_producer
 from memstream.core.settings import Settings
 from memstream.dev.process import WorkerProcess
+from memstream.topics.layout import create_topics
 from memstream.topics.registry import (
     Topics,
     all_topic_names,
-    create_topics,
     delete_topics,
     registry,
 )

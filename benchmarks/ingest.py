@@ -47,7 +47,8 @@ from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
 from memstream.dev.stand_in import AckExtractor
-from memstream.topics.registry import all_topic_names, create_topics, delete_topics, registry
+from memstream.topics.layout import create_topics
+from memstream.topics.registry import all_topic_names, delete_topics, registry
 from memstream.topics.schemas import (
     ChatMessage,
     Event,

@@ -42,7 +42,8 @@ from memstream.core.errors import MemstreamError
 from memstream.core.kafka_io import send_events, start_producer
 from memstream.core.settings import Settings
 from memstream.dev.process import WorkerProcess
-from memstream.topics.registry import all_topic_names, create_topics, delete_topics, registry
+from memstream.topics.layout import create_topics
+from memstream.topics.registry import all_topic_names, delete_topics, registry
 from memstream.topics.schemas import ChatMessage
 
 READY = "[^Worker]: Ready"

@@ -84,7 +84,8 @@ from memstream.streams.access import AccessRecorder
 from memstream.streams.counters import Counters
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.waiters import Waiters
-from memstream.topics.registry import Topics, TopicSpec, create_topics, delete_topics, registry
+from memstream.topics.layout import create_topics
+from memstream.topics.registry import Topics, TopicSpec, delete_topics, registry
 from memstream.topics.schemas import AccessEvent
 from memstream.web.backend import WorkerBackend
 from memstream.web.http import HttpServer, build_http_app

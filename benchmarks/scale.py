@@ -107,7 +107,8 @@ from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
 from memstream.memory.shards import partition_of
 from memstream.ops.status import serves_what_it_owns
-from memstream.topics.registry import all_topic_names, create_topics, delete_topics, registry
+from memstream.topics.layout import create_topics
+from memstream.topics.registry import all_topic_names, delete_topics, registry
 from memstream.topics.schemas import ChatMessage, Event, MemoryChange, SessionEvent
 
 QUERIES = ("where do I live?", "am I allergic to anything?", "how many children do I have?",

@@ -198,7 +198,12 @@ class PartitionedStore:
 
 
 def partition_of(tenant_id: str, user_id: str, partitions: int) -> int:
-    """The partition of a user's key ``tenant/user``: what the producers' default
-    partitioner picks (murmur2, as the Java client), so a shard follows the topics."""
-    key = f"{tenant_id}/{user_id}".encode()
+    """The partition of a user's key ``tenant/user``: what the Java client's default
+    partitioner picks (murmur2), so a shard follows the topics."""
+    return partition_of_key(f"{tenant_id}/{user_id}".encode(), partitions)
+
+
+def partition_of_key(key: bytes, partitions: int) -> int:
+    """murmur2(key) % partitions, as the Java client and aiokafka place a keyed record (and
+    as memstream places its own records: streams.placement re-routes producers' others)."""
     return (murmur2(key) & 0x7FFFFFFF) % partitions

@@ -15,6 +15,8 @@ from memstream.ops.changes_cli import changes, schemas
 from memstream.ops.rebuild import rebuild
 from memstream.ops.replay_cli import replay
 
+EXIT_LAYOUT = 78  # EX_CONFIG: the topics do not have the layout the worker needs
+
 
 class _Main(click.Group):
     """A broker that cannot be reached, or refuses the login, is one clear line."""
@@ -98,11 +100,20 @@ def topics() -> None:
 @topics.command("create")
 @click.pass_obj
 def topics_create(settings: Settings) -> None:
-    """Create every topic of the registry that does not exist yet (idempotent)."""
-    from memstream.topics.registry import create_topics
+    """Create every topic of the registry that does not exist yet (idempotent) and check
+    the existing ones: partitions, replication, cleanup policy, retention."""
+    from memstream.topics.layout import LayoutError, prepare
 
-    created = asyncio.run(create_topics(settings))
+    try:
+        layout = asyncio.run(prepare(settings))
+    except LayoutError as exc:
+        for line in exc.lines:
+            click.echo(line, err=True)
+        sys.exit(EXIT_LAYOUT)
+    created = layout.created
     click.echo(f"created {len(created)} topic(s): {', '.join(created) or '-'}")
+    click.echo(f"every topic checked: {layout.partitions} partitions, "
+               f"{layout.replication.describe()}")
 
 
 @topics.command("list")
@@ -245,14 +256,23 @@ def _run_worker(settings: Settings, loglevel: str) -> None:
 
     from memstream.core.retry import RetryPolicy, retry_async
     from memstream.streams.faust_setup import Worker
-    from memstream.topics.registry import create_topics
+    from memstream.topics.layout import LayoutError, prepare
     from memstream.worker import build_worker
 
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
-    # A broker that is restarting is waited for (broker_wait_s), not a reason to exit at once.
-    asyncio.run(retry_async(lambda: create_topics(settings),
-                            policy=RetryPolicy(first_delay_s=1.0, max_delay_s=10.0),
-                            deadline=time.time() + settings.broker_wait_s, clock=time.time))
+    # A broker that is restarting is waited for (broker_wait_s), not a reason to exit at once;
+    # topics that do not fit are a refusal (one line each), never a fallback.
+    try:
+        layout = asyncio.run(retry_async(
+            lambda: prepare(settings), policy=RetryPolicy(first_delay_s=1.0, max_delay_s=10.0),
+            deadline=time.time() + settings.broker_wait_s, clock=time.time))
+    except LayoutError as exc:
+        for line in exc.lines:
+            click.echo(f"memstream worker refuses to start: {line}", err=True)
+        sys.exit(EXIT_LAYOUT)
+    click.echo(f"topics: {layout.partitions} partitions, {layout.replication.describe()}"
+               f"{'; created ' + str(len(layout.created)) if layout.created else ''}", err=True)
+    settings = layout.applied(settings)
     pipeline = build_worker(settings)
     if settings.extract_enabled:
         # Load the embedder model now, not on the first job: it takes seconds, which the

@@ -30,6 +30,8 @@ class Counters:
     stale_results: int = 0
     messages_overdue: int = 0  # a gauge: unscanned past every trigger (ingest_state.overdue)
     ticks: int = 0
+    # producers' records that arrived off their key's partition, re-routed (streams.placement)
+    misplaced_records: int = 0
     # fencing (memory.fencing): jobs not decided again, decisions refused or re-published
     jobs_skipped: int = 0
     decisions_fenced: int = 0

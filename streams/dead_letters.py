@@ -41,7 +41,10 @@ EXIT_UNDELIVERABLE = 75  # EX_TEMPFAIL: a transaction the broker refuses for goo
 
 def decode_input(p: Pipeline, topic: str, key: bytes | None, value: bytes | None) -> BaseModel:
     """One record of the ingest stage's co-partitioned inputs, by the schema of its topic."""
-    model = p.input_models[topic]
+    model = p.input_models.get(topic)
+    if model is None:  # a record on the repartition topic that names no producers' topic
+        raise InvalidRecord("schema", f"{topic}: no memstream-source header naming a topic "
+                            "producers write")
     event = decode(model, value, key, max_bytes=p.settings.max_message_bytes)
     if isinstance(event, ChatMessage):
         check_message(event, p.settings.max_content_chars)

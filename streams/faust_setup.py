@@ -163,7 +163,8 @@ def faust_kwargs(settings: Settings) -> dict[str, Any]:
         "broker_credentials": faust_credentials(settings),
         "store": "memory://",
         "topic_partitions": settings.partitions,
-        "topic_replication_factor": 1,
+        # the layout's replication (topics.layout resolves it at start), as every topic's
+        "topic_replication_factor": settings.replication_factor or 1,
         # Faust reads no topic of the pipeline: every stage runs in its own transactional
         # loop (streams.owned_loop); Faust's consumer only takes part in its group.
         "processing_guarantee": "at_least_once",

@@ -14,7 +14,7 @@ Kafka so the state is only ever changed inside the loop.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -28,7 +28,7 @@ from memstream.core.errors import InvalidRecord
 from memstream.memory import coalescing as machine
 from memstream.memory import metrics
 from memstream.memory.ingest_state import UserState, overdue, restore, snapshot
-from memstream.streams import privacy, window
+from memstream.streams import placement, privacy, window
 from memstream.streams.counters import add
 from memstream.streams.dead_letters import decode_input, set_aside
 from memstream.streams.ingest_tables import LoopTable
@@ -141,11 +141,17 @@ def handle_event(p: Pipeline, batch: Batch, decoded: Any) -> None:
 
 def handle_record(p: Pipeline, batch: Batch, record: Any) -> None:
     """One input record: decoded, or set aside as a dead letter (sent in the batch's
-    transaction, so it is there exactly when the record counts as read)."""
+    transaction, so it is there exactly when the record counts as read); one that is not
+    on its key's partition is re-routed there."""
     try:
-        decoded = decode_input(p, record.topic, record.key, record.value)
+        decoded = decode_input(p, placement.source_topic(p.topics, record), record.key,
+                               record.value)
     except InvalidRecord as exc:
         set_aside(p, batch, exc, record)
+        return
+    placed = placement.misplaced(p.topics, p.settings.partitions, record)
+    if placed is not None:
+        batch.placed.append(placed)
         return
     if isinstance(decoded, Tick) and privacy.is_roll(decoded.tenant_id):
         privacy.roll_tables(p.state, p.window)  # segments roll: compaction drops erased data
@@ -265,7 +271,14 @@ class IngestStage:
             for record in records:
                 handle_record(self.p, batch, record)
             finish(self.p, batch)
+        if batch.placed:
+            batch.after.append(self._count_rerouted(len(batch.placed)))
         return batch
+
+    def _count_rerouted(self, n: int) -> Callable[[], Awaitable[None]]:
+        async def count() -> None:  # once committed: an aborted batch is read again
+            self.p.counters.misplaced_records += n
+        return count
 
     def assigned(self, partitions: set[int]) -> None:
         now = self.p.clock()

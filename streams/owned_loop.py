@@ -299,6 +299,9 @@ class OwnedLoop(Rebalancing):
         await producer.begin_transaction()
         sent = [await producer.send(topic, key=key, value=value)
                 for topic, key, value in work.out]
+        sent += [await producer.send(r.topic, key=r.key, value=r.value, partition=r.partition,
+                                     timestamp_ms=r.timestamp_ms, headers=list(r.headers))
+                 for r in work.placed]
         for table in self.tables:
             sent += [await producer.send(table.topic, key=key, value=value, partition=partition)
                      for key, value in table.changelog(partition)]

@@ -60,6 +60,7 @@ class Rebalancing:
         self.taken: set[int] = set()  # owned partitions whose take is done
         self.epochs: dict[int, int] = {}  # partition -> times it was given up
         self.rebalancing = False  # between the revoke and the assignment
+        self.assignments = 0  # assignments seen (0: not joined yet: owns nothing known)
         self.taker: asyncio.Task[None] | None = None
         self._legacy: dict[TopicPartition, int] | None = None  # the Faust group's offsets
 
@@ -99,6 +100,13 @@ class Rebalancing:
     async def _assign(self, assigned: set[TopicPartition]) -> None:
         assert self.consumer is not None
         parts = {tp.partition for tp in assigned}
+        beyond = sorted({tp.topic for tp in assigned if tp.partition >= self.settings.partitions})
+        if beyond:  # partitions added while the worker ran: users would move (misrouted)
+            self.on_fatal(f"{', '.join(beyond)} now has more than the "
+                          f"{self.settings.partitions} partitions the worker started with: "
+                          "users are placed by murmur2(key) % partitions, so a count cannot "
+                          "change in place (docs/operations.md#growing-the-partition-count)")
+            return
         for topic in self.inputs:
             got = {tp.partition for tp in assigned if tp.topic == topic}
             if got != parts:
@@ -118,6 +126,7 @@ class Rebalancing:
             self.consumer.pause(*waiting)
         self.rebalancing = False
         self.ready = parts & self.taken
+        self.assignments += 1
         self.stage.assigned(set(self.ready))
         log.info("%s loop: partitions %s (new %s, being taken %s)", self.stage.name,
                  sorted(parts), sorted(new), sorted(self.taking))

@@ -89,10 +89,13 @@ class Pipeline:
     cluster: Any = None
     shards: Any = None
     standbys: Any = None
+    global_copy: Any = None  # the global memories' shard (streams.standby.GlobalCopy)
     # the owned loops that run here (streams.owned_loop): their lag, their stop
     loops: list[Any] = field(default_factory=list)
 
     @cached_property
     def input_models(self) -> dict[str, type[BaseModel]]:
-        """Which schema each input topic carries."""
-        return {t.name: t.schema for t in self.topics.ingest_inputs()}
+        """Which schema each input topic carries (the repartition topic: the schema of the
+        topic each record names, streams.placement)."""
+        return {t.name: t.schema for t in self.topics.ingest_inputs()
+                if t is not self.topics.repartition}

@@ -58,6 +58,7 @@ def register(p: Pipeline) -> None:
     p.cluster.listeners.append(on_map)
     shared = GlobalCopy(s, store, open_shard, p.topics.global_changes.name, opener,
                         keeper.files, clock=p.clock)
+    p.global_copy = shared
     faust_setup.start_with_app(p.app, shared.start)
 
     @p.app.on_before_shutdown.connect  # type: ignore[arg-type]

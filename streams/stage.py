@@ -26,6 +26,19 @@ HANDLER_RETRY = RetryPolicy(first_delay_s=0.5, max_delay_s=30.0)
 Record = tuple[str, bytes | None, bytes | None]  # topic, key, value
 
 
+@dataclass(frozen=True)
+class Placed:
+    """A record sent to a given partition with its own time and headers (a re-routed
+    input keeps the time it was produced with: the loops merge inputs by time)."""
+
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
 @dataclass
 class Work:
     """What one batch of one partition produced: the records to send in its transaction,
@@ -33,6 +46,7 @@ class Work:
     early could read what an aborted transaction then takes back)."""
 
     out: list[Record] = field(default_factory=list)
+    placed: list[Placed] = field(default_factory=list)
     after: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # how many of the records it was given the stage took (None: all); the rest go into
     # the next transaction

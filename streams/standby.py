@@ -280,6 +280,7 @@ class GlobalCopy:
         self.clock = clock
         self.task: asyncio.Task[None] | None = None
         self.offset = 0
+        self.caught_up = False  # read once to the end the topic had when it was followed
 
     async def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name="global-shard")
@@ -312,7 +313,11 @@ class GlobalCopy:
                     await asyncio.to_thread(job.on_changes, records)
                     self.offset = records[-1].offset + 1
 
-                await follow(self.settings, self.topic, handle, positions=positions)
+                def caught_up() -> None:
+                    self.caught_up = True
+
+                await follow(self.settings, self.topic, handle, positions=positions,
+                             caught_up=caught_up)
                 await asyncio.sleep(2.0)  # the topic does not exist yet
             except asyncio.CancelledError:
                 raise

@@ -2,7 +2,7 @@
 
 The co-partitioned topics (messages, session events, job results, ticks) share one key
 (``tenant/user``) and one partition count, so the ingest loop that owns a partition sees all
-of one user's events in order. ``create_topics`` is idempotent.
+of one user's events in order. :mod:`topics.layout` creates and checks them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from memstream.core.errors import BrokerError
 from memstream.core.settings import Settings
 from memstream.topics.events import MemoryEvent
 from memstream.topics.schemas import (
@@ -74,19 +73,25 @@ class Topics:
     maintenance_ticks: TopicSpec
     user_keys: TopicSpec
     global_changes: TopicSpec
+    repartition: TopicSpec
 
     def all(self) -> list[TopicSpec]:
         return [
             self.messages, self.session_events, self.jobs, self.job_results, self.ticks,
             self.dead_letters, self.decisions, self.memory_changes, self.memory_events,
             self.tool_requests, self.memory_access, self.api_keys, self.maintenance_ticks,
-            self.user_keys, self.global_changes,
+            self.user_keys, self.global_changes, self.repartition,
         ]
 
     def ingest_inputs(self) -> list[TopicSpec]:
         """What the ingest stage consumes, in one co-partitioned stream."""
         return [self.messages, self.session_events, self.job_results, self.ticks,
-                self.tool_requests]
+                self.tool_requests, self.repartition]
+
+    def placed_by_producers(self) -> list[TopicSpec]:
+        """The inputs other programs write: a record may arrive on a partition that is not
+        its key's (another client's partitioner) and is re-routed (streams.ingest)."""
+        return [self.messages, self.session_events]
 
 
 def registry(settings: Settings) -> Topics:
@@ -180,6 +185,15 @@ def registry(settings: Settings) -> Topics:
                 "published here in the same transaction: every worker keeps a copy "
                 "(store_partitioned), whichever partition the global user's key is on.",
         ),
+        repartition=TopicSpec(
+            settings.topic("ingest-repartition"), ChatMessage, n, keep,
+            doc="Chat messages and session events that arrived on a partition other than "
+                "their key's (a producer with another partitioner: librdkafka's CRC-32, "
+                "round robin), re-sent by the ingest stage to murmur2(key) % partitions "
+                "in its transaction; the header memstream-source names the original topic.",
+            extra_config={"max.message.bytes": str(
+                max(settings.max_message_bytes * 2, KAFKA_MAX_MESSAGE_BYTES)), **rolled},
+        ),
     )
 
 
@@ -227,33 +241,6 @@ def all_topic_names(settings: Settings) -> list[str]:
     app = settings.app_id
     return [t.name for t in registry(settings).all()] + [
         changelog_name(settings, table) for table in TABLES] + [f"{app}-__assignor-__leader"]
-
-
-async def create_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> list[str]:
-    """Create the topics that do not exist yet; returns the names created."""
-    from aiokafka.admin import NewTopic
-
-    from memstream.core import kafka
-
-    specs = specs if specs is not None else registry(settings).all() + table_changelogs(settings)
-    admin = kafka.admin(settings)
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        todo = [s for s in specs if s.name not in existing]
-        if todo:
-            new = [NewTopic(s.name, s.partitions, 1, topic_configs=s.config()) for s in todo]
-            response = await admin.create_topics(new)
-            errors = [
-                (name, code)
-                for name, code, *_ in getattr(response, "topic_errors", [])
-                if code not in (0, 36)  # 36: TOPIC_ALREADY_EXISTS (a concurrent creator)
-            ]
-            if errors:
-                raise BrokerError(f"topic creation failed: {errors}")
-        return [s.name for s in todo]
-    finally:
-        await admin.close()
 
 
 async def delete_topics(settings: Settings, names: list[str]) -> None:

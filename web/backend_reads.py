@@ -26,6 +26,7 @@ from memstream.memory.tools import TOOLS
 from memstream.streams import privacy, window
 from memstream.streams.access import AccessRecorder, access_event
 from memstream.streams.pipeline import Pipeline
+from memstream.streams.readiness import readiness, restoring
 from memstream.web.http_base import ApiError
 from memstream.web.models.api import (
     Accepted,
@@ -33,6 +34,7 @@ from memstream.web.models.api import (
     ContextResponse,
     ErrorCode,
     FeedbackRequest,
+    Health,
     MemoryPage,
     SearchRequest,
     SearchResponse,
@@ -87,18 +89,26 @@ class ReadBackend:
         self.started = False
 
     def ready(self) -> bool:
-        """Serving, and the tables (window, ingest state) restored after a (re)start: until
-        then answers would be silently incomplete, so the API says 503."""
+        """Serving: the API started, the loops joined their groups, the user keys known
+        (forget-me markers). Until then every request gets 503."""
         if not self.started:
             return False
-        keys = self.p.user_keys
-        if keys is not None and not keys.ready:  # forget-me markers not all known yet
-            return False
-        try:
-            tables: Any = self.p.app.tables
-            return bool(tables.recovery.completed.is_set())
-        except AttributeError:  # no table manager (not a Faust worker): nothing to restore
-            return True
+        found = readiness(self.p)
+        return found.joined and not found.waiting
+
+    def serving(self, tenant: str, user: str) -> bool:
+        """The user's partition is not being taken here: its tables (the window) and store
+        shard are restored, so an answer is not silently partial (else 503, retry)."""
+        return not restoring(self.p, tenant, user)
+
+    def health(self) -> Health:
+        """Ready only when every owned partition is restored (``/v1/health``)."""
+        found = readiness(self.p)
+        waiting = [*([] if self.started else ["api"]), *([] if found.joined else ["joining"]),
+                   *found.waiting]
+        return Health(status="ok" if found.ready and self.started else "starting",
+                      owned=list(found.owned), restoring=list(found.restoring),
+                      forwarding=found.forwarding, waiting=waiting)
 
     def tools(self) -> list[dict[str, Any]]:
         return TOOLS

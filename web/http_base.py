@@ -25,6 +25,7 @@ from memstream.web.models.api import (
     ContextResponse,
     ErrorCode,
     FeedbackRequest,
+    Health,
     MemoryPage,
     Principal,
     SearchRequest,
@@ -74,6 +75,8 @@ class Authoriser(Protocol):
 
 class Backend(Protocol):
     def ready(self) -> bool: ...
+    def serving(self, tenant: str, user: str) -> bool: ...
+    def health(self) -> Health: ...
     def tools(self) -> list[dict[str, Any]]: ...
     async def list_memories(self, tenant: str, user: str, *, limit: int, cursor: str | None,
                             status: str | None, type: str | None) -> MemoryPage: ...

@@ -77,8 +77,12 @@ def scoped(request: web.Request, *names: str) -> tuple[Principal, list[str]]:
             raise bad(f"invalid {label} id: 1-128 of letters, digits and . _ : @ + = -")
     if not principal.may_open(values[0]):
         raise ApiError(403, ErrorCode.FORBIDDEN, "this key does not open this tenant")
-    if not request.app[DEPS].backend.ready():
+    backend = request.app[DEPS].backend
+    if not backend.ready():
         raise ApiError(503, ErrorCode.UNAVAILABLE, "starting, retry later")
+    if len(values) > 1 and not backend.serving(values[0], values[1]):
+        raise ApiError(503, ErrorCode.UNAVAILABLE, "this user's partition is being restored "
+                       "here, retry later")
     return principal, values
 
 

@@ -25,8 +25,8 @@ from memstream.web.models.api import (
 
 
 async def _health(request: web.Request) -> web.StreamResponse:
-    ready = request.app[DEPS].backend.ready()
-    return ok(Health(status="ok" if ready else "starting"), 200 if ready else 503)
+    health = request.app[DEPS].backend.health()
+    return ok(health, 200 if health.status == "ok" else 503)
 
 
 async def _openapi(request: web.Request) -> web.StreamResponse:

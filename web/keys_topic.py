@@ -28,7 +28,8 @@ from memstream.core import kafka
 from memstream.core.errors import BrokerError, ConfigError, InvalidRecord, MemstreamError
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import Record, follow, read_ranges, topic_partitions
-from memstream.topics.registry import KEYS_TOPIC, TopicSpec, create_topics, registry
+from memstream.topics.layout import create_topics
+from memstream.topics.registry import KEYS_TOPIC, TopicSpec, registry
 from memstream.web.keys import KeyRecord, KeyRing, decode, new_key, revoke, verify
 
 # The logger keeps the name it had before this module was split from keys.py, so that

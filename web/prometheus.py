@@ -78,28 +78,6 @@ class StoreSize:
             self._at = self._clock()
 
 
-def consumer_lags(app: Any) -> dict[tuple[str, int], int]:
-    """(topic, partition) -> highwater - committed offset, for this worker's assigned input
-    partitions (table changelogs left out). Never raises: what cannot be read is left out."""
-    try:
-        consumer = app.consumer
-        assigned = list(consumer.assignment())
-        committed_by_tp = consumer._committed_offset
-    except Exception:
-        return {}
-    found: dict[tuple[str, int], int] = {}
-    for tp in assigned:
-        if tp.topic.endswith("-changelog"):
-            continue
-        try:
-            high, committed = consumer.highwater(tp), committed_by_tp.get(tp)
-        except Exception:
-            continue
-        if isinstance(high, int) and isinstance(committed, int):
-            found[(tp.topic, tp.partition)] = max(0, high - committed)
-    return found
-
-
 def _histogram(name: str, doc: str, b: m.Buckets) -> HistogramMetricFamily:
     buckets = [(floatToGoString(le) if not math.isinf(le) else "+Inf", float(n))
                for le, n in b.cumulative()]
@@ -167,6 +145,9 @@ class PipelineCollector(Collector):
                                 "scanned although their idle flush and a job timeout have "
                                 "passed (0 when healthy: more is a lost message or job)",
                                 value=c.messages_overdue)
+        yield _counter("memstream_misplaced_records", "Producers' records that arrived on a "
+                       "partition other than murmur2(key) % partitions (another client's "
+                       "partitioner), re-routed through the repartition topic", c.misplaced_records)
         yield _counter("memstream_trivial_jobs", "Jobs resolved without an LLM call (every "
                        "user message trivial)", c.trivial_resolved)
         yield _labelled("memstream_job_results", "Job results read by the ingest stage",
@@ -242,8 +223,8 @@ def attach(app: web.Application, p: Any) -> MetricsDeps:
     # looked up at each count: follows a store the worker switched to (a rebuild)
     store = StoreSize(lambda: p.services.store.count(), p.settings.metrics_store_count_s)
 
-    def lags() -> dict[tuple[str, int], int]:  # Faust's consumer's and the owned loops'
-        found = consumer_lags(p.app)
+    def lags() -> dict[tuple[str, int], int]:  # the owned loops' (their inputs)
+        found: dict[tuple[str, int], int] = {}
         for loop in p.loops:
             found.update(loop.lags())
         return found

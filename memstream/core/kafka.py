@@ -65,7 +65,10 @@ def connection(settings: Settings) -> dict[str, Any]:
 
 
 def producer(settings: Settings, **kwargs: Any) -> AIOKafkaProducer:
-    """A producer (not started) on the configured connection."""
+    """A producer (not started) on the configured connection. ``acks="all"`` unless told
+    otherwise: a write is acknowledged once ``min.insync.replicas`` replicas have it, so the
+    loss of the partition's leader does not lose it (aiokafka's default is 1)."""
+    kwargs.setdefault("acks", "all")
     return AIOKafkaProducer(**connection(settings), **kwargs)
 
 

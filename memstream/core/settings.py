@@ -39,7 +39,18 @@ class Settings(BaseSettings):
     app_id: str = Field("memstream", description="App id: prefix of the stages' consumer "
                         "groups, transactional ids and table changelogs (and Faust's group)")
     topic_prefix: str = Field("memstream", description="Prefix of every topic memstream owns")
-    partitions: int = Field(4, ge=1, description="Partitions of the co-partitioned topics")
+    partitions: int = Field(
+        4, ge=1, description="Partitions of the co-partitioned topics: they are created with "
+        "this many, and a worker refuses to start on topics that have another count (growing "
+        "it: docs/operations.md)")
+    replication_factor: int | None = Field(
+        None, ge=1, description="Replicas of every topic memstream creates; None: 3 on a "
+        "cluster of 3 or more brokers, else the broker count. A worker refuses to start on "
+        "topics with fewer")
+    min_insync_replicas: int | None = Field(
+        None, ge=1, description="min.insync.replicas of every topic memstream creates (with "
+        "acks=all, a write is acknowledged once this many replicas have it); None: "
+        "replication_factor - 1, at least 1")
     ingest_batch_records: int = Field(
         1000, ge=1, description="The ingest loop's batch: at most this many records per poll, "
         "handled and committed in one transaction per partition")

@@ -31,10 +31,10 @@ from memstream.dev import broker as local_broker
 from memstream.dev.demo_governance import report_governance
 from memstream.dev.demo_ops import report_downstream, report_operations
 from memstream.dev.process import WorkerProcess
+from memstream.topics.layout import create_topics
 from memstream.topics.registry import (
     Topics,
     all_topic_names,
-    create_topics,
     delete_topics,
     registry,
 )

@@ -36,7 +36,8 @@ from memstream.dev.locomo import (
 )
 from memstream.dev.locomo_judge import Judge
 from memstream.dev.process import WorkerProcess
-from memstream.topics.registry import all_topic_names, create_topics, delete_topics, registry
+from memstream.topics.layout import create_topics
+from memstream.topics.registry import all_topic_names, delete_topics, registry
 from memstream.topics.schemas import ChatMessage, JobDecision
 
 ADMIN = "locomo-admin-key"

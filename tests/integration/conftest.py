@@ -33,7 +33,8 @@ from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
 from memstream.memory.apply import apply_change
 from memstream.memory.store_server import ServerStore
-from memstream.topics.registry import all_topic_names, create_topics, delete_topics, registry
+from memstream.topics.layout import create_topics
+from memstream.topics.registry import all_topic_names, delete_topics, registry
 from memstream.topics.schemas import (
     ChatMessage,
     Event,

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from memstream.cli import main
 from memstream.core import kafka
 from memstream.core.settings import Settings
-from memstream.topics.registry import create_topics, delete_topics
+from memstream.topics.layout import create_topics
+from memstream.topics.registry import delete_topics
 from memstream.web.keys import KeyRecord, KeyRing, sign
 from memstream.web.keys_topic import (
     KeyFollower,

@@ -29,7 +29,7 @@ from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.dev.process import READY_MARKER, WorkerProcess, settings_env
-from memstream.topics.registry import create_topics
+from memstream.topics.layout import create_topics
 from tests.integration.conftest import free_port, running, until
 
 pytestmark = pytest.mark.integration

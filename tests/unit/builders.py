@@ -37,6 +37,7 @@ from memstream.web.models.api import (
     ErrorBody,
     ErrorCode,
     FeedbackRequest,
+    Health,
     MemoryOut,
     MemoryPage,
     Principal,
@@ -123,13 +124,17 @@ class FakeProducer:
         self.offsets: list[dict[TopicPartition, int]] = []
         self._open: list[tuple[str, bytes | None, bytes | None, int | None]] | None = None
         self._ends: dict[tuple[str, int], int] = {}
+        # (topic, partition) -> the timestamp and headers each record was sent with
+        self.stamped: list[tuple[str, int | None, int | None, list[tuple[str, bytes]]]] = []
 
     async def begin_transaction(self) -> None:
         self._open = []
 
-    async def send(self, topic, key=None, value=None, partition=None):
+    async def send(self, topic, key=None, value=None, partition=None, timestamp_ms=None,
+                   headers=None):
         assert self._open is not None
         self._open.append((topic, key, value, partition))
+        self.stamped.append((topic, partition, timestamp_ms, list(headers or [])))
         delivered = asyncio.get_running_loop().create_future()
         where = (topic, partition or 0)  # what the broker says it wrote
         self._ends[where] = self._ends.get(where, 0) + 1
@@ -240,6 +245,12 @@ class FakeBackend:
 
     def ready(self) -> bool:
         return self.is_ready
+
+    def serving(self, tenant: str, user: str) -> bool:
+        return self.is_ready
+
+    def health(self) -> Health:
+        return Health(status="ok" if self.is_ready else "starting")
 
     def tools(self) -> list[dict[str, Any]]:
         return [TOOL]

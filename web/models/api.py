@@ -153,7 +153,14 @@ class Accepted(_Out):
 
 
 class Health(_Out):
+    """``ok``: every partition this worker owns is restored and served (or it owns none and
+    answers by forwarding); ``starting``: not yet, ``restoring`` names the partitions."""
+
     status: Literal["ok", "starting"]
+    owned: list[int] = Field(default_factory=list)  # partitions this worker owns
+    restoring: list[int] = Field(default_factory=list)  # owned, still being restored
+    forwarding: bool = False  # owns none: every user's requests go to their owner
+    waiting: list[str] = Field(default_factory=list)  # e.g. "joining", "user-keys"
 
 
 # --- agent tools -------------------------------------------------------------------------

@@ -10,8 +10,6 @@ own loops, streams/owned_loop.py); what is left:
   ``App.on_start`` (which starts what :func:`start_with_app` kept in the app's
   ``__dict__`` under ``early``, through ``Service.add_future``) and
   ``Worker.on_setup_root_logger``;
-- ``web/prometheus.py`` reads ``Consumer._committed_offset``, ``assignment()`` and
-  ``highwater()``; ``web/backend.py`` ``app.tables.recovery.completed``;
 - ``memstream/cli.py`` builds ``Worker(app, **options)``.
 
 Every override was written against :data:`REVIEWED`. After an upgrade, re-read those files
@@ -35,8 +33,6 @@ import mode.services
 import mode.worker
 import pytest
 from faust.transport.consumer import Consumer
-from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import TP
 from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
 from memstream.core.settings import Settings
@@ -124,18 +120,6 @@ def test_worker_takes_the_app_first_and_keyword_options():
 def make_app(tmp_path: Path) -> faust.App:
     settings = Settings(data_dir=tmp_path)
     return faust_setup.App(settings.app_id, **faust_setup.faust_kwargs(settings))
-
-
-async def test_the_consumer_keeps_the_offset_state_the_metrics_read(tmp_path):
-    app = make_app(tmp_path)
-    consumer = app.consumer
-    assert type(consumer) is faust_aiokafka.Consumer
-    assert consumer._committed_offset[TP("t", 0)] is None  # a partition never committed
-
-
-async def test_the_table_recovery_signals_completion(tmp_path):
-    app = make_app(tmp_path)
-    assert isinstance(app.tables.recovery.completed, asyncio.Event)  # web/backend.py: ready()
 
 
 async def test_what_starts_with_the_app_runs_when_it_starts(tmp_path):

@@ -294,13 +294,28 @@ async def test_health_follows_readiness_and_gates_the_scoped_routes():
     backend.is_ready = False
     async with serve(backend) as (client, _):
         resp = await client.get(paths.HEALTH)
-        assert (resp.status, await resp.json()) == (503, {"status": "starting"})
+        assert (resp.status, (await resp.json())["status"]) == (503, "starting")
         resp = await client.post(user_path(paths.SEARCH), json={"query": "tea"}, headers=bearer())
         await error_of(resp, 503, ErrorCode.UNAVAILABLE)
         backend.is_ready = True
         resp = await client.get(paths.HEALTH)
-        assert (resp.status, await resp.json()) == (200, {"status": "ok"})
+        assert (resp.status, (await resp.json())["status"]) == (200, "ok")
     assert backend.calls == []
+
+
+async def test_a_user_whose_partition_is_being_restored_waits_the_others_do_not():
+    class Restoring(FakeBackend):
+        def serving(self, tenant: str, user: str) -> bool:
+            return user != "u1"
+
+    backend = Restoring()
+    async with serve(backend) as (client, _):
+        resp = await client.post(user_path(paths.SEARCH), json={"query": "tea"}, headers=bearer())
+        assert "restored" in await error_of(resp, 503, ErrorCode.UNAVAILABLE)
+        resp = await client.post(user_path(paths.SEARCH, user="other-user"),
+                                 json={"query": "tea"}, headers=bearer())
+        assert resp.status == 200
+    assert [c[:3] for c in backend.calls] == [("search", "acme", "other-user")]
 
 
 # --- OpenAPI ----------------------------------------------------------------------------
@@ -354,7 +369,7 @@ async def test_the_server_binds_a_free_port_and_stops():
         assert server.port > 0
         async with aiohttp.ClientSession() as session, \
                 session.get(f"http://127.0.0.1:{server.port}{paths.HEALTH}") as resp:
-            assert (resp.status, await resp.json()) == (200, {"status": "ok"})
+            assert (resp.status, (await resp.json())["status"]) == (200, "ok")
     finally:
         await server.stop()
     with pytest.raises(aiohttp.ClientConnectionError):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 from types import SimpleNamespace
-from typing import NamedTuple
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -256,32 +255,6 @@ async def test_the_store_size_is_cached_and_a_failure_keeps_the_last_value():
     await store.refresh()
     assert store.value == 20 and len(calls) == 3
     assert value(scrape(Counters(), store=store), "memstream_store_records") == 20
-
-
-class TP(NamedTuple):
-    topic: str
-    partition: int
-
-
-class FakeConsumer:
-    def __init__(self) -> None:
-        self._committed_offset = {TP("x.messages", 0): 7, TP("x.ingest-state-changelog", 0): 0}
-
-    def assignment(self) -> set[TP]:
-        return {*self._committed_offset, TP("x.jobs", 1)}  # x.jobs: nothing committed yet
-
-    def highwater(self, tp: TP) -> int:
-        if tp.partition == 9:
-            raise RuntimeError("not started")
-        return 10
-
-
-def test_consumer_lag_reads_faust_offsets_and_never_raises():
-    consumer = FakeConsumer()
-    assert sm.consumer_lags(SimpleNamespace(consumer=consumer)) == {("x.messages", 0): 3}
-    consumer._committed_offset[TP("x.decisions", 9)] = 1
-    assert sm.consumer_lags(SimpleNamespace(consumer=consumer)) == {("x.messages", 0): 3}
-    assert sm.consumer_lags(SimpleNamespace()) == {}  # no consumer yet
 
 
 def test_the_summary_matches_the_counters():

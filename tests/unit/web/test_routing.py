@@ -525,7 +525,8 @@ async def test_an_owners_404_is_passed_through():
 
 # --- 6. not scoped to a user: never forwarded -----------------------------------------------
 @pytest.mark.parametrize(("route", "headers", "answer"), [
-    (paths.HEALTH, {}, {"status": "ok"}),
+    (paths.HEALTH, {},
+     {"status": "ok", "owned": [], "restoring": [], "forwarding": False, "waiting": []}),
     (paths.TOOLS, {"X-API-Key": TENANT_KEY},
      {"tools": [{"type": "function", "function": {"name": "tool-of-A"}}]}),
     (paths.CLUSTER, bearer(ADMIN_KEY), {"worker": "A"}),
