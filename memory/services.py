@@ -44,7 +44,11 @@ def build_embedder(settings: Settings) -> Embedder:
     return UseEmbedder()
 
 
-def build_store(settings: Settings, dim: int) -> MemoryStore:
+def build_store(settings: Settings, dim: int, *, offline: bool = False) -> MemoryStore:
+    """The store the settings choose. ``offline``: a command that opens the embedded store
+    of a stopped worker (``memstream search``, ``forget verify``): with the partitioned
+    layout, every partition's shard under ``data_dir/store`` (its global copy too) instead
+    of an empty set the worker fills as partitions come."""
     if settings.store == "server":
         from memstream.memory.store_server import ServerStore
 
@@ -56,10 +60,16 @@ def build_store(settings: Settings, dim: int) -> MemoryStore:
     from memstream.memory.store_swap import SwappableStore
 
     if settings.store_partitioned:  # shards opened as partitions come (streams.shards)
-        from memstream.memory.shards import PartitionedStore, partition_of
+        from memstream.memory.shards import SHARDS_DIR, PartitionedStore, partition_of
 
         n = settings.partitions
-        return PartitionedStore(lambda tenant, user: partition_of(tenant, user, n))
+        store = PartitionedStore(lambda tenant, user: partition_of(tenant, user, n))
+        if offline:
+            root = settings.data_dir / SHARDS_DIR
+            store.owned = {p: EdgeStore(root / str(p), dim) for p in range(n)}
+            if (root / "global").is_dir():
+                store.global_shard = EdgeStore(root / "global", dim)
+        return store
     from memstream.memory.store_switch import current_store_path
 
     # the worker's store can be switched to a rebuilt one (memstream.memory.store_switch)

@@ -30,6 +30,7 @@ from memstream.memory.model import GLOBAL_USER, Memory
 from memstream.memory.store import MemoryStore, Record, Scope, StoreError
 
 PartitionOf = Callable[[str, str], int]
+SHARDS_DIR = "store"  # data_dir/store/<partition>, data_dir/store/global
 _STANDBY: contextvars.ContextVar[bool] = contextvars.ContextVar("standby_reads", default=False)
 
 

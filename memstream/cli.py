@@ -256,6 +256,7 @@ def _run_worker(settings: Settings, loglevel: str) -> None:
 
     from memstream.core.retry import RetryPolicy, retry_async
     from memstream.streams.faust_setup import Worker
+    from memstream.streams.store_layout import data_dir_conflict
     from memstream.topics.layout import LayoutError, prepare
     from memstream.worker import build_worker
 
@@ -273,6 +274,10 @@ def _run_worker(settings: Settings, loglevel: str) -> None:
     click.echo(f"topics: {layout.partitions} partitions, {layout.replication.describe()}"
                f"{'; created ' + str(len(layout.created)) if layout.created else ''}", err=True)
     settings = layout.applied(settings)
+    conflict = data_dir_conflict(settings)
+    if conflict is not None:
+        click.echo(f"memstream worker refuses to start: {conflict}", err=True)
+        sys.exit(EXIT_LAYOUT)
     pipeline = build_worker(settings)
     if settings.extract_enabled:
         # Load the embedder model now, not on the first job: it takes seconds, which the

@@ -39,6 +39,8 @@ ASSIGNOR_NAME = "memstream-workers"
 class Worker:
     worker_id: str
     url: str
+    single: bool = False  # runs the single-store layout (streams.store_layout): alone only
+    since: float = 0.0  # when it started (of two single-layout workers, the newer refuses)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class ClusterMap:
     owners: dict[int, str] = field(default_factory=dict)  # partition -> worker id
     standbys: dict[int, tuple[str, ...]] = field(default_factory=dict)
     made_at: float = 0.0
+    single: dict[str, float] = field(default_factory=dict)  # single-layout worker -> since
 
     def owner_url(self, partition: int) -> str | None:
         owner = self.owners.get(partition)
@@ -64,7 +67,8 @@ class ClusterMap:
         return json.dumps({"workers": self.workers,
                            "owners": {str(p): w for p, w in self.owners.items()},
                            "standbys": {str(p): list(w) for p, w in self.standbys.items()},
-                           "made_at": self.made_at}, sort_keys=True).encode()
+                           "made_at": self.made_at, "single": self.single},
+                          sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ClusterMap:
@@ -72,7 +76,8 @@ class ClusterMap:
         return cls({str(k): str(v) for k, v in raw["workers"].items()},
                    {int(p): str(w) for p, w in raw["owners"].items()},
                    {int(p): tuple(str(x) for x in w) for p, w in raw["standbys"].items()},
-                   float(raw.get("made_at", 0.0)))
+                   float(raw.get("made_at", 0.0)),
+                   {str(k): float(v) for k, v in raw.get("single", {}).items()})
 
 
 def plan(workers: Iterable[Worker], partitions: Iterable[int], standby_replicas: int | None,
@@ -81,6 +86,7 @@ def plan(workers: Iterable[Worker], partitions: Iterable[int], standby_replicas:
     after its owner (``None`` replicas: 1 when there are several workers)."""
     ordered = sorted({w.worker_id: w for w in workers}.values(), key=lambda w: w.worker_id)
     parts = sorted(set(partitions))
+    single = {w.worker_id: w.since for w in ordered if w.single}
     if not ordered:
         return ClusterMap(made_at=now)
     n = len(ordered)
@@ -96,7 +102,7 @@ def plan(workers: Iterable[Worker], partitions: Iterable[int], standby_replicas:
             owners[p] = w.worker_id
             standbys[p] = tuple(ordered[(i + j) % n].worker_id for j in range(1, replicas + 1))
         start += length
-    return ClusterMap({w.worker_id: w.url for w in ordered}, owners, standbys, now)
+    return ClusterMap({w.worker_id: w.url for w in ordered}, owners, standbys, now, single)
 
 
 def assignor_for(worker: Worker, standby_replicas: int | None,
@@ -110,7 +116,8 @@ def assignor_for(worker: Worker, standby_replicas: int | None,
 
         @classmethod
         def metadata(cls, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
-            me = json.dumps({"worker": worker.worker_id, "url": worker.url}).encode()
+            me = json.dumps({"worker": worker.worker_id, "url": worker.url,
+                             "single": worker.single, "since": worker.since}).encode()
             return ConsumerProtocolMemberMetadata(cls.version, list(topics), me)
 
         @classmethod
@@ -137,7 +144,9 @@ def assign(cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata],
     for member_id, meta in members.items():
         try:
             raw = json.loads(meta.user_data or b"{}")
-            workers[member_id] = Worker(str(raw["worker"]), str(raw.get("url", "")))
+            workers[member_id] = Worker(str(raw["worker"]), str(raw.get("url", "")),
+                                        bool(raw.get("single", False)),
+                                        float(raw.get("since", 0.0)))
         except (ValueError, KeyError):  # a member without our metadata: its member id
             workers[member_id] = Worker(member_id, "")
     topics = sorted({t for m in members.values() for t in m.subscription})
@@ -154,9 +163,23 @@ def assign(cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata],
     return out
 
 
-def worker_of(instance_id: str, url: str) -> Worker:
+def worker_of(instance_id: str, url: str, *, single: bool = False,
+              since: float = 0.0) -> Worker:
     """This process as a member: its static instance id (a random one without)."""
-    return Worker(instance_id or f"anon-{uuid.uuid4().hex[:12]}", url)
+    return Worker(instance_id or f"anon-{uuid.uuid4().hex[:12]}", url, single, since)
+
+
+def must_leave(the_map: ClusterMap, me: Worker) -> set[str]:
+    """The other workers that make a single-layout worker ``me`` end itself (empty: it may
+    go on): every other worker, unless all of them are single-layout workers newer than it
+    (they end themselves). Not single: never."""
+    if not me.single:
+        return set()
+    others = set(the_map.workers) - {me.worker_id}
+    mine = (me.since, me.worker_id)
+    if all(w in the_map.single and (the_map.single[w], w) > mine for w in others):
+        return set()
+    return others
 
 
 class Cluster:

@@ -6,23 +6,30 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from memstream.memory.shards import PartitionedStore
 from memstream.memory.store import MemoryStore
 from memstream.streams import faust_setup
-from memstream.streams.cluster import Cluster, ClusterMap, worker_of
+from memstream.streams.cluster import Cluster, ClusterMap, Worker, must_leave, worker_of
+from memstream.streams.owned_loop import halt
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.shards import ShardKeeper
 from memstream.streams.standby import GlobalCopy, Standbys
+from memstream.streams.store_layout import EXIT_SHARED, shared_refusal, single_layout
 
 log = logging.getLogger(__name__)
 
 
 def register(p: Pipeline) -> None:
     s = p.settings
-    p.cluster = Cluster(worker_of(s.instance_id(), s.api_url()))
+    me = worker_of(s.instance_id(), s.api_url(), single=single_layout(s), since=time.time())
+    p.cluster = Cluster(me)
+    if me.single:
+        p.cluster.listeners.append(_alone(me))
     store = p.services.store
     if not isinstance(store, PartitionedStore):
         return
@@ -70,3 +77,20 @@ def register(p: Pipeline) -> None:
         await standbys.stop()
         await shared.stop()
         await keeper.close()
+
+
+def _alone(me: Worker, end: Callable[..., None] = halt) -> Callable[[str, ClusterMap], None]:
+    """A single-layout worker's watch on the maps its groups hand it: another worker there
+    ends it before it takes a partition (streams.store_layout), unless the others are
+    single-layout workers newer than it, which end themselves."""
+
+    def on_map(stage: str, the_map: ClusterMap) -> None:
+        others = must_leave(the_map, me)
+        if others:
+            end(shared_refusal(me.worker_id, others), EXIT_SHARED)
+        elif len(the_map.workers) > 1:
+            log.warning("%s group: worker(s) %s joined on the single-store layout; they end "
+                        "themselves (this worker keeps the store)", stage,
+                        ", ".join(sorted(set(the_map.workers) - {me.worker_id})))
+
+    return on_map

@@ -38,7 +38,7 @@ from memstream.core.topic_reader import Record, end_offsets, read_ranges
 from memstream.memory.apply import apply_change
 from memstream.memory.fencing import Cursor
 from memstream.memory.rebuild import Fold, Opener, fold_access
-from memstream.memory.shards import PartitionedStore
+from memstream.memory.shards import SHARDS_DIR, PartitionedStore
 from memstream.memory.store import MemoryStore, Scope
 from memstream.topics.schemas import AccessEvent, JobResult, JobStatus, MemoryChange
 
@@ -196,7 +196,7 @@ class ShardKeeper:
         self.topics = topics
         self.opener = opener  # async: the opener of sealed events once the keys are read
         self.clock = clock
-        self.files = ShardFiles(settings.data_dir / "store", settings.erasure_bound_s)
+        self.files = ShardFiles(settings.data_dir / SHARDS_DIR, settings.erasure_bound_s)
         self.restoring: dict[int, float] = {}  # partition -> when its restore began
         self.restores: list[tuple[int, int, float]] = []  # partition, changes, seconds
         self.standbys: Any = None  # streams.standby.Standbys, which hands over warm copies

@@ -158,7 +158,7 @@ class Settings(BaseSettings):
     store: Literal["edge", "server"] = Field("edge", description="Qdrant Edge or a server")
     qdrant_url: str | None = Field(None, description="Qdrant server URL (store=server)")
     store_partitioned: bool = Field(
-        False, description="store=edge: one shard per partition under data_dir/store/<p>, "
+        True, description="store=edge: one shard per partition under data_dir/store/<p>, "
         "opened when the partition is assigned and restored from the memory-change topic "
         "(required to run more than one worker on the embedded store)")
     store_standby_replicas: int | None = Field(

@@ -115,7 +115,7 @@ def _store_records(settings: Settings, tenant: str, user: str) -> int | None:
         from memstream.memory.services import build_embedder, build_store
         from memstream.memory.store import Scope, StoreError
 
-        store = build_store(settings, build_embedder(settings).dim)
+        store = build_store(settings, build_embedder(settings).dim, offline=True)
     except Exception:
         return None
     try:

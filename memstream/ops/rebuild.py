@@ -127,13 +127,28 @@ def rebuild(settings: Settings, into: Path | None, tenant: str | None, user: str
     """Rebuild the memory store from the memory-change (and memory-access) topics into a
     new embedded store, with no LLM call; verify it against the live one; switch to it.
 
-    With a worker running, the worker catches the new store up, verifies and switches
+    Partitioned store (the default): every partition's shard, with the worker stopped;
+    --swap puts them in place with checkpoints the worker adopts at start. Single store:
+    with a worker running, the worker catches the new store up, verifies and switches
     (reads never stop); without one, the live store is opened here."""
     if settings.store != "edge":
         raise click.UsageError("rebuild writes an embedded store (MEMSTREAM_STORE=edge); for "
                                "a Qdrant server see README: rebuild into a collection")
     if user is not None and tenant is None:
         raise click.UsageError("--user needs --tenant")
+    if settings.store_partitioned:
+        if embedder is not None or tenant is not None:
+            raise click.UsageError(
+                "the partitioned store (MEMSTREAM_STORE_PARTITIONED=true, the default) "
+                "rebuilds whole shards from the vectors their change events carry: no "
+                "--embedder or --tenant/--user (a new embedder: memstream replay into a "
+                "new deployment)")
+        from memstream.ops.rebuild_shards import rebuild_partitioned
+
+        if not rebuild_partitioned(settings, into, verify=verify, swap=swap, force=force,
+                                   keep=keep):
+            raise SystemExit(1)
+        return
     if embedder is not None and tenant is not None:
         raise click.UsageError("a partial rebuild cannot re-embed (one store, one embedder)")
     ok = run_rebuild(settings, into, tenant=tenant, user=user, embedder=embedder,

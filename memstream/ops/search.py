@@ -39,7 +39,7 @@ def search_local(settings: Settings, tenant: str, user: str, query: str,
     from memstream.memory.services import build_embedder, build_store, weights
 
     embedder = build_embedder(settings)
-    store = build_store(settings, embedder.dim)
+    store = build_store(settings, embedder.dim, offline=True)
     try:
         found = retrieval.recall(store, embedder, retrieval.Query(tenant, user, query, k),
                                  time.time(), weights(settings), settings.retrieval_candidates)

@@ -213,15 +213,16 @@ async def exited(worker: WorkerProcess, timeout: float) -> int:
 
 async def test_undeliverable_dead_letter_stops_the_worker_before_the_offset_passes(
         kafka_bootstrap: str, tmp_path: Path):
-    """The dead-letter topic refuses every record: the worker exits at once without
-    committing past the bad record; once the topic is fixed, a new worker dead-letters it
-    and processes the valid messages after it. (A worker of its own: this one is killed.)"""
+    """The dead-letter topic starts refusing every record under a running worker: it exits
+    at once without committing past the bad record; once the topic is fixed, a new worker
+    dead-letters it and processes the valid messages after it. (A worker of its own: this
+    one is killed.)"""
     h = await Harness(kafka_bootstrap, tmp_path).start()
     try:
         assert h.producer is not None
         dlq = h.topics.dead_letters
+        first = h.worker()  # ready first: a worker refuses to start on such a topic (layout check)
         await set_topic_config(h.settings, dlq.name, {**dlq.config(), "max.message.bytes": "64"})
-        first = h.worker()
         tenant, key = "acme", b"acme/u1"
         bad = await produce(h.producer, h.topics.messages.name, b"{not json", key)
         await h.send(*[chat(t, mid=f"after-{i}") for i, t in enumerate(FACTS[:4])])

@@ -35,6 +35,8 @@ LATER = {"bob": [["I live in Lisbon", "I am allergic to penicillin"]],
 async def live(kafka_bootstrap, tmp_path_factory):
     async with running(kafka_bootstrap, tmp_path_factory.mktemp("rebuild"),
                        extract_enabled=True, jobs_enabled=False,
+                       store_partitioned=False,  # the single store's live switch (shards:
+                       # tests/integration/test_rebuild_shards.py)
                        # the tests wait for the job results of everything they send
                        # (read_committed, run_conversations) before a rebuild: every change
                        # event is committed by then and the worker writes nothing more, so

@@ -225,7 +225,8 @@ def test_the_assignor_announces_its_worker_and_hands_over_the_map():
     assert assignor.name == ASSIGNOR_NAME
     metadata = ConsumerProtocolMemberMetadata.decode(assignor.metadata(set(TOPICS)).encode())
     assert sorted(metadata.subscription) == sorted(TOPICS)
-    assert json.loads(metadata.user_data) == {"worker": "w-b", "url": "http://w-b:8000"}
+    assert json.loads(metadata.user_data) == {"worker": "w-b", "url": "http://w-b:8000",
+                                              "single": False, "since": 0.0}
 
     cluster = FakeCluster({TOPICS[0]: 4, TOPICS[1]: 4})
     other = assignor_for(W["w-a"], 1, lambda _: None)

@@ -30,9 +30,11 @@ NOW = 1_780_000_000.0
 
 @pytest.fixture
 def p(tmp_path):
+    # the single store: these records are all on partition 0, whatever their keys' (the
+    # partitioned store's take is tests/unit/streams/test_shards.py's)
     settings = Settings(data_dir=tmp_path, embedder="hashing", web_enabled=False,
                         ingest_enabled=False, admin_key=SecretStr("k"),
-                        reflection_threshold=1.0)
+                        reflection_threshold=1.0, store_partitioned=False)
     pipeline = build_app(settings)
     pipeline.clock = lambda: NOW
     yield pipeline

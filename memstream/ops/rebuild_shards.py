@@ -1,0 +1,167 @@
+"""``memstream rebuild`` on the partitioned layout (the default): each partition's shard
+rebuilt from the topics the way a worker restores it, verified, and adopted by the worker.
+
+Per partition *p*: a new shard is folded from the memory-change, job-result and
+memory-access topics of *p* up to their ends now (:func:`streams.shards.restore`, the
+worker's own restore) and compared user by user with ``data_dir/store/<p>`` (checksums of
+every record). ``--swap`` (verified, or ``--force``) puts each rebuilt shard in place of
+the live one with a checkpoint naming the offsets it holds: the worker adopts it at its
+next start (it catches up from there, as after a clean stop). A rebuilt copy that is not
+swapped in is deleted (``--keep`` keeps it), so no copy of users' memories outlives a
+forget-me out of its reach.
+
+The shards belong to a worker's process: run the command on the worker's host, with the
+worker stopped (a running worker holds its shards' write-ahead logs; it is refused in one
+line). A shard with no checkpoint is restored by the worker itself when it takes the
+partition, so removing ``data_dir/store/<p>`` of a stopped worker rebuilds it too. The
+global memories' copy (``data_dir/store/global``) is dropped on a swap and read again at
+start. Re-embedding (``--embedder``) and partial rebuilds are refused here: a shard restores
+whole, from the vectors its change events carry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from memstream.core.settings import Settings
+from memstream.memory import checksum
+from memstream.memory.rebuild import Opener
+from memstream.memory.shards import SHARDS_DIR
+from memstream.memory.store import MemoryStore, StoreError
+
+RUNNING = ("the shards under {root} are open in a running worker ({error}): a shard is "
+           "rebuilt with its worker stopped — stop it and run `memstream rebuild` again (a "
+           "worker also restores a shard from the memory-change topic by itself when "
+           "{root}/<partition> is removed while it is stopped)")
+
+
+@dataclass
+class Rebuilt:
+    """One partition's rebuilt shard: where, what it holds, how it compares."""
+
+    partition: int
+    path: Path
+    offsets: dict[str, int]
+    changes: int
+    verdict: checksum.Verification | None  # None: no live shard to compare with
+
+
+def _open(path: Path, dim: int) -> MemoryStore:
+    from memstream.memory.store_edge import EdgeStore
+
+    return EdgeStore(path, dim)
+
+
+async def _rebuild_one(settings: Settings, partition: int, into: Path, dim: int,
+                       topics: list[str], opener: Opener | None) -> tuple[MemoryStore, Rebuilt]:
+    from memstream.streams.shards import restore
+
+    shard = _open(into / str(partition), dim)
+    offsets, job = await restore(settings, topics, partition, shard, opener, None)
+    return shard, Rebuilt(partition, into / str(partition), offsets, job.changes, None)
+
+
+def _verify(live: MemoryStore, new: MemoryStore) -> checksum.Verification:
+    return checksum.compare(checksum.digests(live.scan(vectors=True)),
+                            checksum.digests(new.scan(vectors=True)))
+
+
+async def _rebuild_all(settings: Settings, into: Path, dim: int,
+                       ) -> tuple[list[Rebuilt], list[MemoryStore]]:
+    from memstream.memory.rebuild_topics import opener_for
+    from memstream.topics.registry import registry
+
+    reg = registry(settings)
+    topics = [reg.memory_changes.name, reg.job_results.name, reg.memory_access.name]
+    opener, keys = await opener_for(settings, reg.user_keys.name)
+    built: list[Rebuilt] = []
+    shards: list[MemoryStore] = []
+    try:
+        for partition in range(settings.partitions):
+            shard, done = await _rebuild_one(settings, partition, into, dim, topics, opener)
+            shards.append(shard)
+            built.append(done)
+    finally:
+        if keys is not None:
+            await keys.stop()
+    return built, shards
+
+
+def _live_shards(settings: Settings, dim: int) -> dict[int, MemoryStore]:
+    """The worker's shards that exist, opened here (refused while a worker holds them)."""
+    root = settings.data_dir / SHARDS_DIR
+    opened: dict[int, MemoryStore] = {}
+    try:
+        for partition in range(settings.partitions):
+            if (root / str(partition) / "shard").exists():
+                opened[partition] = _open(root / str(partition), dim)
+    except StoreError as exc:
+        for store in opened.values():
+            store.close()
+        raise click.ClickException(RUNNING.format(root=root, error=exc)) from exc
+    return opened
+
+
+def rebuild_partitioned(settings: Settings, into: Path | None, *, verify: bool, swap: bool,
+                        force: bool, keep: bool) -> bool:
+    """See the module doc; prints what it did, returns whether every shard verified."""
+    from memstream.memory.services import build_embedder
+    from memstream.streams.shards import ShardFiles
+
+    dim = build_embedder(settings).dim
+    root = settings.data_dir / SHARDS_DIR
+    live = _live_shards(settings, dim)  # first: refused before anything is written
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    into = into or settings.data_dir / "stores" / f"rebuild-{stamp}"
+    if into.exists() and any(into.iterdir()):
+        for store in live.values():
+            store.close()
+        raise click.UsageError(f"{into} is not empty: give a new --into")
+    started = time.perf_counter()
+    built: list[Rebuilt] = []
+    shards: list[MemoryStore] = []
+    try:
+        built, shards = asyncio.run(_rebuild_all(settings, into, dim))
+        ok = True
+        for done, shard in zip(built, shards, strict=True):
+            if (verify or swap) and done.partition in live:
+                done.verdict = _verify(live[done.partition], shard)
+                ok = ok and done.verdict.ok
+            click.echo(f"partition {done.partition}: {done.changes} changes; "
+                       + ("no live shard" if done.verdict is None else done.verdict.summary()))
+    except BaseException:
+        for store in [*shards, *live.values()]:
+            store.close()
+        shutil.rmtree(into, ignore_errors=True)  # no partial copy of users' memories left
+        raise
+    for store in [*shards, *live.values()]:
+        store.close()
+    seconds = time.perf_counter() - started
+    changes = sum(d.changes for d in built)
+    click.echo(f"rebuilt {len(built)} shards into {into}: {changes} changes, {seconds:.2f} s")
+    if swap and (ok or force):
+        files = ShardFiles(root, settings.erasure_bound_s)
+        now = time.time()
+        for done in built:
+            files.wipe(done.partition)
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(done.path), str(files.path(done.partition)))
+            files.write_checkpoint(done.partition, done.offsets, now)
+        files.wipe("global")  # read again from the global-changes topic at start
+        shutil.rmtree(into, ignore_errors=True)
+        click.echo(f"swapped: {len(built)} shards in {root}, each with the offsets it holds; "
+                   "the worker adopts them at its next start")
+    elif keep:
+        click.echo(f"kept the rebuilt shards in {into}")
+    else:
+        shutil.rmtree(into, ignore_errors=True)
+        click.echo(f"deleted the rebuilt shards ({into}): nothing swapped" if swap else
+                   "deleted the rebuilt shards (verified only)")
+    return ok

@@ -1,0 +1,99 @@
+"""``memstream rebuild`` on the partitioned store (the default), on the real broker: refused
+while a worker holds its shards; with the worker stopped, every partition's shard rebuilt
+from the topics verifies equal to the live one and the rebuilt copies are deleted; a shard
+that differs is reported and never swapped in; ``--swap`` puts the rebuilt shards in place
+with checkpoints, and the restarted worker serves them and goes on writing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import pytest_asyncio
+
+from memstream.client import AsyncMemoryClient
+from memstream.dev.process import settings_env
+from memstream.memory.shards import SHARDS_DIR, partition_of
+from memstream.memory.store import Scope
+from memstream.memory.store_edge import EdgeStore
+from tests.integration.conftest import free_port, run_conversations, running, until
+
+pytestmark = pytest.mark.integration
+KEY = "k-shards"
+PORT = free_port()
+FIRST = {"alice": [["I live in Berlin", "we have 2 kids"],
+                   ["Big news: we moved from Berlin to Munich.", "so we have 3 kids now"]],
+         "bob": [["I live in Lisbon", "I am allergic to penicillin"]],
+         "carol": [["I use mocks in my tests", "I work at Acme as a developer"]]}
+LATER = {"dave": [["I live in Oslo", "we have 2 kids"]]}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def live(kafka_bootstrap, tmp_path_factory):
+    async with running(kafka_bootstrap, tmp_path_factory.mktemp("shards"),
+                       extract_enabled=True, jobs_enabled=False, web_enabled=True,
+                       web_port=PORT, admin_key=KEY) as h:
+        yield h
+
+
+def rebuild(h, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **settings_env(h.settings)}
+    return subprocess.run([sys.executable, "-m", "memstream.cli", "rebuild", *args], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+async def memories(tenant: str, users) -> dict[str, list[str]]:
+    async with AsyncMemoryClient(f"http://127.0.0.1:{PORT}", KEY, tenant_id=tenant) as client:
+        return {u: sorted(m.content for m in await client.get_all(user_id=u)) for u in users}
+
+
+async def test_shards_are_rebuilt_verified_and_adopted(live, tenant):
+    h = live
+    assert h.settings.store_partitioned  # the default
+    await run_conversations(h, FIRST, tenant)
+    before = await memories(tenant, FIRST)
+    assert before["alice"] == ["Has 3 children", "Lives in Munich"]
+
+    running_now = rebuild(h)
+    assert running_now.returncode != 0 and "open in a running worker" in running_now.stderr
+
+    (worker,) = h.workers
+    worker.stop()  # SIGTERM: the shards closed with their checkpoints
+    stores = h.settings.data_dir / "stores"
+    verified = rebuild(h)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert verified.stdout.count("users equal") == h.settings.partitions - sum(
+        "no live shard" in line for line in verified.stdout.splitlines())
+    assert "verified only" in verified.stdout
+    assert not stores.exists() or not any(stores.iterdir())  # no copy left behind
+
+    # one record changed in alice's live shard: reported, not swapped in, exit 1
+    root = h.settings.data_dir / SHARDS_DIR
+    shard_path = root / str(partition_of(tenant, "alice", h.settings.partitions))
+    shard = EdgeStore(shard_path, 512)
+    try:
+        (memory, *_) = shard.list(Scope(tenant, "alice"))
+        shard.write([replace(memory, content="Lives in Paris")], [None])
+    finally:
+        shard.close()
+    differ = rebuild(h, "--swap")
+    assert differ.returncode == 1 and "differ" in differ.stdout, differ.stdout + differ.stderr
+    assert "nothing swapped" in differ.stdout
+    assert not stores.exists() or not any(stores.iterdir())
+
+    swapped = rebuild(h, "--swap", "--force")
+    assert swapped.returncode == 1 and "swapped: " in swapped.stdout, swapped.stdout
+    for n in range(h.settings.partitions):
+        assert (root / f"{n}.checkpoint.json").exists()
+    worker.start()
+
+    async def served():
+        found = await memories(tenant, FIRST)
+        return found if found == before else None
+
+    assert await until(served, "the adopted shards to serve", timeout=90) == before
+    await run_conversations(h, LATER, tenant)  # the worker goes on writing into them
+    assert (await memories(tenant, LATER))["dave"] == ["Has 2 children", "Lives in Oslo"]
