@@ -29,6 +29,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from memstream.core.errors import BrokerError
 from memstream.core.settings import Settings
@@ -702,7 +703,7 @@ class Cluster:
 
     # --- what the cluster reports (metadata) ---------------------------------------------
 
-    async def describe(self, topics: list[str] | None = None) -> list[dict[str, object]]:
+    async def describe(self, topics: list[str] | None = None) -> list[dict[str, Any]]:
         """Metadata of ``topics`` (every topic, internal ones included, when None): one
         dict per topic with its partitions' leader, replicas and ISR."""
         from memstream.core import kafka
@@ -714,10 +715,11 @@ class Cluster:
         finally:
             await admin.close()
 
-    async def leaders(self, topics: list[str]) -> dict[tuple[str, int], int]:
-        """Each partition's leader (node id; -1 while it has none)."""
+    async def leaders(self, topics: list[str] | None = None) -> dict[tuple[str, int], int]:
+        """Each partition's leader (node id; -1 while it has none), of every topic when
+        ``topics`` is None."""
         return {(str(t["topic"]), int(p["partition"])): int(p["leader"])
-                for t in await self.describe(topics) for p in t["partitions"]}  # type: ignore[attr-defined]
+                for t in await self.describe(topics) for p in t["partitions"]}
 
     async def leader(self, topic: str, partition: int) -> int:
         return (await self.leaders([topic])).get((topic, partition), -1)
@@ -727,7 +729,7 @@ class Cluster:
         without a leader: (topic, partition, replicas, isr)."""
         out = []
         for t in await self.describe():
-            for p in t["partitions"]:  # type: ignore[attr-defined]
+            for p in t["partitions"]:
                 replicas, isr = sorted(p["replicas"]), sorted(p["isr"])
                 if replicas != isr or p["leader"] < 0:
                     out.append((str(t["topic"]), int(p["partition"]), replicas, isr))
