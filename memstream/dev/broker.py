@@ -497,6 +497,18 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie: a node started by another process (a test's fixture) and
+    SIGKILLed here stays a zombie until that process reaps it."""
+    if not _alive(pid):
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: as alive as the signal says
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
 def _started_since(paths: BrokerPaths, offset: int) -> bool:
     try:
         with paths.log_file.open("rb") as f:
@@ -546,7 +558,7 @@ class Cluster:
         if proc is not None and proc.poll() is not None:
             del self._procs[node_id]
         pid = read_pid(self.node(node_id).paths)
-        return pid if pid is not None and _alive(pid) else None
+        return pid if pid is not None and _running(pid) else None
 
     def pids(self) -> dict[int, int | None]:
         return {n.node_id: self.pid(n.node_id) for n in self.nodes}
@@ -662,7 +674,7 @@ class Cluster:
             return
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
-        while _alive(pid) and time.monotonic() < deadline:
+        while _running(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         self._procs.pop(node_id, None)
 
@@ -684,10 +696,10 @@ class Cluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(_running(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.2)
         for pid in pids:
-            if _alive(pid):
+            if _running(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         for node in self.nodes:
