@@ -1,8 +1,12 @@
 """A local 3-node KRaft cluster (``memstream broker start --brokers 3``,
 :class:`memstream.dev.broker.Cluster`): the leader of a partition SIGKILLed while an
 acks=all producer writes to it (replication 3, min.insync.replicas 2), then restarted:
-every acknowledged record is on the partition, and the ISR is full again. Its own ports
-(``MEMSTREAM_TEST_CLUSTER_PORT``, default 19692: nodes on 19692, 19702, 19712)."""
+every acknowledged record is on the partition, and the ISR is full again. Then the chaos
+benchmark's cluster mode at its smoke size on the same cluster (started once for the
+module: a second cluster would add its start and stop to the test command): it must
+finish and print its JSON line with its keys, like every benchmark in
+test_benchmarks_smoke.py. Its own ports (``MEMSTREAM_TEST_CLUSTER_PORT``, default 19692:
+nodes on 19692, 19702, 19712)."""
 
 from __future__ import annotations
 
@@ -11,11 +15,13 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import NewTopic
 
+from benchmarks.run_all import by_name, dig, run_one
 from memstream.core import kafka
 from memstream.core.kafka_io import start_producer
 from memstream.core.settings import Settings
@@ -122,3 +128,26 @@ async def test_a_killed_leader_loses_nothing_acknowledged(cluster: Cluster):
     assert not lost, f"{len(lost)} acknowledged records lost, e.g. {lost[:5]}"
     assert len(seen) == len(set(seen))  # the idempotent producer wrote none twice
     assert not await cluster.out_of_sync()
+
+
+def test_the_chaos_benchmark_runs_on_the_cluster_at_its_smoke_size(cluster: Cluster):
+    """chaos.py --brokers 3 --kill-leader 1 at its smoke size on this cluster
+    (--reuse-broker: it neither starts nor stops it): one partition leader SIGKILLed and
+    back after 1 s, the librdkafka producer placing records by CRC-32 (each re-routed), no
+    worker kill (the registry's chaos smoke has one). ~35 s."""
+    (chaos,) = by_name(["chaos"])
+    bench = replace(
+        chaos, broker=False,
+        smoke=("--smoke", "--brokers", "3", "--kill-leader", "1", "--leader-down", "1",
+               "--kills", "0", "--producer", "librdkafka", "--port", str(CLUSTER_PORT),
+               "--reuse-broker"),
+        keys=(*chaos.keys, "brokers", "leader_kills_done", "acked_lost", "acked_uncovered",
+              "misplaced_acked", "misplaced_on_topics", "repartition_records"))
+    command = bench.command(smoke=True, bootstrap=None)
+    assert command is not None
+    result = run_one(bench, command, 300.0)
+    assert result["exit"] == 0, result["stderr_tail"]
+    found = result["json"]
+    assert found is not None, "no JSON object on the last stdout line"
+    assert not [k for k in bench.keys if dig(found, k) is None], found
+    assert all(pid is not None for pid in cluster.pids().values())  # left running
