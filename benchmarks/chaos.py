@@ -6,6 +6,8 @@
         [--job-timeout 60] [--settle-timeout 900] [--keep-broker] [--reuse-broker]
         [--seeds 1-10]   # one run per seed, a table of the runs and one JSON line
         [--shuffle-producers]   # each user's messages delivered out of event-time order
+        [--producer aiokafka|librdkafka|random]   # who places the records on partitions
+        [--brokers 3 [--kill-leader 5] [--leader-down 5]]   # its own 3-node cluster
         [--bootstrap HOST:PORT]   # a running broker instead of its own (never restarted)
     .venv/bin/python benchmarks/chaos.py --smoke [--bootstrap HOST:PORT]   # 4 users, 1 kill
 
@@ -23,8 +25,31 @@ hits one of them. Then it ends every session, waits until every message is cover
 done/trivial job result, and ``check`` compares the truth with each user's live memories
 from the worker's HTTP view and from the memory-change topic replayed into an empty store.
 
+Every message id whose send a producer acknowledged is kept: after the run each must be on
+the messages topic (read committed) in a covered session. A send that fails is retried with
+the same message id (the pipeline drops repeats); the retries are counted. ``--producer``
+picks the client: ``aiokafka`` (memstream's, murmur2 of the key), ``librdkafka``
+(confluent_kafka.Producer, its default partitioner: CRC-32 of the key; idempotent,
+acks=all) or ``random`` (aiokafka placing each record on a random partition). Records
+acknowledged off their key's murmur2 partition (from the delivery reports), the records
+off it on the producers' topics and those on the repartition topic are counted: each
+misplaced record must be re-routed exactly once. The workers' ``misplaced_records``
+counters are scraped before each worker kill and at the end (informational: a kill resets
+them).
+
+``--brokers 3`` starts its own KRaft cluster of three nodes (``--port``, default 29192:
+nodes on 29192, 29202, 29212) and the workers create their topics replicated 3 with
+min.insync.replicas 2 (the default on three brokers). ``--kill-leader N`` SIGKILLs, N
+times, the node that leads the busiest partition of the messages or memory-change topic
+at that moment (the most records written in the last 2 s), restarts it after
+``--leader-down`` seconds and waits until every partition's ISR is full again before the
+next kill; the worker kills go on beside. The whole-broker restart of a single-broker run
+is off with a cluster: stopping every node is that run's test, and a node's loss is what
+the leader kills measure, harder (SIGKILL, not a controlled shutdown).
+
 Prints missing / stale / duplicate / unexpected live memories, change ids with differing
-payloads, jobs decided more than once, restart-to-processing times, and one JSON line last.
+payloads, jobs decided more than once, restart-to-processing times, acknowledged messages
+lost, misplaced records against re-routed ones, the leader kills, and one JSON line last.
 """
 
 from __future__ import annotations
@@ -32,6 +57,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import contextlib
 import json
 import logging
 import random
@@ -45,8 +71,9 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from aiokafka import TopicPartition
 from pydantic import SecretStr
@@ -56,8 +83,9 @@ from memstream.core.kafka_io import start_producer
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
+from memstream.memory.shards import partition_of_key
 from memstream.ops.status import serves_what_it_owns
-from memstream.topics.layout import create_topics
+from memstream.topics.layout import prepare
 from memstream.topics.registry import (
     Topics,
     all_topic_names,
@@ -582,22 +610,181 @@ def _failed(fut: asyncio.Future[Any]) -> bool:
     return fut.cancelled() or fut.exception() is not None
 
 
+PRODUCERS = ("aiokafka", "librdkafka", "random")
+LATE_S = 5.0  # an acknowledgement this late waited out a broker's loss (or a retry)
+
+
+class Sender(Protocol):
+    """One producer of the harness: ``send`` returns a future of the record's delivery
+    report (its ``partition``); ``stop`` flushes and closes."""
+
+    async def send(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[Any]: ...
+    async def stop(self) -> None: ...
+
+
+class _Aiokafka:
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+
+    async def send(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = await self.producer.send(topic, value, key=key)
+        return fut
+
+    async def stop(self) -> None:
+        await self.producer.stop()
+
+
+class RandomPartitioner:
+    """aiokafka's ``partitioner``: a random partition for every record, whatever its key."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def __call__(self, key: bytes | None, all_partitions: list[int],
+                 available: list[int]) -> int:
+        return self.rng.choice(all_partitions)
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """librdkafka's delivery report of one record."""
+
+    partition: int
+    offset: int
+
+
+class DeliveryFailed(Exception):
+    """librdkafka gave up on a record (its message.timeout.ms passed)."""
+
+
+class _Librdkafka:
+    """confluent_kafka.Producer (librdkafka) with its default partitioner, consistent_random
+    (CRC-32 of the key), idempotent, acks=all. Its delivery reports are served by a poll
+    task on the loop."""
+
+    def __init__(self, settings: Settings, producing: Producing) -> None:
+        from confluent_kafka import Producer
+
+        if settings.kafka_security_protocol != "PLAINTEXT":
+            raise SystemExit("--producer librdkafka: PLAINTEXT brokers only")
+        self.loop = asyncio.get_running_loop()
+        self.producing = producing
+        self.producer = Producer({
+            "bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True,
+            "acks": "all", "linger.ms": 5, "message.timeout.ms": 180_000,
+            "logger": logging.getLogger("librdkafka"), "error_cb": self._error})
+        self.poller = asyncio.create_task(self._poll())
+
+    def _error(self, err: Any) -> None:  # a broker away: librdkafka retries by itself
+        self.producing.client_errors += 1
+
+    async def _poll(self) -> None:
+        while True:
+            self.producer.poll(0)
+            await asyncio.sleep(0.01)
+
+    async def send(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = self.loop.create_future()
+
+        def report(err: Any, msg: Any) -> None:  # on poll() or flush(): maybe another thread
+            def settle() -> None:
+                if fut.done():
+                    return
+                if err is not None:
+                    fut.set_exception(DeliveryFailed(str(err)))
+                else:
+                    fut.set_result(Delivered(msg.partition(), msg.offset()))
+            self.loop.call_soon_threadsafe(settle)
+
+        while True:
+            try:
+                self.producer.produce(topic, value, key, on_delivery=report)
+                return fut
+            except BufferError:  # its local queue is full: let it deliver
+                await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        self.poller.cancel()
+        left = await asyncio.to_thread(self.producer.flush, 60)
+        if left:  # undelivered: failed, so the harness sends them again
+            self.producer.purge()
+            self.producer.poll(0)
+        await asyncio.sleep(0)  # the reports' settle() calls
+
+
+class Producing:
+    """The harness's producers of one kind (``--producer``) and what they had acknowledged.
+
+    ``aiokafka``: memstream's own client (murmur2 of the key: every record on its key's
+    partition); ``librdkafka``: confluent_kafka.Producer with its default partitioner
+    (consistent_random: CRC-32 of the key), idempotent, acks=all; ``random``: aiokafka with
+    a random partition for every record. Each delivery report names the record's
+    partition: one off murmur2(key) % partitions is misplaced, and the ingest stage must
+    re-route it (once) through the repartition topic. Every acknowledged message id is
+    kept: after the run each must be on the messages topic and covered."""
+
+    def __init__(self, settings: Settings, kind: str = "aiokafka", seed: int = 0) -> None:
+        if kind not in PRODUCERS:
+            raise ValueError(f"producer {kind!r}: one of {', '.join(PRODUCERS)}")
+        self.kind, self.partitions = kind, settings.partitions
+        self.rng = random.Random(seed)
+        self.acked_ids: dict[str, tuple[str, str]] = {}  # message id -> user, session
+        self.acked_records = 0
+        self.misplaced: Counter[str] = Counter()  # acknowledged records off their key's, by topic
+        self.failures = 0  # a send failed: a fresh producer, from the first unacknowledged
+        self.resent = 0  # events sent again after a failure (same message id)
+        self.client_errors = 0  # librdkafka's error callbacks (brokers away; it retries)
+        self.slowest_ack_s = 0.0  # send -> delivery report: a broker's loss shows here
+        self.acked_late = 0  # acknowledged more than LATE_S after the send
+
+    async def sender(self, settings: Settings) -> Sender:
+        if self.kind == "librdkafka":
+            return _Librdkafka(settings, self)
+        extra = {"partitioner": RandomPartitioner(self.rng)} if self.kind == "random" else {}
+        return _Aiokafka(await start_producer(settings, request_timeout_ms=180_000, **extra))
+
+    def delivered(self, event: Event, topic: str, key: bytes, sent_at: float,
+                  fut: asyncio.Future[Any]) -> None:
+        """A record's delivery report (a done callback of its future)."""
+        if _failed(fut):
+            return
+        self.acked_records += 1
+        took = time.monotonic() - sent_at
+        self.slowest_ack_s = max(self.slowest_ack_s, took)
+        self.acked_late += took > LATE_S
+        if isinstance(event, ChatMessage):
+            self.acked_ids[event.message_id] = (event.user_id, event.session_id)
+        if fut.result().partition != partition_of_key(key, self.partitions):
+            self.misplaced[topic] += 1
+
+    def figures(self) -> dict[str, Any]:
+        return {"producer": self.kind, "acked_records": self.acked_records,
+                "acked_messages": len(self.acked_ids),
+                "misplaced_acked": sum(self.misplaced.values()),
+                "misplaced_acked_by_topic": dict(sorted(self.misplaced.items())),
+                "producer_resent": self.resent, "producer_client_errors": self.client_errors,
+                "ack_slowest_s": round(self.slowest_ack_s, 1),
+                f"acked_after_{LATE_S:.0f}s": self.acked_late}
+
+
 async def produce(settings: Settings, events: Sequence[Event], rate: float,
-                  stamp: bool = True) -> int:
-    """Send ``events`` at ``rate`` per second, in order; returns how many times sending
-    failed. After a failure everything from the first unacknowledged event is sent again
-    (a fresh idempotent producer): the ingest stage drops the repeats by message id, and
-    one user's order is never broken."""
-    start, paced, failures, i = time.monotonic(), 0, 0, 0
+                  stamp: bool = True, producing: Producing | None = None) -> int:
+    """Send ``events`` at ``rate`` per second, in order, with ``producing``'s kind of
+    producer (aiokafka by default); returns how many times sending failed. After a failure
+    everything from the first unacknowledged event is sent again (a fresh idempotent
+    producer, the same message ids: the ingest stage drops the repeats), and one user's
+    order is never broken; ``producing`` counts the events sent again."""
+    producing = producing if producing is not None else Producing(settings)
+    start, paced, failures, i, high = time.monotonic(), 0, 0, 0, 0
     topics = registry(settings)
     while True:
         inflight: list[tuple[int, asyncio.Future[Any]]] = []
         first_failed: int | None = None
         try:
-            producer = await start_producer(settings,
-                                            request_timeout_ms=180_000)
+            sender = await producing.sender(settings)
         except Exception:
             failures += 1
+            producing.failures += 1
             await asyncio.sleep(1.0)
             continue
         try:
@@ -606,8 +793,13 @@ async def produce(settings: Settings, events: Sequence[Event], rate: float,
                 if delay > 0:
                     await asyncio.sleep(delay)
                 topic, value, key = _wire(events[i], topics, stamp)
-                inflight.append((i, await producer.send(topic, value, key=key)))
+                fut = await sender.send(topic, value, key)
+                fut.add_done_callback(partial(producing.delivered, events[i], topic, key,
+                                              time.monotonic()))
+                inflight.append((i, fut))
+                producing.resent += i < high
                 i, paced = i + 1, paced + 1
+                high = max(high, i)
                 while inflight and inflight[0][1].done():
                     if _failed(inflight[0][1]):
                         raise RuntimeError(f"event {inflight[0][0]} not sent")
@@ -619,8 +811,9 @@ async def produce(settings: Settings, events: Sequence[Event], rate: float,
             unsent = [idx for idx, fut in inflight if not fut.done() or _failed(fut)]
             first_failed = min(unsent, default=i)
         finally:
-            await producer.stop()
+            await sender.stop()
         failures += 1
+        producing.failures += 1
         i = first_failed
 
 
@@ -637,6 +830,8 @@ class Chaos:
         self.stall_restarts = 0
         self.last = 0  # the worker crashed last
         self.turns: list[int] = []
+        self.misplaced_before_kills: list[int | None] = []  # its counter, scraped
+        self.killed_at: list[tuple[float, int, str]] = []  # wall time, worker, moment
 
     async def _revive(self, worker: WorkerProcess) -> None:
         self.self_exits += 1
@@ -664,14 +859,18 @@ class Chaos:
             await asyncio.sleep(0.1)
         return False
 
-    def crash(self, moment: str) -> None:
-        """SIGKILL now and spawn at once (the next kill may hit the start-up)."""
+    async def crash(self, moment: str) -> None:
+        """SIGKILL now and spawn at once (the next kill may hit the start-up); the worker's
+        ``misplaced_records`` counter is scraped first (a kill resets it)."""
         if moment == "running":  # every worker in turn, in a random order each round
             if not self.turns:
                 self.turns = self.rng.sample(range(len(self.workers)), len(self.workers))
             self.last = self.turns.pop()
         worker = self.workers[self.last]
+        self.misplaced_before_kills.append(
+            await asyncio.to_thread(misplaced_counter, worker.settings))
         self.kills[f"{moment}/{worker.poll()}"] += 1
+        self.killed_at.append((round(time.time(), 1), self.last, moment))
         self.by_worker[self.last] += 1
         worker.kill()
         worker.spawn()
@@ -697,10 +896,107 @@ class Chaos:
             else:
                 await self.until_ready()
                 await self.hold(self.rng.uniform(0.3, 1.7) * spread)
-            self.crash(moment)
+            await self.crash(moment)
         await self.until_ready()
         while not produced.is_set():
             await self.hold(0.5)
+
+
+def misplaced_counter(settings: Settings) -> int | None:
+    """The worker's ``memstream_misplaced_records_total`` (None: not answering)."""
+    assert settings.admin_key is not None
+    req = urllib.request.Request(f"http://127.0.0.1:{settings.web_port}/metrics",
+                                 headers={"X-API-Key": settings.admin_key.get_secret_value()})
+    try:
+        with urllib.request.urlopen(req, timeout=3) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("memstream_misplaced_records_total "):
+            return int(float(line.split()[-1]))
+    return None
+
+
+class LeaderChaos:
+    """SIGKILLs, ``kills`` times, the cluster node that leads the busiest partition at that
+    moment (of the messages and memory-change topics, the most records written in the
+    last ``window`` seconds), restarts it after ``down_s`` on its config and data, and
+    waits until every partition's ISR is full again before the next kill."""
+
+    def __init__(self, cluster: local_broker.Cluster, settings: Settings,
+                 down_s: float = 5.0, window: float = 2.0) -> None:
+        t = registry(settings)
+        self.cluster, self.settings = cluster, settings
+        self.tps = [TopicPartition(spec.name, p) for spec in (t.messages, t.memory_changes)
+                    for p in range(spec.partitions)]
+        self.down_s, self.window = down_s, window
+        self.kills: list[dict[str, Any]] = []
+
+    async def _ends(self, consumer: Any) -> dict[TopicPartition, int]:
+        for _ in range(30):  # a node just killed: the metadata moves on
+            try:
+                return dict(await consumer.end_offsets(self.tps))
+            except Exception:
+                await asyncio.sleep(1.0)
+        return {}
+
+    async def busiest(self) -> tuple[TopicPartition, int]:
+        """The partition with the most records written in the last ``window`` seconds (the
+        most in all, among equals), and that many."""
+        consumer = kafka.consumer(self.settings, enable_auto_commit=False, group_id=None)
+        await consumer.start()
+        try:
+            before = await self._ends(consumer)
+            await asyncio.sleep(self.window)
+            after = await self._ends(consumer)
+        finally:
+            await consumer.stop()
+        tp = max(self.tps, key=lambda tp: (after.get(tp, 0) - before.get(tp, 0),
+                                           after.get(tp, 0)))
+        return tp, after.get(tp, 0) - before.get(tp, 0)
+
+    async def run(self, kills: int, spread: float) -> None:
+        """Kill ``k`` is due ``spread × (k + 0.5)`` seconds from now, and never before the
+        ISR is full again after the previous one."""
+        t0 = time.monotonic()
+        for k in range(kills):
+            await asyncio.sleep(max(0.0, t0 + spread * (k + 0.5) - time.monotonic()))
+            tp, written = await self.busiest()
+            leaders: dict[tuple[str, int], int] = {}
+            for _ in range(30):
+                with contextlib.suppress(Exception):
+                    leaders = await self.cluster.leaders()
+                if leaders.get((tp.topic, tp.partition), -1) > 0:
+                    break
+                await asyncio.sleep(1.0)
+            node = leaders.get((tp.topic, tp.partition), -1)
+            if node < 0:
+                continue
+            kill = {"at_s": round(time.monotonic() - t0, 1), "at": round(time.time(), 1),
+                    "node": node,
+                    "topic": tp.topic.rsplit(".", 1)[-1], "partition": tp.partition,
+                    "written_in_window": written,
+                    "led_partitions": sum(n == node for n in leaders.values()),
+                    "led_internal": sum(n == node for (t, _), n in leaders.items()
+                                        if t.startswith("__"))}
+            t_kill = time.monotonic()
+            await asyncio.to_thread(self.cluster.kill, node)
+            await asyncio.sleep(self.down_s)
+            await asyncio.to_thread(self.cluster.restart, node, 300.0)
+            kill["started_s"] = round(time.monotonic() - t_kill, 1)
+            try:
+                await self.cluster.wait_in_sync(300.0)
+                kill["in_sync_s"] = round(time.monotonic() - t_kill, 1)
+            except Exception:
+                kill["in_sync_s"] = None
+            self.kills.append(kill)
+
+    def figures(self) -> dict[str, Any]:
+        synced = [k["in_sync_s"] for k in self.kills if k["in_sync_s"] is not None]
+        return {"leader_kills_done": len(self.kills), "leader_kills": self.kills,
+                "leader_kill_to_in_sync_max_s": max(synced) if synced else None,
+                "leader_kills_never_in_sync": sum(k["in_sync_s"] is None for k in self.kills)}
 
 
 async def bounce_broker(broker: Settings, at: float, down_s: float = 5.0) -> float:
@@ -743,6 +1039,7 @@ async def read_topics(settings: Settings, topics: Sequence[tuple[str, int]], *,
 
 async def settle(settings: Settings, chaos: Chaos, events: Sequence[Event], timeout: float,
                  stall_s: float = 120.0, max_stalls: int = 2,
+                 producing: Producing | None = None,
                  ) -> tuple[list[tuple[str, str, int, int]], int]:
     """End every session (again), then wait until every session's messages are covered by
     done / trivial results. Without progress for ``stall_s`` the worker is restarted
@@ -752,7 +1049,7 @@ async def settle(settings: Settings, chaos: Chaos, events: Sequence[Event], time
     await chaos.until_ready()
     ends = [SessionEvent(tenant_id=TENANT, user_id=u, session_id=s, ts=datetime.now(UTC))
             for u, s in expected]
-    await produce(settings, ends, rate=2000.0)
+    await produce(settings, ends, rate=2000.0, producing=producing)
     spec = registry(settings).job_results
     consumer = kafka.consumer(settings, spec.name, auto_offset_reset="earliest",
                               enable_auto_commit=False, group_id=None,
@@ -859,23 +1156,54 @@ class Outcome:
     replayed: Report
 
 
+async def acked_and_placed(settings: Settings, producing: Producing,
+                           left: Sequence[tuple[str, str, int, int]]) -> dict[str, Any]:
+    """What the producers had acknowledged against the topics, read committed: message ids
+    acknowledged but not on the messages topic (lost), acknowledged in a session left
+    uncovered; records of the producers' topics off their key's partition against the
+    records on the repartition topic (each misplaced record re-routed exactly once)."""
+    t = registry(settings)
+    placed = await read_topics(settings, [(spec.name, spec.partitions)
+                                          for spec in t.placed_by_producers()])
+    rerouted = await read_topics(settings, [(t.repartition.name, t.repartition.partitions)])
+    on_topic = {json.loads(r.value)["message_id"] for r in placed if r.topic == t.messages.name}
+    lost = sorted(set(producing.acked_ids) - on_topic)
+    open_sessions = {(user, session) for user, session, *_ in left}
+    acked_open = [m for m, where in producing.acked_ids.items() if where in open_sessions]
+    n = t.messages.partitions  # co-partitioned: session events alike
+    off = [r for r in placed if r.key is not None and r.partition != partition_of_key(r.key, n)]
+    return {**producing.figures(), "acked_lost": len(lost), "acked_lost_examples": lost[:5],
+            "acked_uncovered": len(acked_open), "message_records": sum(
+                r.topic == t.messages.name for r in placed),
+            "misplaced_on_topics": len(off),
+            "repartition_records": len(rerouted)}
+
+
 async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[str, Truth],
                     *, kills: int, work: Path, rate: float = 100.0, seed: int = 7,
                     broker: Settings | None = None, settle_timeout: float = 900.0,
                     keep_topics: bool = False, shuffle: bool = False,
-                    workers: int = 1) -> Outcome:
-    """Produce ``events`` at ``rate`` while the ``workers`` are killed ``kills`` times in
-    all (and the broker of ``broker`` is restarted once, mid-way), settle, and check both
-    views (the HTTP one through the first worker, which forwards to the owners)."""
+                    workers: int = 1, cluster: local_broker.Cluster | None = None,
+                    kill_leader: int = 0, leader_down_s: float = 5.0,
+                    producer: str = "aiokafka") -> Outcome:
+    """Produce ``events`` at ``rate`` with ``producer``'s kind of client while the
+    ``workers`` are killed ``kills`` times in all (and the broker of ``broker`` is restarted
+    once, mid-way; or the leader of the busiest partition of ``cluster`` is SIGKILLed
+    ``kill_leader`` times), settle, and check both views (the HTTP one through the first
+    worker, which forwards to the owners) and every acknowledged message."""
     t0 = time.time()
     topics = registry(settings)
     if shuffle:
         events = shuffle_producers(events, random.Random(seed + 1), rate)
-    await create_topics(settings)
+    layout = await prepare(settings)
     nodes = cluster_settings(settings, workers)
     procs = [WorkerProcess(n, work / f"{n.app_id}-{i}.log") for i, n in enumerate(nodes)]
     chaos = Chaos(procs, random.Random(seed))
-    figures: dict[str, Any] = {}
+    producing = Producing(settings, producer, seed)
+    leaders = LeaderChaos(cluster, settings, leader_down_s) if cluster and kill_leader else None
+    figures: dict[str, Any] = {"replication_factor": layout.replication.factor,
+                               "min_insync_replicas": layout.replication.min_insync,
+                               "brokers": layout.replication.brokers}
     try:
         for proc in procs:
             proc.spawn()
@@ -889,23 +1217,33 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
         produce_s = len(events) / rate
         produced = asyncio.Event()
 
-        async def producing() -> int:
+        async def producing_all() -> int:
             try:
-                return await produce(settings, events, rate, stamp=not shuffle)
+                return await produce(settings, events, rate, stamp=not shuffle,
+                                     producing=producing)
             finally:
                 produced.set()
 
-        tasks: list[Any] = [producing(), chaos.run(kills, produce_s / max(kills, 1), produced)]
+        tasks: list[Any] = [producing_all(), chaos.run(kills, produce_s / max(kills, 1),
+                                                       produced)]
         if broker is not None:
             tasks.append(bounce_broker(broker, at=produce_s / 2))
+        if leaders is not None:
+            tasks.append(leaders.run(kill_leader, produce_s / kill_leader))
         done = await asyncio.gather(*tasks)
         figures["producer_failures"] = done[0]
         if broker is not None:
             figures["broker_out_s"] = round(done[2], 1)
         t_chaos = time.time()
-        left, sessions = await settle(settings, chaos, events, settle_timeout)
+        left, sessions = await settle(settings, chaos, events, settle_timeout,
+                                      producing=producing)
         t_settled = time.time()
         await chaos.until_ready()
+        if cluster is not None:
+            figures["cluster_in_sync_at_end"] = not await cluster.out_of_sync()
+        figures["misplaced_counter"] = {
+            "before_kills": chaos.misplaced_before_kills,
+            "at_end": [await asyncio.to_thread(misplaced_counter, n) for n in nodes]}
         http = await asyncio.to_thread(http_live, nodes[0], sorted(truth))
         b = settings
         change_records = await read_topics(
@@ -920,6 +1258,9 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
         outputs = await read_topics(b, [(t.name, t.partitions) for t in (
             topics.jobs, topics.decisions, topics.job_results, topics.memory_changes)],
             committed=False)
+        figures.update(await acked_and_placed(b, producing, left))
+        if leaders is not None:
+            figures.update(leaders.figures())
         end = time.time()
         figures.update({
             "chaos_s": round(t_chaos - t0, 1), "settle_s": round(t_settled - t_chaos, 1),
@@ -929,6 +1270,7 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
             "kills_done": sum(chaos.kills.values()),
             "kills_by_moment": dict(sorted(chaos.kills.items())),
             "kills_by_worker": [chaos.by_worker[i] for i in range(workers)],
+            "worker_kills_at": chaos.killed_at,
             "worker_self_exits": chaos.self_exits, "stall_restarts": chaos.stall_restarts,
             "job_records": sum(jobs.values()), "job_ids": len(jobs),
             "job_records_beyond_first": sum(n - 1 for n in jobs.values()),
@@ -969,6 +1311,33 @@ def print_report(outcome: Outcome, meta: Mapping[str, Any]) -> None:
                                                f"{f['stall_restarts']}"),
         ("producer failures (re-sent)", f["producer_failures"]),
     ]
+    if "brokers" in f:
+        rows.append(("brokers / replication / min.insync.replicas",
+                     f"{f['brokers']} / {f['replication_factor']} / {f['min_insync_replicas']}"))
+    for k in f.get("leader_kills", []):
+        rows.append(("leader kill (node: topic/partition)",
+                     f"node {k['node']} at {k['at_s']} s: {k['topic']}/{k['partition']} "
+                     f"({k['written_in_window']} written in the window; it led "
+                     f"{k['led_partitions']} partitions, {k['led_internal']} internal); "
+                     f"started {k['started_s']} s, ISR full {k['in_sync_s']} s after the kill"))
+    if "acked_records" in f:
+        rows += [
+            ("producer / records / messages acknowledged",
+             f"{f['producer']} / {f['acked_records']} / {f['acked_messages']}"),
+            ("acknowledged: lost / in uncovered sessions",
+             f"{f['acked_lost']} / {f['acked_uncovered']}   (message records on the topic "
+             f"{f['message_records']})"),
+            ("producer retries: failures / events re-sent",
+             f"{f['producer_failures']} / {f['producer_resent']}"
+             f"   (client errors {f['producer_client_errors']}; acknowledged after "
+             f"{LATE_S:.0f} s {f.get(f'acked_after_{LATE_S:.0f}s')}, slowest "
+             f"{f.get('ack_slowest_s')} s)"),
+            ("misplaced: acked / on the topics / re-routed",
+             f"{f['misplaced_acked']} / {f['misplaced_on_topics']} / "
+             f"{f['repartition_records']}"),
+            ("misplaced_records counters: before kills / at end",
+             f"{f['misplaced_counter']['before_kills']} / {f['misplaced_counter']['at_end']}"),
+        ]
     for rep in (outcome.http, outcome.replayed):
         c = rep.counts()
         rows.append((f"{rep.view}: missing/stale/duplicate/unexpected",
@@ -1009,22 +1378,41 @@ def print_report(outcome: Outcome, meta: Mapping[str, Any]) -> None:
     print(json.dumps(summary(outcome, meta), ensure_ascii=False))
 
 
+def placement_consistent(row: Mapping[str, Any]) -> bool:
+    """Every record a producer placed off its key's partition re-routed exactly once (the
+    repartition topic holds as many records as the producers' topics hold misplaced ones),
+    and every acknowledged misplaced record among them; rows from before the check count
+    as consistent."""
+    if "repartition_records" not in row:
+        return True
+    return (row["repartition_records"] == row["misplaced_on_topics"]
+            and row["misplaced_acked"] <= row["misplaced_on_topics"])
+
+
 def clean(row: Mapping[str, Any]) -> bool:
-    """A run with nothing lost, stale, duplicated, uncovered or inconsistent."""
+    """A run with nothing lost (acknowledged messages included), stale, duplicated,
+    uncovered, mis-routed or inconsistent."""
     views = (row["http"], row["replay"])
     return (row["sessions_covered"] == row["sessions"] and row["stall_restarts"] == 0
             and row["replay_failed_changes"] == 0
             and row["change_ids_differing_payloads"] == 0
-            and events_consistent(row)
+            and events_consistent(row) and placement_consistent(row)
+            and row.get("acked_lost", 0) == 0 and row.get("acked_uncovered", 0) == 0
+            and row.get("leader_kills_never_in_sync", 0) == 0
             and all((v["missing"], v["stale"], v["duplicate"], v["unexpected"]) == (0, 0, 0, 0)
                     for v in views))
+
+
+def pair(row: Mapping[str, Any], a: str, b: str) -> str:
+    return f"{row.get(a, '-')}/{row.get(b, '-')}"
 
 
 def print_runs(rows: Sequence[Mapping[str, Any]]) -> None:
     """One line per run (``--seeds``), then one JSON line for all of them."""
     head = (f"{'seed':>4} {'clean':>5} {'covered':>9} {'http m/s/d':>10} {'replay m/s/d':>12} "
             f"{'2 payloads':>10} {'bad replay':>10} {'re-sent':>7} {'stalls':>6} "
-            f"{'exits':>5} {'out p50/max s':>13} {'settle s':>8}")
+            f"{'exits':>5} {'out p50/max s':>13} {'settle s':>8} {'acked lost':>10} "
+            f"{'misplaced/rerouted':>18} {'prod retries':>12} {'leader kills':>12}")
     print(head)
     for row in rows:
         h, r, st = row["http"], row["replay"], row["restart"]
@@ -1036,7 +1424,10 @@ def print_runs(rows: Sequence[Mapping[str, Any]]) -> None:
               f"{row['job_records_resent_by_timeout']:>7} {row['stall_restarts']:>6} "
               f"{row['worker_self_exits']:>5} "
               f"{st['to_first_output_p50_s']}/{st['to_first_output_max_s']:<7} "
-              f"{row['settle_s']:>8}")
+              f"{row['settle_s']:>8} {row.get('acked_lost', '-'):>10} "
+              f"{pair(row, 'misplaced_on_topics', 'repartition_records'):>18} "
+              f"{pair(row, 'producer_failures', 'producer_resent'):>12} "
+              f"{row.get('leader_kills_done', '-'):>12}")
     print(json.dumps({"runs": len(rows), "clean": sum(clean(r) for r in rows),
                       "rows": list(rows)}, ensure_ascii=False, default=str))
 
@@ -1053,6 +1444,36 @@ def seeds_of(text: str) -> list[int]:
 SMOKE = {"users": 4, "kills": 1, "rate": 50.0, "job_timeout": 15.0, "settle_timeout": 120.0}
 
 
+def _own_broker(args: argparse.Namespace,
+               ) -> tuple[Settings | None, local_broker.Cluster | None, bool]:
+    """Start the run's own broker (``--brokers 1``) or cluster; whether this run started it."""
+    if args.bootstrap is not None:
+        return None, None, False
+    port = args.port or (29092 if args.brokers == 1 else 29192)
+    reuse = "; pass --reuse-broker if it is yours"
+    if args.brokers == 1:
+        if port in (9092, 19092):
+            raise SystemExit("use a port of its own: the benchmark stops and starts its broker")
+        broker = Settings(kafka_port=port, kafka_controller_port=port + 1)
+        started = local_broker.read_pid(local_broker.paths_for(broker)) is None
+        if not started and not args.reuse_broker:
+            raise SystemExit(f"a broker already runs on {port}: it may be someone else's "
+                             f"(this run stops it){reuse}")
+        local_broker.start(broker, 180.0)
+        return broker, None, started
+    cluster = local_broker.Cluster(Settings(kafka_port=port), args.brokers)
+    ports = {p for n in cluster.nodes for p in (n.port, n.controller_port)}
+    if ports & {9092, 9093, 19092, 19093}:
+        raise SystemExit(f"use a port of its own: a cluster on {port} would use "
+                         f"{sorted(ports)}, the shared brokers' ports among them")
+    started = not cluster.running()
+    if not started and not args.reuse_broker:
+        raise SystemExit(f"a cluster already runs on {port}: it may be someone else's "
+                         f"(this run kills its nodes){reuse}")
+    cluster.start(300.0)
+    return None, cluster, started
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--users", type=int, default=None, help="default 40 (smoke 4)")
@@ -1065,10 +1486,26 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--shuffle-producers", action="store_true",
                     help="each user's messages delivered out of event-time order")
+    ap.add_argument("--producer", choices=PRODUCERS, default="aiokafka",
+                    help="aiokafka (murmur2: every record on its key's partition), "
+                         "librdkafka (confluent_kafka, CRC-32 of the key) or random (a "
+                         "random partition per record): misplaced records are re-routed")
+    ap.add_argument("--brokers", type=int, default=1,
+                    help="its own single broker (1), or a KRaft cluster of N nodes (3: "
+                         "topics replicated 3, min.insync.replicas 2; no whole-broker "
+                         "restart: --kill-leader SIGKILLs nodes instead)")
+    ap.add_argument("--kill-leader", type=int, default=0, metavar="N",
+                    help="SIGKILL the node leading the busiest partition N times (--brokers "
+                         "2 or more), each restarted after --leader-down s, the ISR full "
+                         "again before the next")
+    ap.add_argument("--leader-down", type=float, default=5.0,
+                    help="seconds a killed node stays down (default 5)")
     ap.add_argument("--seeds", default=None,
                     help="one run per seed (e.g. 1-10): a table of the runs, one JSON line")
     ap.add_argument("--no-broker-restart", action="store_true")
-    ap.add_argument("--port", type=int, default=29092, help="the benchmark's own broker")
+    ap.add_argument("--port", type=int, default=None,
+                    help="the benchmark's own broker (default 29092) or cluster (default "
+                         "29192: node i on 29192 + 10(i-1), its controller one above)")
     ap.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
                     help="use this running broker: never started, stopped or restarted "
                          "(implies --no-broker-restart; --port is ignored)")
@@ -1088,21 +1525,19 @@ def main() -> None:
     for name, value in sizes.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    # The broker is taken away on purpose: its clients' reconnect errors are expected.
+    if args.brokers > 1 and args.bootstrap is not None:
+        raise SystemExit("--brokers N starts its own cluster: leave out --bootstrap")
+    if args.kill_leader and args.brokers < 2:
+        raise SystemExit("--kill-leader needs a cluster: --brokers 3")
+    # Brokers are taken away on purpose: their clients' reconnect errors are expected.
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    broker: Settings | None = None
-    started = False
-    if args.bootstrap is None:
-        if args.port in (9092, 19092):
-            raise SystemExit("use a port of its own: the benchmark stops and starts its broker")
-        broker = Settings(kafka_port=args.port, kafka_controller_port=args.port + 1)
-        started = local_broker.read_pid(local_broker.paths_for(broker)) is None
-        if not started and not args.reuse_broker:
-            raise SystemExit(f"a broker already runs on {args.port}: it may be someone else's "
-                             "(this run stops it); pass --reuse-broker if it is yours")
-        local_broker.start(broker, 180.0)
-    bootstrap = args.bootstrap or f"127.0.0.1:{args.port}"
+    for noisy in ("aiokafka", "librdkafka"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    broker, cluster, started = _own_broker(args)
+    if cluster is not None:
+        bootstrap = cluster.bootstrap
+    else:
+        bootstrap = args.bootstrap or f"127.0.0.1:{broker.kafka_port if broker else 0}"
     restart_broker = broker is not None and not args.no_broker_restart
     rows = []
     try:
@@ -1118,20 +1553,26 @@ def main() -> None:
                     "partitions": args.partitions,
                     "seed": seed, "broker_restart": restart_broker,
                     "shuffle_producers": args.shuffle_producers,
+                    "producer": args.producer, "brokers_asked": args.brokers,
+                    "kill_leader": args.kill_leader, "leader_down_s": args.leader_down,
                     "job_timeout_s": args.job_timeout, "work": str(work),
                     "smoke": args.smoke}
             outcome = asyncio.run(run_chaos(
                 settings, events, truth, kills=args.kills, work=work, rate=args.rate,
                 seed=seed, broker=broker if restart_broker else None,
                 settle_timeout=args.settle_timeout, shuffle=args.shuffle_producers,
-                workers=args.workers))
+                workers=args.workers, cluster=cluster, kill_leader=args.kill_leader,
+                leader_down_s=args.leader_down, producer=args.producer))
             print_report(outcome, meta)
             rows.append(summary(outcome, meta))
             if args.seeds:
                 print_runs(rows)  # so far: a long loop can be read while it runs
     finally:
-        if broker is not None and started and not args.keep_broker:
-            local_broker.stop(broker)
+        if started and not args.keep_broker:
+            if broker is not None:
+                local_broker.stop(broker)
+            if cluster is not None:
+                cluster.stop()
 
 
 if __name__ == "__main__":

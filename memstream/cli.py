@@ -9,6 +9,7 @@ import sys
 import click
 from aiokafka.errors import KafkaConnectionError
 
+from memstream.core.errors import BrokerError
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.ops.changes_cli import changes, schemas
@@ -43,25 +44,63 @@ def main(ctx: click.Context) -> None:
 
 @main.group()
 def broker() -> None:
-    """The local Apache Kafka broker (KRaft, from Maven Central jars)."""
+    """The local Apache Kafka broker (KRaft, from Maven Central jars), or a local cluster
+    of N nodes (``start --brokers N``).
+
+    A cluster's node i (1..N) serves clients on MEMSTREAM_KAFKA_PORT + 10·(i-1) and its
+    controller one port above: node 1 holds the pair a single broker would, the others
+    sit 10 and 20 above it, so instances 100 ports apart never collide. Its nodes live in
+    <kafka_home>/cluster-<port>/node-<i>; stop, status and wipe handle every node.
+    """
+
+
+def _cluster(settings: Settings) -> local_broker.Cluster | None:
+    return local_broker.Cluster.found(settings)
 
 
 @broker.command("start")
 @click.option("--sasl", is_flag=True, help="Clients must log in (SASL_PLAINTEXT, PLAIN) as "
               "MEMSTREAM_KAFKA_SASL_USERNAME / MEMSTREAM_KAFKA_SASL_PASSWORD")
+@click.option("--brokers", type=click.IntRange(1, local_broker.MAX_NODES), default=1,
+              show_default=True, help="Nodes: more than 1 starts a KRaft cluster (each node "
+              "broker and controller; topics 3/2-replicated from 3 nodes on)")
 @click.pass_obj
-def broker_start(settings: Settings, sasl: bool) -> None:
+def broker_start(settings: Settings, sasl: bool, brokers: int) -> None:
     """Fetch (once), format (once) and start the broker; wait until it serves clients."""
-    pid = local_broker.start(settings, sasl=sasl)
-    how = " (SASL_PLAINTEXT, PLAIN)" if sasl else ""
-    click.echo(f"kafka {settings.kafka_version} ready on 127.0.0.1:{settings.kafka_port}{how} "
-               f"(pid {pid})")
+    cluster = _cluster(settings)
+    if brokers == 1:
+        if cluster is not None and cluster.running():
+            raise click.ClickException(f"a {len(cluster.nodes)}-node cluster runs on "
+                                       f"{settings.kafka_port}: `memstream broker stop` first")
+        pid = local_broker.start(settings, sasl=sasl)
+        how = " (SASL_PLAINTEXT, PLAIN)" if sasl else ""
+        click.echo(f"kafka {settings.kafka_version} ready on 127.0.0.1:{settings.kafka_port}"
+                   f"{how} (pid {pid})")
+        return
+    if sasl:
+        raise click.ClickException("--sasl is for a single broker only")
+    cluster = local_broker.Cluster(settings, brokers)
+    try:
+        pids = cluster.start()
+    except BrokerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    factor, min_isr = local_broker.cluster_replication(brokers)
+    click.echo(f"kafka {settings.kafka_version} cluster of {brokers} ready (replication "
+               f"{factor}, min.insync.replicas {min_isr}), pids "
+               f"{', '.join(str(p) for p in pids.values())}")
+    click.echo(f"bootstrap: {cluster.bootstrap}")
 
 
 @broker.command("stop")
 @click.pass_obj
 def broker_stop(settings: Settings) -> None:
-    """Stop the broker (SIGTERM: controlled shutdown)."""
+    """Stop the broker, or every node of the cluster (SIGTERM: controlled shutdown)."""
+    cluster = _cluster(settings)
+    if cluster is not None and cluster.running():
+        running = sum(pid is not None for pid in cluster.pids().values())
+        cluster.stop()
+        click.echo(f"stopped {running} of {len(cluster.nodes)} nodes")
+        return
     stopped = local_broker.stop(settings)
     click.echo("stopped" if stopped else "not running")
 
@@ -69,9 +108,14 @@ def broker_stop(settings: Settings) -> None:
 @broker.command("status")
 @click.pass_obj
 def broker_status(settings: Settings) -> None:
-    """Exit 0 if the broker runs and serves a round trip, 1 otherwise."""
+    """Exit 0 if the broker (every node of the cluster) runs and serves a round trip, 1
+    otherwise; a cluster's status lists its nodes' ports and PIDs."""
     paths = local_broker.paths_for(settings)
     pid = local_broker.read_pid(paths)
+    cluster = _cluster(settings)
+    if pid is None and cluster is not None and cluster.running():
+        _cluster_status(cluster)
+        return
     if pid is None:
         click.echo("not running")
         sys.exit(1)
@@ -84,10 +128,45 @@ def broker_status(settings: Settings) -> None:
     click.echo(f"running (pid {pid}), round trip ok; log: {paths.log_file}")
 
 
+def _cluster_status(cluster: local_broker.Cluster) -> None:
+    pids = cluster.pids()
+    factor, min_isr = local_broker.cluster_replication(len(cluster.nodes))
+    click.echo(f"cluster of {len(cluster.nodes)} nodes in {cluster.home} (replication "
+               f"{factor}, min.insync.replicas {min_isr}); port scheme: node i serves on "
+               f"{cluster.settings.kafka_port} + {local_broker.NODE_STRIDE}·(i-1), its "
+               "controller one above")
+    for node in cluster.nodes:
+        pid = pids[node.node_id]
+        state = f"pid {pid}" if pid is not None else "NOT RUNNING"
+        click.echo(f"  node {node.node_id}: 127.0.0.1:{node.port} (controller "
+                   f"{node.controller_port}) {state}; log: {node.paths.log_file}")
+    click.echo(f"bootstrap: {cluster.bootstrap}")
+    try:
+        asyncio.run(asyncio.wait_for(local_broker.round_trip(
+            cluster.client_settings(), replication=factor), 20))
+        lagging = asyncio.run(asyncio.wait_for(cluster.out_of_sync(), 20))
+    except Exception as exc:
+        click.echo(f"does not serve: {exc}")
+        sys.exit(1)
+    if lagging:
+        click.echo(f"{len(lagging)} partition(s) with an ISR short of their replicas, "
+                   f"e.g. {lagging[0][0]}/{lagging[0][1]}: replicas {lagging[0][2]}, "
+                   f"ISR {lagging[0][3]}")
+    if None in pids.values() or lagging:
+        sys.exit(1)
+    click.echo("round trip ok (acks=all), every partition's ISR full")
+
+
 @broker.command("wipe")
 @click.pass_obj
 def broker_wipe(settings: Settings) -> None:
-    """Delete the stopped broker's data directory."""
+    """Delete the stopped broker's data directory (and a stopped cluster's nodes')."""
+    cluster = _cluster(settings)
+    if cluster is not None:
+        try:
+            cluster.wipe()
+        except BrokerError as exc:
+            raise click.ClickException(str(exc)) from exc
     local_broker.wipe(settings)
     click.echo("wiped")
 

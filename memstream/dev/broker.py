@@ -4,6 +4,15 @@
 cache, formats KRaft storage, starts one combined broker+controller on 127.0.0.1 and waits
 until a client round-trip (create topic, produce, consume) succeeds. ``stop`` sends SIGTERM
 to the recorded PID (controlled shutdown). No Docker and no tarball are needed.
+
+``memstream broker start --brokers N`` (:class:`Cluster`) runs N such nodes from the same
+jars as one KRaft cluster (every node broker and controller, N voters, one cluster id;
+internal and default topics replicated 3 / min.insync.replicas 2 from three nodes on).
+Port scheme: node i (1..N) serves clients on ``kafka_port + 10·(i-1)``, its controller one
+above; node 1 holds the pair a single broker of this instance would, so instances 100
+ports apart never collide. ``Cluster`` also serves benchmarks and tests: a partition's
+leader from the metadata, SIGKILL a node, restart it on its config and data, wait until
+every partition's ISR is full again.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from memstream.core.errors import BrokerError
 from memstream.core.settings import Settings
@@ -102,6 +112,7 @@ class BrokerPaths:
     home: Path
     version: str
     port: int
+    run_dir: Path | None = None  # a cluster's node: <home>/cluster-<port>/node-<id>
 
     @property
     def lib(self) -> Path:
@@ -109,7 +120,7 @@ class BrokerPaths:
 
     @property
     def run(self) -> Path:
-        return self.home / f"broker-{self.port}"
+        return self.run_dir or self.home / f"broker-{self.port}"
 
     @property
     def data(self) -> Path:
@@ -250,8 +261,10 @@ def client_settings(settings: Settings) -> Settings:
     return settings.model_copy(update=update)
 
 
-async def round_trip(settings: Settings, timeout: float = 10.0) -> None:
-    """Create a topic, produce one record and read it back: the broker really serves."""
+async def round_trip(settings: Settings, timeout: float = 10.0, replication: int = 1) -> None:
+    """Create a topic, produce one record and read it back: the broker really serves.
+    ``replication`` above 1 (a cluster): the topic has that many replicas and
+    min.insync.replicas one less, so the acks=all write needs that many nodes in sync."""
     from aiokafka.admin import NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
 
@@ -262,7 +275,9 @@ async def round_trip(settings: Settings, timeout: float = 10.0) -> None:
     await admin.start()
     try:
         with contextlib.suppress(TopicAlreadyExistsError):
-            await admin.create_topics([NewTopic(topic, 1, 1)])
+            configs = {"min.insync.replicas": str(replication - 1)} if replication > 1 else {}
+            await admin.create_topics([NewTopic(topic, 1, replication,
+                                                topic_configs=configs)])
     finally:
         await admin.close()
     token = uuid.uuid4().bytes
@@ -368,3 +383,382 @@ def wipe(settings: Settings) -> None:
     if read_pid(paths) is not None:
         raise BrokerError("stop the broker before wiping its data")
     shutil.rmtree(paths.run, ignore_errors=True)
+
+
+# --- a cluster of N nodes on this machine --------------------------------------------------
+#
+# ``memstream broker start --brokers N``: N combined broker+controller nodes (KRaft, N static
+# controller voters) from the same jars, one cluster id, each with its own ports, data dir,
+# log and PID under ``<kafka_home>/cluster-<kafka_port>/node-<id>``. Port scheme: node i
+# (1..N) serves clients on ``kafka_port + 10·(i-1)`` and its controller one above, so node 1
+# holds the very pair a single broker of this instance would (one instance is either a
+# single broker or a cluster) and the others sit 10 and 20 above it: instances 100 apart
+# (19092, 19292, 29092, ...) never share a port. Ports already taken refuse the start.
+
+NODE_STRIDE = 10
+MAX_NODES = 9  # node 9 listens on kafka_port + 80: still below the next instance
+STARTED = "Kafka Server started"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of a local cluster: broker and controller in one JVM."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    paths: BrokerPaths
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+def cluster_dir(settings: Settings) -> Path:
+    return settings.kafka_home / f"cluster-{settings.kafka_port}"
+
+
+def cluster_nodes(settings: Settings, brokers: int) -> list[Node]:
+    """The nodes of a cluster of ``brokers`` on ``settings.kafka_port`` (the port scheme)."""
+    if not 1 <= brokers <= MAX_NODES:
+        raise BrokerError(f"a local cluster has 1 to {MAX_NODES} nodes, not {brokers}")
+    home = cluster_dir(settings)
+    out = []
+    for node_id in range(1, brokers + 1):
+        port = settings.kafka_port + NODE_STRIDE * (node_id - 1)
+        out.append(Node(node_id, port, port + 1, BrokerPaths(
+            settings.kafka_home, settings.kafka_version, port, home / f"node-{node_id}")))
+    return out
+
+
+def cluster_replication(brokers: int) -> tuple[int, int]:
+    """The replication factor and min.insync.replicas of a cluster's internal and default
+    topics: 3 / 2 from three nodes on, else the node count / one less (at least 1)."""
+    factor = min(3, brokers)
+    return factor, max(1, factor - 1)
+
+
+def voters(nodes: list[Node]) -> str:
+    """``controller.quorum.voters``: every node is a voter."""
+    return ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in nodes)
+
+
+def port_scheme(nodes: list[Node]) -> str:
+    """One line per node: its id, client and controller ports (for ``broker status``)."""
+    return "\n".join(f"node {n.node_id}: 127.0.0.1:{n.port} (controller {n.controller_port})"
+                     for n in nodes)
+
+
+_CLUSTER_SERVER = """process.roles=broker,controller
+node.id={node_id}
+controller.quorum.voters={voters}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs={logdir}
+num.partitions=1
+default.replication.factor={factor}
+min.insync.replicas={min_isr}
+unclean.leader.election.enable=false
+offsets.topic.replication.factor={factor}
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor={factor}
+transaction.state.log.min.isr={min_isr}
+transaction.state.log.num.partitions=8
+share.coordinator.state.topic.replication.factor={factor}
+share.coordinator.state.topic.min.isr={min_isr}
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=false
+delete.topic.enable=true
+log.retention.check.interval.ms=5000
+log.cleaner.backoff.ms=2000
+"""
+
+
+def node_properties(node: Node, nodes: list[Node]) -> str:
+    """server.properties of one node of the cluster ``nodes``."""
+    factor, min_isr = cluster_replication(len(nodes))
+    return _CLUSTER_SERVER.format(node_id=node.node_id, voters=voters(nodes), port=node.port,
+                                  cport=node.controller_port, logdir=node.paths.data,
+                                  factor=factor, min_isr=min_isr)
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie: a node started by another process (a test's fixture) and
+    SIGKILLed here stays a zombie until that process reaps it."""
+    if not _alive(pid):
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: as alive as the signal says
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _started_since(paths: BrokerPaths, offset: int) -> bool:
+    try:
+        with paths.log_file.open("rb") as f:
+            f.seek(offset)
+            return STARTED.encode() in f.read()
+    except OSError:
+        return False
+
+
+class Cluster:
+    """A local KRaft cluster of ``brokers`` nodes on ``settings.kafka_port`` (see the port
+    scheme above), for ``memstream broker start --brokers N``, benchmarks and tests: start
+    it, its bootstrap string, a partition's leader, SIGKILL a node and restart it on the
+    same config and data, wait until every partition's ISR is full again."""
+
+    def __init__(self, settings: Settings, brokers: int = 3) -> None:
+        self.settings = settings
+        self.nodes = cluster_nodes(settings, brokers)
+        self.home = cluster_dir(settings)
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._log_at: dict[int, int] = {}  # where a node's current run starts in its log
+
+    @classmethod
+    def found(cls, settings: Settings) -> Cluster | None:
+        """The cluster configured on ``settings.kafka_port`` (running or not), if any."""
+        try:
+            brokers = int((cluster_dir(settings) / "brokers").read_text())
+        except (OSError, ValueError):
+            return None
+        return cls(settings, brokers)
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(n.address for n in self.nodes)
+
+    def client_settings(self) -> Settings:
+        """``settings`` as a client of this cluster (every node a bootstrap server)."""
+        return self.settings.model_copy(update={"bootstrap_servers": self.bootstrap,
+                                                "kafka_security_protocol": "PLAINTEXT"})
+
+    def node(self, node_id: int) -> Node:
+        return self.nodes[node_id - 1]
+
+    def pid(self, node_id: int) -> int | None:
+        """The running node's PID (a node this object killed is reaped first)."""
+        proc = self._procs.get(node_id)
+        if proc is not None and proc.poll() is not None:
+            del self._procs[node_id]
+        pid = read_pid(self.node(node_id).paths)
+        return pid if pid is not None and _running(pid) else None
+
+    def pids(self) -> dict[int, int | None]:
+        return {n.node_id: self.pid(n.node_id) for n in self.nodes}
+
+    def running(self) -> bool:
+        return any(pid is not None for pid in self.pids().values())
+
+    def configure(self) -> None:
+        """Write every node's server.properties and log4j2.xml; format each node's storage
+        once, all with the cluster's one id."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        marker = self.home / "brokers"
+        if marker.exists() and marker.read_text().strip() != str(len(self.nodes)):
+            raise BrokerError(f"{self.home} holds a cluster of {marker.read_text().strip()} "
+                              f"nodes: stop and wipe it before starting {len(self.nodes)}")
+        id_file = self.home / "cluster.id"
+        if not id_file.exists():
+            id_file.write_text(_cluster_id())
+        cluster_id = id_file.read_text().strip()
+        marker.write_text(str(len(self.nodes)))
+        formats: list[tuple[Node, subprocess.Popen[str]]] = []
+        for node in self.nodes:
+            paths = node.paths
+            paths.run.mkdir(parents=True, exist_ok=True)
+            props = paths.run / "server.properties"
+            props.write_text(node_properties(node, self.nodes))
+            paths.listener_file.write_text("PLAINTEXT")
+            (paths.run / "log4j2.xml").write_text(_LOG4J2.format(log=paths.log_file))
+            if not (paths.data / "meta.properties").exists():  # the nodes side by side
+                cmd = _java(paths, "kafka.tools.StorageTool", "format",
+                            f"--cluster-id={cluster_id}", f"--config={props}",
+                            "--ignore-formatted")
+                formats.append((node, subprocess.Popen(
+                    cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        for node, proc in formats:
+            out, _ = proc.communicate()
+            if proc.returncode != 0:
+                raise BrokerError(f"formatting node {node.node_id} failed:\n{out}")
+
+    def _spawn(self, node: Node) -> int:
+        paths = node.paths
+        busy = [p for p in (node.port, node.controller_port) if not _port_free(p)]
+        if busy:
+            raise BrokerError(f"node {node.node_id}: port {busy[0]} is taken (another broker "
+                              f"or instance?); choose another MEMSTREAM_KAFKA_PORT\n"
+                              f"{port_scheme(self.nodes)}")
+        log = paths.log_file
+        self._log_at[node.node_id] = log.stat().st_size if log.exists() else 0
+        cmd = _java(paths, "kafka.Kafka", str(paths.run / "server.properties"),
+                    heap=self.settings.kafka_heap)
+        with paths.stdout_file.open("ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        self._procs[node.node_id] = proc
+        paths.pid_file.write_text(str(proc.pid))
+        return proc.pid
+
+    def start(self, timeout: float = 180.0) -> dict[int, int]:
+        """Start every node that is not running (idempotent) and return the PIDs once every
+        node logged "Kafka Server started" and an acks=all round trip on a replicated topic
+        succeeded."""
+        if read_pid(paths_for(self.settings)) is not None:
+            raise BrokerError(f"a single broker runs on {self.settings.kafka_port}: stop it "
+                              "first (one instance is a single broker or a cluster)")
+        fetch_jars(self.nodes[0].paths)
+        down = [n for n in self.nodes if self.pid(n.node_id) is None]
+        if down:
+            self.configure()
+        for node in down:
+            node.paths.log_file.unlink(missing_ok=True)
+            self._spawn(node)
+        self.wait_ready(timeout)
+        return {n: pid for n, pid in self.pids().items() if pid is not None}
+
+    def _check_alive(self, node: Node) -> None:
+        if self.pid(node.node_id) is None:
+            tail = node.paths.stdout_file.read_text(errors="replace")[-3000:]
+            raise BrokerError(f"node {node.node_id} exited during start-up:\n{tail}")
+
+    def wait_started(self, node_id: int, timeout: float = 120.0) -> None:
+        """Until the node's current run logged "Kafka Server started"."""
+        node = self.node(node_id)
+        deadline = time.monotonic() + timeout
+        while not _started_since(node.paths, self._log_at.get(node_id, 0)):
+            self._check_alive(node)
+            if time.monotonic() > deadline:
+                raise BrokerError(f"node {node_id} not started after {timeout:.0f}s; see "
+                                  f"{node.paths.log_file}")
+            time.sleep(0.3)
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        for node in self.nodes:
+            self.wait_started(node.node_id, max(1.0, deadline - time.monotonic()))
+        factor, _ = cluster_replication(len(self.nodes))
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            for node in self.nodes:
+                self._check_alive(node)
+            try:
+                asyncio.run(asyncio.wait_for(
+                    round_trip(self.client_settings(), replication=factor), 30))
+                return
+            except Exception as exc:
+                last = exc
+            time.sleep(0.5)
+        raise BrokerError(f"cluster not ready after {timeout:.0f}s (last error: {last!r})")
+
+    def kill(self, node_id: int) -> None:
+        """SIGKILL one node (a crash: no controlled shutdown, no flush)."""
+        pid = self.pid(node_id)
+        if pid is None:
+            return
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._procs.pop(node_id, None)
+
+    def restart(self, node_id: int, timeout: float = 120.0) -> int:
+        """Start a stopped (or killed) node again on its config and data; returns its PID
+        once it logged "Kafka Server started" (its replicas then catch up: see
+        :meth:`wait_in_sync`)."""
+        if self.pid(node_id) is not None:
+            raise BrokerError(f"node {node_id} is running")
+        pid = self._spawn(self.node(node_id))
+        self.wait_started(node_id, timeout)
+        return pid
+
+    def stop(self, timeout: float = 20.0) -> bool:
+        """SIGTERM every node at once (controlled shutdown, ~5-10 s); SIGKILL what is left
+        after ``timeout``: a node whose peers are gone can wait for a controller quorum
+        that will not come back (seen once in ~20 stops: the last node hung until killed).
+        False when none ran."""
+        pids = [pid for pid in self.pids().values() if pid is not None]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while any(_running(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in pids:
+            if _running(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for node in self.nodes:
+            node.paths.pid_file.unlink(missing_ok=True)
+        self._procs.clear()
+        return bool(pids)
+
+    def wipe(self) -> None:
+        """Delete every node's data (the cluster must be stopped)."""
+        if self.running():
+            raise BrokerError("stop the cluster before wiping its data")
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    # --- what the cluster reports (metadata) ---------------------------------------------
+
+    async def describe(self, topics: list[str] | None = None) -> list[dict[str, Any]]:
+        """Metadata of ``topics`` (every topic, internal ones included, when None): one
+        dict per topic with its partitions' leader, replicas and ISR."""
+        from memstream.core import kafka
+
+        admin = kafka.admin(self.client_settings(), request_timeout_ms=10_000)
+        await admin.start()
+        try:
+            return list(await admin.describe_topics(topics))
+        finally:
+            await admin.close()
+
+    async def leaders(self, topics: list[str] | None = None) -> dict[tuple[str, int], int]:
+        """Each partition's leader (node id; -1 while it has none), of every topic when
+        ``topics`` is None."""
+        return {(str(t["topic"]), int(p["partition"])): int(p["leader"])
+                for t in await self.describe(topics) for p in t["partitions"]}
+
+    async def leader(self, topic: str, partition: int) -> int:
+        return (await self.leaders([topic])).get((topic, partition), -1)
+
+    async def out_of_sync(self) -> list[tuple[str, int, list[int], list[int]]]:
+        """Partitions (internal ones included) whose ISR is not all their replicas, or
+        without a leader: (topic, partition, replicas, isr)."""
+        out = []
+        for t in await self.describe():
+            for p in t["partitions"]:
+                replicas, isr = sorted(p["replicas"]), sorted(p["isr"])
+                if replicas != isr or p["leader"] < 0:
+                    out.append((str(t["topic"]), int(p["partition"]), replicas, isr))
+        return sorted(out)
+
+    async def wait_in_sync(self, timeout: float = 120.0) -> float:
+        """Seconds until every node runs and every partition's ISR is full again
+        (BrokerError after ``timeout``)."""
+        t0 = time.monotonic()
+        lagging: list[tuple[str, int, list[int], list[int]]] = []
+        while time.monotonic() - t0 < timeout:
+            if all(pid is not None for pid in self.pids().values()):
+                with contextlib.suppress(Exception):
+                    lagging = await self.out_of_sync()
+                    if not lagging:
+                        return time.monotonic() - t0
+            await asyncio.sleep(0.5)
+        raise BrokerError(f"ISR not full after {timeout:.0f}s: {lagging[:5]}")
