@@ -1,4 +1,16 @@
+# The worker image: `memstream worker` (see docker-compose.yml for a whole deployment).
 FROM python:3.11-slim
+
+# A dedicated non-root user with a fixed uid/gid (not `nobody`, which owns nothing). It owns
+# the data dir, created here: Docker copies an image directory's owner into an empty named
+# volume mounted on it, so the worker can write its state from the first start on.
+RUN groupadd --system --gid 10001 memstream \
+ && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /home/memstream \
+      --shell /usr/sbin/nologin memstream \
+ && mkdir -p /var/lib/memstream \
+ && chown 10001:10001 /var/lib/memstream \
+ && chmod 0750 /var/lib/memstream
+
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY memstream ./memstream
@@ -7,7 +19,13 @@ COPY streams ./streams
 COPY jobs ./jobs
 COPY web ./web
 COPY memory ./memory
+# No compiler in this image: on x86-64 every dependency is a wheel; on arm64 faust-streaming
+# has none, and its source build falls back to pure Python.
 RUN pip install --no-cache-dir .
-USER nobody
+
+ENV MEMSTREAM_DATA_DIR=/var/lib/memstream
+VOLUME ["/var/lib/memstream"]
+USER 10001:10001
+EXPOSE 6066
 ENTRYPOINT ["memstream"]
 CMD ["worker"]

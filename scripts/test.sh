@@ -4,7 +4,7 @@
 # arguments: one pytest run of the given selection, e.g. ./scripts/test.sh tests/unit -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/bootstrap.sh
+./scripts/bootstrap.sh --test  # the dev extras, chromium and llama.cpp too
 
 port=${MEMSTREAM_TEST_KAFKA_PORT:-19092}
 export MEMSTREAM_KAFKA_PORT=$port MEMSTREAM_KAFKA_CONTROLLER_PORT=$((port + 1))

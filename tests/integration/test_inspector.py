@@ -38,7 +38,7 @@ EXPECT_MS = 20_000  # a delete is a job of the user: the pipeline applies it
 def _required(what: str) -> None:
     """Fail where integration tests are required (the README's test command), else skip."""
     if os.environ.get("MEMSTREAM_REQUIRE_INTEGRATION") == "1":
-        pytest.fail(f"{what} (scripts/bootstrap.sh installs it)")
+        pytest.fail(f"{what} (scripts/bootstrap.sh --test installs it)")
     pytest.skip(what)
 
 

