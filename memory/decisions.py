@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memstream.core.errors import MemstreamError
 from memstream.memory.model import (
@@ -46,6 +46,10 @@ class Candidate:
     expires_in_days: float | None = None
     slot: str | None = None
     new_fact: bool = True  # False for a pure retraction ("I no longer use mocks")
+    # the event time of the message that states it (None: not known, the job's newest
+    # message dates it): a late message's fact is dated by itself, not by a newer message
+    # the same job happened to hold
+    said_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,11 @@ class Context:
     now: float
     message_ids: tuple[str, ...] = ()
     seq: int = 0  # the job's per-user sequence number
-    event_ts: float | None = None  # the job's newest message's own time (None: unknown)
+    event_ts: float | None = None  # the statement's (else the job's newest message's) time
+
+    def said(self, c: Candidate) -> Context:
+        """This context dated by the candidate's own statement, when it is known."""
+        return self if c.said_at is None else replace(self, event_ts=c.said_at)
 
     def source(self, op: str) -> Source:
         return Source(self.session_id, self.from_seq, self.to_seq, self.job_id, op,
@@ -160,6 +168,7 @@ def _opened(c: Candidate, ctx: Context, op: str, memory_id: str, version: int,
 
 def resolve(c: Candidate, index: int, shown: IdMap, d: Decision, ctx: Context) -> list[PlannedOp]:
     """Planned ops for candidate number ``index`` of job ``ctx.job_id``."""
+    ctx = ctx.said(c)
     kind = d.op
     if kind == OpKind.NOOP:
         return []

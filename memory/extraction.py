@@ -68,7 +68,8 @@ class RulesModel:
         found: list[Candidate] = []
         for m in messages:
             if m.role == Role.USER:
-                found += rules.extract_text(m.content)
+                said_at = m.ts.timestamp()
+                found += [replace(c, said_at=said_at) for c in rules.extract_text(m.content)]
         return found, Usage()
 
     def decide(self, candidate: Candidate, shown: list[tuple[int, Memory, float]],

@@ -49,7 +49,8 @@ class Source:
     job_id: str
     op_id: str
     message_ids: tuple[str, ...] = ()
-    # event time: the newest message of the job (its producer's ``ts``); None for tool
+    # event time (its producer's ``ts``): the message that stated the fact where the model
+    # says which (the rules model does), else the job's newest message; None for tool
     # writes, windowed jobs and records written before it was kept
     event_ts: float | None = None
 

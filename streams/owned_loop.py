@@ -201,9 +201,9 @@ class OwnedLoop(Rebalancing):
             if self.settings.leave_group_on_stop:
                 kafka.leave_on_stop(self.consumer)
             await self.consumer.stop()
-        for producer in self.producers.values():
+        producers, self.producers = list(self.producers.values()), {}
+        for producer in producers:
             await producer.stop()
-        self.producers.clear()
 
     async def _run(self) -> None:
         assert self.consumer is not None

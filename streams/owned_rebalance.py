@@ -156,9 +156,10 @@ class Rebalancing:
                 await self._take(n)
 
         try:
-            while not self.stopping.is_set():
-                for n in self._order(self.taking - set(inflight)):
-                    inflight[n] = asyncio.create_task(take(n), name=f"take-{n}")
+            while True:  # stopping: no new take; those in flight end (or are cancelled)
+                if not self.stopping.is_set():
+                    for n in self._order(self.taking - set(inflight)):
+                        inflight[n] = asyncio.create_task(take(n), name=f"take-{n}")
                 if not inflight:
                     return
                 await asyncio.wait(set(inflight.values()), return_when=asyncio.FIRST_COMPLETED)
@@ -167,15 +168,14 @@ class Rebalancing:
                         del inflight[n]
                         task.result()  # a take that failed raises here
         except asyncio.CancelledError:
-            for task in inflight.values():
-                task.cancel()
-            await asyncio.gather(*inflight.values(), return_exceptions=True)
             raise
         except Exception as exc:
             log.exception("%s loop: taking a partition failed", self.stage.name)
+            self.on_fatal(f"partition not taken: {type(exc).__name__}: {exc}")
+        finally:  # no take outlives the taker (one would install a producer after stop())
             for task in inflight.values():
                 task.cancel()
-            self.on_fatal(f"partition not taken: {type(exc).__name__}: {exc}")
+            await asyncio.gather(*inflight.values(), return_exceptions=True)
 
     def _order(self, partitions: set[int]) -> list[int]:
         order = getattr(self.stage, "take_order", None)
@@ -190,7 +190,8 @@ class Rebalancing:
             await self._restore({n})
             await self._prepare({n}, set())
             async with self.lock:
-                if self.epochs.get(n, 0) != epoch or n not in self.owned:
+                if (self.epochs.get(n, 0) != epoch or n not in self.owned
+                        or self.stopping.is_set()):
                     log.info("%s partition %d: given up while being taken", self.stage.name, n)
                     await self._undo(n)
                     return

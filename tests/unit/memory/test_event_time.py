@@ -1,7 +1,8 @@
 """Event time wins (SPEC: "a fact from an older message never replaces a newer one,
 whatever order Kafka delivers them in"): memory/decisions.py (pure) and the extractor.
 
-A job's event time is its newest message's own ``ts``. A decision that would change a live
+A fact's event time is the ``ts`` of the message that states it (the rules model knows it;
+an LLM's fact is dated by the job's newest message). A decision that would change a live
 version made from newer messages keeps the older fact as history instead (a record of its
 own, superseded from the start); a retraction from before the live statement changes
 nothing. Within one job, messages are read in event-time order.
@@ -106,6 +107,25 @@ def test_a_late_job_with_older_messages_never_rolls_the_live_value_back(ex):
     late = [m for m in everything(ex) if m.content == "Lives in Berlin"]
     assert len(late) == 1 and late[0].status == Status.SUPERSEDED
     assert late[0].valid_to is not None and late[0].valid_to <= 200.0
+
+
+def test_a_late_fact_is_dated_by_its_own_message_not_by_a_newer_one_in_its_job(ex):
+    """A producer that spreads a session over partitions (re-routed, so later) delivers the
+    older move to Berlin (minute 20) in one job with a newer, unrelated message (minute 40),
+    after the move to Madrid (minute 30) was applied: the job's newest time must not date
+    the Berlin fact."""
+    run(ex, job("a", [("I live in Lisbon", 0)]), now=100.0)
+    run(ex, job("c", [("We moved from Lisbon to Madrid last week.", 30)], start=2, seq=3),
+        now=200.0)
+    run(ex, job("b", [("We moved from Lisbon to Berlin last week.", 20),
+                      ("I am allergic to penicillin", 40)], start=1, seq=4), now=300.0)
+    live = {m.content: m for m in everything(ex) if m.live}
+    assert set(live) == {"Lives in Madrid", "Allergic to penicillin"}
+    assert live["Allergic to penicillin"].source.event_ts == (T0 + timedelta(minutes=40)
+                                                              ).timestamp()
+    (late,) = [m for m in everything(ex) if m.content == "Lives in Berlin"]
+    assert late.status == Status.SUPERSEDED
+    assert late.source.event_ts == (T0 + timedelta(minutes=20)).timestamp()
 
 
 def test_within_a_job_the_newest_message_wins_whatever_the_arrival_order(ex):

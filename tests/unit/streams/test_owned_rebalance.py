@@ -207,6 +207,25 @@ async def test_stop_lets_the_take_in_progress_finish_or_cancels_it(tmp_path):
     assert not fatal  # a shutdown, not a failure
 
 
+async def test_no_take_outlives_a_stop_that_begins_while_several_are_in_flight(tmp_path):
+    """A SIGTERM while two partitions are being taken: one take ends after the stop began,
+    the other never does. The taker must not return while the other still runs (it would
+    install a producer after stop() closed them all, and that producer would never stop)."""
+    stage = SlowStage()
+    loop, consumer, fatal, made = make(tmp_path, stage)
+    await assign(loop, consumer, 0, 1)
+    await until(lambda: len(made) == 2)
+    loop.stopping.set()
+    stage.gate(0).set()  # ends after the stop began: given up, not installed
+    await loop.stop_taking(0.2)
+    assert loop.taker is not None and loop.taker.done()
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("take-")]
+    assert loop.producers == {} and loop.ready == set() and not fatal
+    stage.gate(1).set()  # the cancelled take cannot come back
+    await asyncio.sleep(0)
+    assert loop.producers == {}
+
+
 async def test_a_rebalance_that_begins_while_offsets_are_read_leaves_the_seek_to_it(tmp_path):
     """aiokafka drops the assignment as a rebalance begins, before its revoke callback:
     a seek then would raise. The offsets are kept; the assignment's callback seeks."""

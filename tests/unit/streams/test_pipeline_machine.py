@@ -192,12 +192,12 @@ class Killable:
 @dataclass
 class Slot:
     """The plain model of one user's single-valued slot, following the production rules:
-    a job's event time is its newest message's; a statement older than the live version's
+    a fact's event time is its own message's; a statement older than the live version's
     job becomes history; a restatement of the live value changes nothing."""
 
     value: str | None = None
-    made: float = -math.inf  # event time of the job that made the live version
-    confirmed: float = -math.inf  # newest job that stated the live value (restatements too)
+    made: float = -math.inf  # event time of the statement that made the live version
+    confirmed: float = -math.inf  # newest statement of the live value (restatements too)
     restated_late: bool = False  # issue 1 happened to this slot
 
 
@@ -356,11 +356,11 @@ class PipelineMachine(RuleBasedStateMachine):
 
     def follow(self, user: str, job: ExtractionJob) -> None:
         """The plain model of the slots, one applied job."""
-        event_time = max(m.ts.timestamp() for m in job.messages)
         for m in sorted(job.messages, key=lambda m: (m.ts, m.seq)):
             said = TEXTS.get(m.content) if m.role == "user" else None
             if said is None:
                 continue
+            event_time = m.ts.timestamp()  # a fact is dated by the message that states it
             slot, value = said
             s = self.model[(user, slot)]
             if s.value is None:
