@@ -195,6 +195,39 @@ def topics_create(settings: Settings) -> None:
                f"{layout.replication.describe()}")
 
 
+@topics.command("grow")
+@click.option("--prefix", required=True, help="topic prefix of the new set")
+@click.option("--app-id", default=None, help="app id of the new set (default: its prefix)")
+@click.option("--partitions", type=click.IntRange(1), required=True,
+              help="partition count of the new set")
+@click.pass_obj
+def topics_grow(settings: Settings, prefix: str, app_id: str | None, partitions: int) -> None:
+    """Build a topic set with another partition count from this one's durable topics
+    (memory changes, access, events, keys, dead letters), with this set drained and its
+    workers stopped; then start the workers on the new set (docs/operations.md, "Growing
+    the partition count")."""
+    from memstream.ops.topics_grow import GrowRefused, grow, target_settings
+    from memstream.topics.layout import LayoutError
+
+    new = target_settings(settings, prefix, app_id or prefix, partitions)
+    try:
+        copied = asyncio.run(grow(settings, new))
+    except (GrowRefused, LayoutError) as exc:
+        for line in exc.lines:
+            click.echo(f"memstream topics grow refuses: {line}", err=True)
+        sys.exit(EXIT_LAYOUT)
+    for name, (_, written) in copied.items():
+        click.echo(f"{name:48} {written:>10} records")
+    if any(read != written for read, written in copied.values()):
+        click.echo("copy incomplete: records read and written differ", err=True)
+        sys.exit(1)
+    click.echo(f"copied: {sum(w for _, w in copied.values())} records into {prefix}.* "
+               f"({partitions} partitions). Start the workers with "
+               f"MEMSTREAM_TOPIC_PREFIX={prefix} MEMSTREAM_APP_ID={new.app_id} "
+               f"MEMSTREAM_PARTITIONS={partitions} and a new MEMSTREAM_DATA_DIR, then point "
+               f"the producers at {prefix}.messages")
+
+
 @topics.command("list")
 @click.pass_obj
 def topics_list(settings: Settings) -> None:

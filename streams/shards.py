@@ -28,7 +28,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -136,16 +136,20 @@ class ShardFiles:
     def _checkpoint(self, partition: int | str) -> Path:
         return self.root / f"{partition}.checkpoint.json"
 
-    def checkpoint(self, partition: int | str, now: float) -> Offsets | None:
+    def checkpoint(self, partition: int | str, now: float,
+                   topics: Iterable[str]) -> Offsets | None:
         """The offsets a closed shard holds, if it was closed cleanly within the erasure
-        bound (an older copy may hold users forgotten since: it is restored anew)."""
+        bound (an older copy may hold users forgotten since: it is restored anew) from
+        exactly ``topics`` (a shard of another topic set, as after ``memstream topics
+        grow``, holds other users: restored anew too)."""
         try:
             raw = json.loads(self._checkpoint(partition).read_text())
             if now - float(raw["at"]) > self.erasure_bound_s:
                 return None
-            return {str(t): int(o) for t, o in raw["offsets"].items()}
+            offsets = {str(t): int(o) for t, o in raw["offsets"].items()}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None  # unreadable: restored anew
+        return offsets if set(offsets) == set(topics) else None
 
     def write_checkpoint(self, partition: int | str, offsets: Offsets, now: float) -> None:
         tmp = self._checkpoint(partition).with_suffix(".tmp")
@@ -212,7 +216,7 @@ class ShardKeeper:
                 if warm is not None:
                     shard, start, gathered = warm
                 else:
-                    start = self.files.checkpoint(partition, self.clock())
+                    start = self.files.checkpoint(partition, self.clock(), self.topics)
                     if start is None:
                         self.files.wipe(partition)
                     shard = await asyncio.to_thread(self.open_shard, self.files.path(partition))
@@ -239,7 +243,7 @@ class ShardKeeper:
         def cost(n: int) -> tuple[int, int]:
             if n in warm:
                 return 0, n
-            return (1 if self.files.checkpoint(n, now) is not None else 2), n
+            return (1 if self.files.checkpoint(n, now, self.topics) is not None else 2), n
 
         return sorted(partitions, key=cost)
 

@@ -195,7 +195,7 @@ class Standbys:
             self.opening = None
 
     async def _restore_shard(self, partition: int, opener: Any) -> None:
-        start = self.files.checkpoint(partition, self.clock())
+        start = self.files.checkpoint(partition, self.clock(), self.topics)
         if start is None:
             self.files.wipe(partition)
         self.files.drop_checkpoint(partition)
@@ -296,7 +296,7 @@ class GlobalCopy:
             self.files.write_checkpoint(self.NAME, {self.topic: self.offset}, self.clock())
 
     async def _run(self) -> None:
-        start = self.files.checkpoint(self.NAME, self.clock())
+        start = self.files.checkpoint(self.NAME, self.clock(), [self.topic])
         if start is None:
             self.files.wipe(self.NAME)
         self.files.drop_checkpoint(self.NAME)

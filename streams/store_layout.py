@@ -59,6 +59,15 @@ def data_dir_conflict(settings: Settings) -> str | None:
                     f"be out of reach of forget-me. Remove {', '.join(map(str, stale))} (the "
                     f"topic holds every memory), or set {SINGLE_SETTING}=false to keep "
                     f"running it with one worker")
+        beyond = sorted(int(p.name) for p in _shard_files(settings)
+                        if p.name.isdigit() and int(p.name) >= settings.partitions)
+        if beyond:
+            return (f"{settings.data_dir / 'store'} holds shards of partitions "
+                    f"{', '.join(map(str, beyond))}, beyond the {settings.partitions} of "
+                    f"MEMSTREAM_PARTITIONS: a store of another partition count (another "
+                    f"topic set), whose users sit on other shards here. Give this worker a "
+                    f"new MEMSTREAM_DATA_DIR (remove the old one: the memory-change topic "
+                    f"holds every memory)")
         return None
     shards = _shard_files(settings)
     if shards:

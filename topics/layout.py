@@ -16,7 +16,9 @@ missing (replicated, ``min.insync.replicas``, no unclean leader election) and ch
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -219,6 +221,9 @@ async def _describe(admin: object, names: list[str]) -> dict[str, FoundTopic]:
     configs: dict[str, dict[str, str]] = {}
     for response in responses:
         for resource in response.to_object()["resources"]:
+            if resource["error_code"] == 3:  # a broker that has not learnt of it yet
+                shapes.pop(resource["resource_name"], None)
+                continue
             if resource["error_code"]:
                 raise BrokerError(f"topic {resource['resource_name']}: configs not readable "
                                   f"({resource['error_message'] or resource['error_code']})")
@@ -226,6 +231,22 @@ async def _describe(admin: object, names: list[str]) -> dict[str, FoundTopic]:
                 e["config_names"]: e["config_value"] for e in resource["config_entries"]
                 if e["config_value"] is not None}
     return {n: FoundTopic(n, *shapes[n], configs.get(n, {})) for n in shapes}
+
+
+async def _created(admin: object, names: list[str], wait_s: float = 30.0,
+                   ) -> dict[str, FoundTopic]:
+    """The topics just created, once every broker asked knows them: on a cluster the
+    metadata of a new topic reaches the other brokers a moment after the controller."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = await _describe(admin, names)
+        late = sorted(set(names) - set(found))
+        if not late:
+            return found
+        if time.monotonic() > deadline:
+            raise BrokerError(f"created but not described after {wait_s:.0f} s: "
+                              f"{', '.join(late)}")
+        await asyncio.sleep(0.2)
 
 
 async def _create(admin: object, specs: list[TopicSpec], wanted: Replication) -> None:
@@ -268,7 +289,7 @@ async def prepare(settings: Settings, specs: list[TopicSpec] | None = None) -> L
             raise LayoutError(lines)
         if missing:
             await _create(admin, missing, wanted)
-            found.update(await _describe(admin, [s.name for s in missing]))
+            found.update(await _created(admin, [s.name for s in missing]))
             lines = problems(specs, found, wanted)  # a concurrent creator's, checked too
             if lines:
                 raise LayoutError(lines)

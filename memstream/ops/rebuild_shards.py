@@ -12,8 +12,9 @@ forget-me out of its reach.
 
 The shards belong to a worker's process: run the command on the worker's host, with the
 worker stopped (a running worker holds its shards' write-ahead logs; it is refused in one
-line). A shard with no checkpoint is restored by the worker itself when it takes the
-partition, so removing ``data_dir/store/<p>`` of a stopped worker rebuilds it too. The
+line; a build alone, ``--no-verify`` without ``--swap``, reads only the topics). A shard
+with no checkpoint is restored by the worker itself when it takes the partition, so
+removing ``data_dir/store/<p>`` of a stopped worker rebuilds it too. The
 global memories' copy (``data_dir/store/global``) is dropped on a swap and read again at
 start. Re-embedding (``--embedder``) and partial rebuilds are refused here: a shard restores
 whole, from the vectors its change events carry.
@@ -117,7 +118,9 @@ def rebuild_partitioned(settings: Settings, into: Path | None, *, verify: bool, 
 
     dim = build_embedder(settings).dim
     root = settings.data_dir / SHARDS_DIR
-    live = _live_shards(settings, dim)  # first: refused before anything is written
+    # first: refused before anything is written (a build alone, --no-verify without --swap,
+    # reads only the topics: it runs beside the worker)
+    live = _live_shards(settings, dim) if verify or swap else {}
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     into = into or settings.data_dir / "stores" / f"rebuild-{stamp}"
     if into.exists() and any(into.iterdir()):

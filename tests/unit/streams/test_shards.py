@@ -333,15 +333,21 @@ async def test_a_standby_keeps_its_cursors_gathered_until_handed_over(entries, t
 
 # --- checkpoint files ----------------------------------------------------------------------
 
+CR = ["changes", "results"]  # the topics a shard's checkpoint names
+
+
 def test_a_checkpoint_round_trips_within_the_erasure_bound(tmp_path):
     files = ShardFiles(tmp_path, erasure_bound_s=100.0)
-    assert files.checkpoint(3, 0.0) is None
+    assert files.checkpoint(3, 0.0, CR) is None
     files.write_checkpoint(3, {"changes": 42, "results": 7}, now=1000.0)
-    assert files.checkpoint(3, 1000.0) == {"changes": 42, "results": 7}
-    assert files.checkpoint(3, 1100.0) == {"changes": 42, "results": 7}  # at the bound
-    assert files.checkpoint(3, 1100.5) is None  # older than the bound: restored anew
-    assert files.checkpoint(4, 1000.0) is None  # another partition's
-    assert files.checkpoint("3", 1000.0) == {"changes": 42, "results": 7}
+    assert files.checkpoint(3, 1000.0, CR) == {"changes": 42, "results": 7}
+    assert files.checkpoint(3, 1100.0, CR) == {"changes": 42, "results": 7}  # at the bound
+    assert files.checkpoint(3, 1100.5, CR) is None  # older than the bound: restored anew
+    assert files.checkpoint(4, 1000.0, CR) is None  # another partition's
+    assert files.checkpoint("3", 1000.0, CR) == {"changes": 42, "results": 7}
+    # the same partition of another topic set (after `memstream topics grow`): anew
+    assert files.checkpoint(3, 1000.0, ["other.changes", "other.results"]) is None
+    assert files.checkpoint(3, 1000.0, ["changes"]) is None
     assert files.path(3) == tmp_path / "3"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["3.checkpoint.json"]
     assert json.loads((tmp_path / "3.checkpoint.json").read_text())["at"] == 1000.0
@@ -352,14 +358,14 @@ def test_a_broken_checkpoint_is_none(tmp_path):
     for text in ("", "not json", "{}", "null", "[]", '{"at": 1.0}', '{"offsets": {"a": 1}}',
                  '{"offsets": {"a": "x"}, "at": 1.0}', '{"offsets": {"a": 1}, "at": "x"}'):
         (tmp_path / "5.checkpoint.json").write_text(text)
-        assert files.checkpoint(5, 1.0) is None, text
+        assert files.checkpoint(5, 1.0, ["a"]) is None, text
 
 
 @pytest.mark.parametrize("offsets", ["3", "[1, 2]", "null"])
 def test_a_checkpoint_whose_offsets_are_not_a_mapping_is_none(tmp_path, offsets):
     files = ShardFiles(tmp_path, erasure_bound_s=100.0)
     (tmp_path / "5.checkpoint.json").write_text(f'{{"offsets": {offsets}, "at": 1.0}}')
-    assert files.checkpoint(5, 1.0) is None
+    assert files.checkpoint(5, 1.0, ["a"]) is None
 
 
 def test_wipe_removes_the_shard_and_its_checkpoint(tmp_path):
@@ -371,11 +377,11 @@ def test_wipe_removes_the_shard_and_its_checkpoint(tmp_path):
     files.write_checkpoint(7, {"changes": 9}, now=0.0)
     files.wipe(2)
     assert not files.path(2).exists()
-    assert files.checkpoint(2, 0.0) is None
-    assert files.checkpoint(7, 0.0) == {"changes": 9}  # another partition's stays
+    assert files.checkpoint(2, 0.0, ["changes"]) is None
+    assert files.checkpoint(7, 0.0, ["changes"]) == {"changes": 9}  # another partition's stays
     files.wipe(2)  # nothing left: no error
     files.drop_checkpoint(7)
-    assert files.checkpoint(7, 0.0) is None
+    assert files.checkpoint(7, 0.0, ["changes"]) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
@@ -390,7 +396,7 @@ def test_the_quickest_takes_come_first(tmp_path):
     store = PartitionedStore(lambda tenant, user: 0)
     store.standby[7] = make_store("server", None, DIM)
     settings = SimpleNamespace(data_dir=tmp_path, erasure_bound_s=100.0)
-    keeper = ShardKeeper(settings, store, lambda path: None, [], lambda: None,  # type: ignore[arg-type]
+    keeper = ShardKeeper(settings, store, lambda path: None, ["changes"], lambda: None,  # type: ignore[arg-type]
                          clock=lambda: 1000.0)
     (tmp_path / "store").mkdir()
     keeper.files.write_checkpoint(5, {"changes": 1}, now=990.0)
@@ -503,11 +509,13 @@ async def test_the_shutdown_checkpoint_names_what_the_shard_holds_not_the_topics
     monkeypatch.setattr(shards_module, "end_offsets", ends)
     await keeper.close()
     if broker == "up":
-        assert keeper.files.checkpoint(3, keeper.clock()) == {
+        assert keeper.files.checkpoint(3, keeper.clock(), keeper.topics) == {
             "changes": 45, "results": 7, "access": 70}
     else:
-        assert keeper.files.checkpoint(3, keeper.clock()) is None  # restored in full
-    assert keeper.files.checkpoint(5, keeper.clock()) is None  # what it holds is unknown
+        # restored in full
+        assert keeper.files.checkpoint(3, keeper.clock(), keeper.topics) is None
+    # what it holds is unknown
+    assert keeper.files.checkpoint(5, keeper.clock(), keeper.topics) is None
     assert not store.owned
 
 

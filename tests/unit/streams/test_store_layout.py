@@ -89,3 +89,17 @@ def test_a_data_dir_of_the_other_layout_is_refused_and_left_as_it_is(tmp_path):
     assert line is not None and "MEMSTREAM_STORE_PARTITIONED=true" in line
     assert data_dir_conflict(Settings(data_dir=tmp_path, store="server",
                                       qdrant_url="http://q")) is None
+
+
+def test_a_data_dir_with_shards_beyond_the_partition_count_is_refused(tmp_path):
+    """Shards of another topic set's count (after `memstream topics grow` to fewer
+    partitions, or a data dir reused across deployments): their users sit elsewhere."""
+    for p in (0, 1, 2, 3):
+        (tmp_path / "store" / str(p)).mkdir(parents=True)
+    (tmp_path / "store" / "global").mkdir()
+    assert data_dir_conflict(Settings(data_dir=tmp_path, partitions=4)) is None
+    assert data_dir_conflict(Settings(data_dir=tmp_path, partitions=8)) is None  # restored
+    line = data_dir_conflict(Settings(data_dir=tmp_path, partitions=2))
+    assert line is not None and "partitions 2, 3" in line and "\n" not in line
+    assert "MEMSTREAM_DATA_DIR" in line
+    assert (tmp_path / "store" / "3").is_dir()  # never deleted for the operator
