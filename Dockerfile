@@ -1,5 +1,8 @@
 # The worker image: `memstream worker` (see docker-compose.yml for a whole deployment).
-FROM python:3.11-slim
+# The base is overridable (`--build-arg BASE_IMAGE=...`: any image with Python >= 3.11, pip,
+# groupadd/useradd and `python` on PATH, e.g. scripts/build_image_podman.sh's local one).
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
 # A dedicated non-root user with a fixed uid/gid (not `nobody`, which owns nothing). It owns
 # the data dir, created here: Docker copies an image directory's owner into an empty named
