@@ -1,8 +1,8 @@
 """LOCOMO through the real pipeline: evidence recall per category and trigger policy, and J
 with an answering endpoint. Prints a table and one JSON line.
 
-    .venv/bin/python benchmarks/locomo.py --data ../shared/data/locomo10.json
-    .venv/bin/python benchmarks/locomo.py --data ../shared/data/locomo10.json \\
+    .venv/bin/python benchmarks/locomo.py --data PATH/locomo10.json
+    .venv/bin/python benchmarks/locomo.py --data PATH/locomo10.json \\
         --conversations 2 --limit 20 --policies shipped \\
         --base-url http://127.0.0.1:8080/v1 --model smollm2 --record answers.jsonl
     .venv/bin/python benchmarks/locomo.py --smoke --bootstrap 127.0.0.1:19092

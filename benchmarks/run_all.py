@@ -1,7 +1,7 @@
 """Every benchmark, one after another, at its documented size; results kept by date. (not a test)
 
     .venv/bin/python benchmarks/run_all.py [--only ingest,rebuild] [--smoke]
-        [--locomo-data ../shared/data/locomo10.json] [--port 19592] [--out benchmarks/results]
+        [--locomo-data PATH/locomo10.json] [--port 19592] [--out benchmarks/results]
 
 Starts one broker of its own (``--port``) for the benchmarks that take ``--bootstrap``;
 chaos.py and scale.py start and restart their own at full size. Each benchmark runs as its
@@ -104,6 +104,14 @@ BENCHMARKS: tuple[Bench, ...] = (
                 "requests", "throughput"),
           headline=("sessions_covered", "moves.promoted.from_assignment_p50_s",
                     "moves.restored.from_assignment_p50_s"),
+          timeout_s=240.0),
+    Bench("layouts", full=("--users", "150", "--runs", "3"), broker=True,
+          keys=("users", "messages", "layouts.partitioned.msg_per_s",
+                "layouts.single.msg_per_s", "layouts.partitioned.search_p99_ms",
+                "layouts.single.restart_health_s", "ratios.msg_per_s",
+                "ratios.search_p99_ms", "ratios.restart_health_s", "memories_as_expected"),
+          headline=("ratios.msg_per_s", "ratios.search_p50_ms", "ratios.search_p99_ms",
+                    "ratios.restart_health_s", "memories_as_expected"),
           timeout_s=240.0),
     Bench("jobs", keys=("params", "small.rounds.indexed_select_ms.p50", "large"),
           headline=("large.rounds.indexed_select_ms.p50", "large.decay.ms.p50")),

@@ -60,6 +60,9 @@ class PartitionedStore:
         self.owned: dict[int, MemoryStore] = {}
         self.standby: dict[int, MemoryStore] = {}
         self.global_shard: MemoryStore | None = None
+        # whether the global shard may hold anything (False while no global change was ever
+        # folded into it): an empty one is not asked, a search costs one shard call then
+        self.global_filled = True
 
     # --- which shard ---------------------------------------------------------------------
 
@@ -78,7 +81,7 @@ class PartitionedStore:
     def _global(self, scope: Scope) -> MemoryStore | None:
         """The shard to add the global scope from, or None (not asked, or the user's own
         shard holds them: the global user itself)."""
-        if not scope.include_global or scope.user_id == GLOBAL_USER:
+        if not scope.include_global or scope.user_id == GLOBAL_USER or not self.global_filled:
             return None
         return self.global_shard
 

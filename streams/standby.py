@@ -301,8 +301,9 @@ class GlobalCopy:
             self.files.wipe(self.NAME)
         self.files.drop_checkpoint(self.NAME)
         shard = await asyncio.to_thread(self.open_shard, self.files.path(self.NAME))
-        self.store.global_shard = shard
         self.offset = (start or {}).get(self.topic, 0)
+        self.store.global_filled = self.offset > 0  # nothing folded yet: not asked
+        self.store.global_shard = shard
         positions = {TopicPartition(self.topic, 0): self.offset}
         while True:
             try:
@@ -312,6 +313,7 @@ class GlobalCopy:
                     job = Restore(shard, opener, empty=False)
                     await asyncio.to_thread(job.on_changes, records)
                     self.offset = records[-1].offset + 1
+                    self.store.global_filled = True
 
                 def caught_up() -> None:
                     self.caught_up = True

@@ -188,6 +188,25 @@ def test_count_sums_the_owned_shards_only(shards):
 
 # --- the global shard ----------------------------------------------------------------------
 
+def test_a_global_shard_that_never_held_anything_is_not_asked(shards, monkeypatch):
+    """No global change was ever folded (the usual case): a search or a list is one shard
+    call, not two (the partitioned store's search was 1.4x the single store's)."""
+    a = user_in(0)
+    shards.write([memory("mine", mid="u1", user=a)], [vec(1)])
+    asked: list[str] = []
+    original = shards.global_shard.search
+    monkeypatch.setattr(shards.global_shard, "search",
+                        lambda *args, **kw: asked.append("search") or original(*args, **kw))
+    shards.global_filled = False
+    scope = Scope(T, a, include_global=True)
+    assert [m.memory_id for m, _ in shards.search(scope, vec(1), 3)] == ["u1"]
+    assert [m.memory_id for m in shards.list(scope)] == ["u1"] and asked == []
+    shards.global_shard.write([memory("g", mid="g1", user=GLOBAL_USER)], [vec(1, 0.1)])
+    shards.global_filled = True  # what the global copy sets once it folds a change
+    assert {m.memory_id for m, _ in shards.search(scope, vec(1), 3)} == {"u1", "g1"}
+    assert asked == ["search"]
+
+
 def test_search_with_the_global_scope_merges_the_top_k_by_score(shards):
     a = user_in(0)
     shards.write([memory("close", mid="u-close", user=a),
