@@ -862,7 +862,7 @@ def main() -> None:
         name = f"scale-{uuid.uuid4().hex[:8]}"
         base = bench_settings(
             bootstrap, work, topic_prefix=name, app_id=name,
-            partitions=plan.partitions, store_partitioned=True,
+            partitions=plan.partitions,  # the store layout: the default (partitioned)
             session_timeout_s=plan.session_timeout_s,
             leave_group_on_stop=True)  # its SIGTERM is a scale-in: the partitions move
         meta = {"users": plan.users, "partitions": plan.partitions, "seed": args.seed,

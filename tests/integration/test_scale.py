@@ -76,7 +76,7 @@ async def test_two_workers_answer_for_each_other_and_survive_the_owner_dying(
         harness, tenant):
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
-    h = await harness(extract_enabled=True, web_enabled=True, store_partitioned=True,
+    h = await harness(extract_enabled=True, web_enabled=True,  # the store: the default
                       partitions=4, admin_key=ADMIN)
     if True:
         a = start_worker(h, "wa", ports[0])
