@@ -73,9 +73,8 @@ from benchmarks.chaos import (
     read_topics,
     scenario,
 )
-from benchmarks.scale import QUERIES, code_version
+from benchmarks.scale import QUERIES, code_version, follow_results
 from benchmarks.scale_checks import Coverage, drain_rate, log_lines, takes
-from memstream.core import kafka
 from memstream.core.kafka_io import start_producer
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
@@ -159,19 +158,7 @@ class Tracker:
         self.task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
-        consumer = kafka.consumer(self.settings, registry(self.settings).job_results.name,
-                                  auto_offset_reset="earliest", enable_auto_commit=False,
-                                  group_id=None, isolation_level="read_committed")
-        await consumer.start()
-        try:
-            while True:
-                batch = await consumer.getmany(timeout_ms=200)
-                now = time.time()
-                for part in batch.values():
-                    for r in part:
-                        self.coverage.add(r.value, r.timestamp / 1000, now)
-        finally:
-            await consumer.stop()
+        await follow_results(self.settings, self.coverage, poll_ms=200)
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name="job-results")

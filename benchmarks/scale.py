@@ -453,20 +453,7 @@ class Run:
 
     async def track(self) -> None:
         """Every job result (read_committed) into the coverage, for the whole run."""
-        topic = registry(self.base).job_results.name
-        consumer = kafka.consumer(self.base, topic, auto_offset_reset="earliest",
-                                  enable_auto_commit=False, group_id=None,
-                                  isolation_level="read_committed")
-        await consumer.start()
-        try:
-            while True:
-                batch = await consumer.getmany(timeout_ms=500)
-                now = time.time()
-                for part in batch.values():
-                    for r in part:
-                        self.coverage.add(r.value, r.timestamp / 1000, now)
-        finally:
-            await consumer.stop()
+        await follow_results(self.base, self.coverage)
 
     async def quiet(self, seconds: float, timeout: float, until: int = 0) -> bool:
         """Until nothing new has been covered for ``seconds``, once ``until`` messages more
@@ -785,6 +772,24 @@ def print_report(f: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- main
+
+
+async def follow_results(settings: Settings, coverage: Coverage, poll_ms: int = 500) -> None:
+    """Every job result of ``settings``' deployment (read_committed) into ``coverage``,
+    until cancelled."""
+    consumer = kafka.consumer(settings, registry(settings).job_results.name,
+                              auto_offset_reset="earliest", enable_auto_commit=False,
+                              group_id=None, isolation_level="read_committed")
+    await consumer.start()
+    try:
+        while True:
+            batch = await consumer.getmany(timeout_ms=poll_ms)
+            now = time.time()
+            for part in batch.values():
+                for r in part:
+                    coverage.add(r.value, r.timestamp / 1000, now)
+    finally:
+        await consumer.stop()
 
 
 def code_version() -> str:
