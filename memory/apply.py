@@ -168,9 +168,11 @@ def apply_change(store: MemoryStore, change: MemoryChange) -> bool:
 
 
 def _touch(change: MemoryChange) -> Touch:
+    """A late fact kept as history (an ADD superseded from the start) leaves no live
+    version, like a DELETE: once written, its memory is not live, and that is not a move."""
     before = change.before["version"] if change.before else None
-    return Touch(change.change_id, change.memory_id, before,
-                 None if change.op == "delete" else change.version)
+    live = change.op != "delete" and change.after.get("status", "active") == "active"
+    return Touch(change.change_id, change.memory_id, before, change.version if live else None)
 
 
 @dataclass(frozen=True)

@@ -145,3 +145,26 @@ def test_in_order_delivery_is_unchanged(ex):
         now=300.0)
     assert [m.content for m in everything(ex) if m.live] == ["Lives in Madrid"]
     assert not [m for m in everything(ex) if "history_of" in m.extra]
+
+
+def test_a_decision_killed_after_writing_its_history_record_is_completed_not_fenced(ex):
+    """The apply stage died after the store took a late fact's history record and before
+    the rest (the cursor): applying the decision again completes it and publishes the
+    history's event. A history record is never live, which is not a memory moving on."""
+    from memstream.memory.apply import apply_decision, build_decision
+    from memstream.memory.fencing import Verdict
+
+    run(ex, job("a", [("I live in Lisbon", 0)]), now=100.0)
+    run(ex, job("c", [("We moved from Lisbon to Madrid last week.", 30)], start=2, seq=3),
+        now=200.0)
+    late = job("b", [("We moved from Lisbon to Berlin last week.", 20)], start=1, seq=4)
+    decision = build_decision(late, ex.decide(late, 300.0), ex.model, 300.0)
+    (history,) = decision.changes
+    assert history.after["status"] == "superseded"
+    # the crash: the history record reached the store, the cursor did not
+    ex.store.write([Memory.from_payload(r) for r in history.records], [history.vector])
+    assert ex.store.op_applied(Scope("t1", "u1"), history.change_id)
+    applied = apply_decision(ex.store, decision)
+    assert applied.verdict == Verdict.APPLY, applied.error
+    assert [c.change_id for c in applied.publish] == [history.change_id]
+    assert [m.content for m in everything(ex) if m.live] == ["Lives in Madrid"]
