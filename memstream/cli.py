@@ -206,13 +206,13 @@ def topics_grow(settings: Settings, prefix: str, app_id: str | None, partitions:
     (memory changes, access, events, keys, dead letters), with this set drained and its
     workers stopped; then start the workers on the new set (docs/operations.md, "Growing
     the partition count")."""
-    from memstream.ops.topics_grow import GrowRefused, grow, target_settings
+    from memstream.ops.topics_grow import grow, target_settings
     from memstream.topics.layout import LayoutError
 
     new = target_settings(settings, prefix, app_id or prefix, partitions)
     try:
         copied = asyncio.run(grow(settings, new))
-    except (GrowRefused, LayoutError) as exc:
+    except LayoutError as exc:
         for line in exc.lines:
             click.echo(f"memstream topics grow refuses: {line}", err=True)
         sys.exit(EXIT_LAYOUT)

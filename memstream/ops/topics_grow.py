@@ -39,22 +39,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka.structs import TopicPartition
-
 from memstream.core import kafka
 from memstream.core.settings import Settings
-from memstream.core.topic_reader import Record, end_offsets, read_ranges
+from memstream.core.topic_reader import Record, end_offsets, read_range
 from memstream.memory.shards import partition_of_key
-from memstream.topics.layout import prepare
+from memstream.topics.layout import LayoutError, prepare
 from memstream.topics.registry import Topics, TopicSpec, changelog_name, registry
-
-
-class GrowRefused(Exception):
-    """The move would lose or misplace something: one line per reason."""
-
-    def __init__(self, lines: list[str]) -> None:
-        super().__init__("; ".join(lines))
-        self.lines = lines
 
 
 def durable(topics: Topics) -> list[TopicSpec]:
@@ -149,7 +139,7 @@ async def _ingest_state(settings: Settings) -> dict[bytes, dict[str, Any]]:
     ends = (await end_offsets(settings, [topic]))[topic]
     state: dict[bytes, dict[str, Any]] = {}
 
-    def fold(_: TopicPartition, records: list[Record]) -> None:
+    def fold(records: list[Record]) -> None:
         for r in records:
             if r.key is None:
                 continue
@@ -158,9 +148,7 @@ async def _ingest_state(settings: Settings) -> dict[bytes, dict[str, Any]]:
             else:
                 state[r.key] = json.loads(r.value)
 
-    tps = [TopicPartition(topic, p) for p in ends]
-    await read_ranges(settings, tps, fold, end={TopicPartition(topic, p): o
-                                                for p, o in ends.items()})
+    await read_range(settings, topic, ends, fold)
     return state
 
 
@@ -170,12 +158,13 @@ async def _copy(old: Settings, new: Settings, pairs: Iterable[tuple[TopicSpec, T
     producer = kafka.producer(new, enable_idempotence=True)
     await producer.start()
     counts: dict[str, tuple[int, int]] = {}
+    pairs = list(pairs)
+    ends = await end_offsets(old, [src.name for src, _ in pairs])
     try:
         for src, dst in pairs:
-            ends = (await end_offsets(old, [src.name]))[src.name]
             written = [0]
 
-            async def send(_: TopicPartition, records: list[Record], dst: TopicSpec = dst,
+            async def send(records: list[Record], dst: TopicSpec = dst,
                            written: list[int] = written) -> None:
                 sent = [await producer.send(
                     dst.name, r.value, key=r.key, partition=place(r.key, dst.partitions),
@@ -183,9 +172,7 @@ async def _copy(old: Settings, new: Settings, pairs: Iterable[tuple[TopicSpec, T
                 await asyncio.gather(*sent)  # acknowledged by min.insync.replicas (acks=all)
                 written[0] += len(sent)
 
-            read = await read_ranges(old, [TopicPartition(src.name, p) for p in ends], send,
-                                     end={TopicPartition(src.name, p): o
-                                          for p, o in ends.items()})
+            read = await read_range(old, src.name, ends[src.name], send)
             counts[dst.name] = (read, written[0])
     finally:
         await producer.stop()
@@ -194,21 +181,21 @@ async def _copy(old: Settings, new: Settings, pairs: Iterable[tuple[TopicSpec, T
 
 async def grow(old: Settings, new: Settings) -> dict[str, tuple[int, int]]:
     """Check, create the new set, copy; per new topic (records read, written). Raises
-    :class:`GrowRefused` before writing anything when the move is not safe."""
+    :class:`LayoutError` before writing anything when the move is not safe."""
     refusals = same_names(old, new)
     if refusals:
-        raise GrowRefused(refusals)
+        raise LayoutError(refusals)
     # a worker stopped without leaving its groups (static membership, the default) stays a
     # member for its session: wait that long before calling it running
     deadline = time.monotonic() + old.session_timeout_s + 5.0
     while (running := await _running_groups(old)) and time.monotonic() < deadline:
         await asyncio.sleep(1.0)
     if running:
-        raise GrowRefused([f"workers of app {old.app_id} still run ({', '.join(running)}): "
+        raise LayoutError([f"workers of app {old.app_id} still run ({', '.join(running)}): "
                            "stop every worker of the old set first"])
     left = pending(await _ingest_state(old))
     if not left.drained:
-        raise GrowRefused([
+        raise LayoutError([
             f"the old set is not drained: {left.users} users hold {left.unscanned} unscanned "
             f"messages, {left.in_flight} jobs in flight, {left.tools} tool writes (e.g. "
             f"{', '.join(left.examples)}); with the producers stopped, run the workers until "
@@ -221,5 +208,5 @@ async def grow(old: Settings, new: Settings) -> dict[str, tuple[int, int]]:
     full = [f"{name} already holds {sum(e.values())} records: delete the new set's topics "
             f"and run this again" for name, e in ends.items() if sum(e.values())]
     if full:
-        raise GrowRefused(full)
+        raise LayoutError(full)
     return await _copy(old, new, pairs)
