@@ -533,7 +533,7 @@ def bench_settings(bootstrap: str, work: Path, **overrides: Any) -> Settings:
     base: dict[str, Any] = {
         "bootstrap_servers": bootstrap, "topic_prefix": name, "app_id": name, "partitions": 4,
         "data_dir": work / name, "web_enabled": True, "web_port": free_port(),
-        "admin_key": SecretStr(secrets.token_hex(12)), "extract_enabled": True,
+        "admin_key": SecretStr(secrets.token_hex(16)), "extract_enabled": True,
         "tick_interval_s": 1.0, "session_timeout_s": 10.0, "heartbeat_interval_s": 1.0,
         "job_timeout_s": 60.0,
     }

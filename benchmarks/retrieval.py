@@ -94,7 +94,7 @@ from memstream.web.models.api import SearchRequest
 
 DIM = 512
 TENANT = "bench"
-ADMIN_KEY = "bench"
+ADMIN_KEY = "bench-admin-key-0123456789abcdef0123"
 BATCH = 1000  # records per store write; also the unit of the seeded generation
 DAY = 86_400.0
 SPREAD_DAYS = 90

@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+MIN_SECRET_CHARS = 32  # the admin key and the cluster secret
+
 
 def _default_home() -> Path:
     return Path.home() / ".cache" / "memstream"
@@ -20,7 +22,8 @@ def _default_home() -> Path:
 class Settings(BaseSettings):
     """memstream configuration (environment prefix ``MEMSTREAM_``)."""
 
-    model_config = SettingsConfigDict(env_prefix="MEMSTREAM_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="MEMSTREAM_", frozen=True, extra="ignore",
+                                      hide_input_in_errors=True)  # no secret in an error
 
     # --- Kafka and the Faust app ------------------------------------------------------
     bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers")
@@ -78,7 +81,22 @@ class Settings(BaseSettings):
         "the host name when web_host is 0.0.0.0")
     admin_key: SecretStr | None = Field(
         None, description="Operator key of the HTTP API: opens every tenant (tenant keys: "
-        "`memstream keys create`)")
+        "`memstream keys create`); at least 32 characters (openssl rand -hex 32)")
+    cluster_secret: SecretStr | None = Field(
+        None, description="Shared by the workers of one cluster (at least 32 characters): "
+        "signs each member's metadata, the leader's cluster map and the credential of every "
+        "forwarded request. Required with more than one worker: a worker without it ends "
+        "itself when it sees another")
+    web_tls_cert: Path | None = Field(
+        None, description="PEM certificate (chain) of the HTTP API: set with web_tls_key, the "
+        "API is served over HTTPS and the advertised URL is https://")
+    web_tls_key: Path | None = Field(None, description="PEM private key of web_tls_cert")
+    web_tls_ca: Path | None = Field(
+        None, description="CA bundle other workers' certificates are verified with when a "
+        "request is forwarded (None: the system's CAs)")
+    login_failures_per_minute: int = Field(
+        20, ge=1, description="Failed key checks per key prefix and per client address "
+        "per minute; more are answered 429 until the minute has passed")
     rebuild_settle_s: float = Field(
         300.0, ge=0, le=3600, description="A store switch (memstream rebuild --swap) copies "
         "the users the worker wrote this recently from the live store instead of verifying them "
@@ -103,6 +121,16 @@ class Settings(BaseSettings):
         None, description="Wraps the per-user data keys that seal change events (forget-me "
         "shreds a user's keys). Unset: change events are plain; a forget-me still erases "
         "the store and state, but the memory-change topic keeps the user's history")
+    master_key_version: int = Field(
+        1, ge=1, description="Version of master_key: data keys are wrapped under it (per "
+        "tenant); `memstream keys rotate-master` rewraps older ones")
+    master_key_previous: SecretStr | None = Field(
+        None, description="Older master keys still accepted for unwrapping, as "
+        "'<version>:<key>' separated by commas (during a rotation; drop them afterwards)")
+    read_keys: SecretStr | None = Field(
+        None, description="Downstream readers: tenant read keys (`memstream keys create "
+        "--tenant T --read-events`), separated by commas; they open the events of their "
+        "tenants only")
     erasure_bound_s: float = Field(
         86_400.0, gt=0, description="Compaction of the user-keys topic and the tables' "
         "changelogs happens within this (max.compaction.lag.ms): the erasure bound")
@@ -239,6 +267,23 @@ class Settings(BaseSettings):
                              "kafka_sasl_username and kafka_sasl_password")
         return self
 
+    @model_validator(mode="after")
+    def _secrets(self) -> Settings:
+        for name in ("admin_key", "cluster_secret"):
+            value = getattr(self, name)
+            size = len(value.get_secret_value()) if value is not None else 0
+            if 0 < size < MIN_SECRET_CHARS:  # "": unset
+                raise ValueError(f"MEMSTREAM_{name.upper()} must be at least "
+                                 f"{MIN_SECRET_CHARS} characters (openssl rand -hex 32)")
+        if (self.web_tls_cert is None) != (self.web_tls_key is None):
+            raise ValueError("MEMSTREAM_WEB_TLS_CERT and MEMSTREAM_WEB_TLS_KEY go together")
+        return self
+
+    @property
+    def web_tls(self) -> bool:
+        """The HTTP API is served over HTTPS."""
+        return self.web_tls_cert is not None
+
     def topic(self, name: str) -> str:
         """Full name of one of memstream's topics."""
         return f"{self.topic_prefix}.{name}"
@@ -250,7 +295,7 @@ class Settings(BaseSettings):
         import socket
 
         host = socket.gethostname() if self.web_host in ("0.0.0.0", "::") else self.web_host
-        return f"http://{host}:{self.web_port}"
+        return f"{'https' if self.web_tls else 'http'}://{host}:{self.web_port}"
 
     def instance_id(self) -> str:
         """The static group member id of this worker: stable across its restarts, unique

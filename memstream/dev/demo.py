@@ -271,7 +271,7 @@ def run_demo(base: Settings, *, keep_broker: bool, serve: bool = False,
     settings = base.model_copy(update={
         "topic_prefix": run, "app_id": run, "data_dir": work, "idle_timeout_s": 3.0,
         "tick_interval_s": 0.5, "web_enabled": True, "web_port": _free_port(),
-        "admin_key": base.admin_key or SecretStr(secrets.token_urlsafe(16)),
+        "admin_key": base.admin_key or SecretStr(secrets.token_urlsafe(32)),
         # The windowed jobs on a demo's time scale (SPEC §6 defaults: 150, one day).
         "reflection_threshold": 20, "consolidation_interval_s": 2.0, "jobs_enabled": True,
         # change events sealed per user, so the forget-me at the end can shred them

@@ -40,7 +40,7 @@ from memstream.topics.layout import create_topics
 from memstream.topics.registry import all_topic_names, delete_topics, registry
 from memstream.topics.schemas import ChatMessage, JobDecision
 
-ADMIN = "locomo-admin-key"
+ADMIN = "locomo-admin-key-0123456789abcdef0"
 TENANT = "locomo"
 
 

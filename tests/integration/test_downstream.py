@@ -36,7 +36,7 @@ from tests.integration.conftest import (
 )
 
 pytestmark = pytest.mark.integration
-ADMIN = "admin-key-downstream"
+ADMIN = "admin-key-downstream-0123456789abcdef"
 PORT = free_port()
 ROOT = Path(__file__).resolve().parents[2]
 USERS = {  # user: sessions of user turns; facts the rule extractor keeps, updates, a delete

@@ -28,7 +28,7 @@ from memstream.topics.schemas import MemoryChange
 from tests.integration.conftest import free_port, remembered, running, until
 
 pytestmark = pytest.mark.integration
-ADMIN = "admin-key-forget"
+ADMIN = "admin-key-forget-0123456789abcdef012"
 PORT = free_port()
 BOUND_S = 6.0
 

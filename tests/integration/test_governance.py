@@ -15,7 +15,7 @@ from memstream.web.keys_topic import create_key
 from tests.integration.conftest import free_port, rebuild, remembered, running, until
 
 pytestmark = pytest.mark.integration
-ADMIN = "admin-key-gov"
+ADMIN = "admin-key-gov-0123456789abcdef012345"
 PORT = free_port()
 
 

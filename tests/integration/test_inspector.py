@@ -26,7 +26,7 @@ from memstream.web.keys_topic import create_key
 from tests.integration.conftest import free_port, remembered, running, until
 
 pytestmark = pytest.mark.integration
-ADMIN = "admin-key-inspector"
+ADMIN = "admin-key-inspector-0123456789abcdef"
 PORT = free_port()
 BASE = f"http://127.0.0.1:{PORT}"
 ROOT = Path(__file__).resolve().parents[2]

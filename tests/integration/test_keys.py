@@ -29,7 +29,7 @@ from memstream.web.keys_topic import (
 
 pytestmark = pytest.mark.integration
 
-ADMIN = "integration-admin-key"
+ADMIN = "integration-admin-key-0123456789abcdef"
 
 
 @pytest.fixture

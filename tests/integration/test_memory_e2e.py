@@ -52,7 +52,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-API_KEY = "k-123"
+API_KEY = "k-123-admin-0123456789abcdef0123456"
 WEB_PORT = free_port()
 
 

@@ -15,7 +15,7 @@ from memstream.client import AsyncMemoryClient
 from tests.integration.conftest import free_port, running, until, wait_covered
 
 pytestmark = pytest.mark.integration
-ADMIN = "admin-key-metrics-1"
+ADMIN = "admin-key-metrics-1-0123456789abcdef"
 METRICS_KEY = "metrics-key-2"
 PORT = free_port()
 BASE = f"http://127.0.0.1:{PORT}"

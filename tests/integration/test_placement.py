@@ -26,7 +26,7 @@ from tests.integration.conftest import free_port, running, wait_covered
 
 pytestmark = pytest.mark.integration
 PARTITIONS = 4
-KEY = "k-placement"
+KEY = "k-placement-admin-0123456789abcdef01"
 PORT = free_port()
 USERS = [f"u{i}" for i in range(10)]
 SESSIONS = [  # one fact a session, so the order in which a session's turns arrive is moot

@@ -22,7 +22,7 @@ from memstream.memory.store_edge import EdgeStore
 from tests.integration.conftest import free_port, run_conversations, running, until
 
 pytestmark = pytest.mark.integration
-KEY = "k-shards"
+KEY = "k-shards-admin-0123456789abcdef0123"
 PORT = free_port()
 FIRST = {"alice": [["I live in Berlin", "we have 2 kids"],
                    ["Big news: we moved from Berlin to Munich.", "so we have 3 kids now"]],

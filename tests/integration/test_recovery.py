@@ -146,7 +146,7 @@ def get(url: str, key: str | None = None) -> tuple[int, bytes]:
 async def test_the_worker_serves_only_memstream_views(harness):
     port = free_port()
     h = await harness(extract_enabled=True, embedder="hashing", web_enabled=True,
-                      web_port=port, admin_key=SecretStr("k-9"))
+                      web_port=port, admin_key=SecretStr("k-9-admin-0123456789abcdef01234567"))
     h.worker()
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60  # the API starts once the worker's tables are restored

@@ -26,7 +26,7 @@ from tests.integration.conftest import free_port, remembered, running, until, wa
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
-ADMIN = "admin-key-7"
+ADMIN = "admin-key-7-0123456789abcdef0123456789"
 
 
 PORT = free_port()

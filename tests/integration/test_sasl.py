@@ -35,7 +35,7 @@ from tests.integration.conftest import free_port, running, until
 pytestmark = pytest.mark.integration
 SASL_PORT = int(os.environ.get("MEMSTREAM_TEST_SASL_PORT", "19292"))
 USER, PASSWORD = "memstream", "it-sasl-password"
-ADMIN = "admin-key-sasl"
+ADMIN = "admin-key-sasl-0123456789abcdef01234"
 WEB = free_port()
 LOGIN = {"kafka_security_protocol": "SASL_PLAINTEXT", "kafka_sasl_mechanism": "PLAIN",
          "kafka_sasl_username": USER, "kafka_sasl_password": PASSWORD}

@@ -19,7 +19,7 @@ from memstream.ops.status import serves_what_it_owns
 from tests.integration.conftest import free_port, remembered, until
 
 pytestmark = pytest.mark.integration
-ADMIN = "admin-key-scale"
+ADMIN = "admin-key-scale-0123456789abcdef0123"
 HEADERS = {"Authorization": f"Bearer {ADMIN}"}
 # what a worker that forwards a read asks of a standby: answered from the local standby
 STANDBY_READ = {"X-Memstream-Forwarded": "1", "X-Memstream-Standby-Read": "1"}

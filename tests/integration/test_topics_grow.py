@@ -19,7 +19,7 @@ from memstream.memory.shards import partition_of
 from tests.integration.conftest import Harness, free_port, run_conversations, until
 
 pytestmark = pytest.mark.integration
-KEY = "k-grow"
+KEY = "k-grow-admin-0123456789abcdef012345"
 FIRST = {"alice": [["I live in Berlin", "we have 2 kids"]],
          "bob": [["I live in Lisbon", "I am allergic to penicillin"]],
          "carol": [["I use mocks in my tests", "I work at Acme as a developer"]],

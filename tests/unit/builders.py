@@ -213,7 +213,7 @@ def change(user: str = "u1", cid: str = "c1") -> MemoryChange:
 # --- the HTTP layer against a fake backend and fake keys (web.http) -------------------------
 
 TENANT_KEY = "key-acme-0123456789"
-ADMIN_KEY = "key-admin-9876543210"
+ADMIN_KEY = "key-admin-9876543210-0123456789abc"
 KEYS = {TENANT_KEY: Principal(key_id="k-acme", tenant_id="acme"),
         ADMIN_KEY: Principal(key_id="k-admin", admin=True)}
 TOOL = {"type": "function", "function": {"name": "memory_search", "parameters": {}}}

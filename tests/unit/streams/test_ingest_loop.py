@@ -80,7 +80,7 @@ def test_restore_and_drop_follow_the_partition_that_holds_a_key():
 def _loop(tmp_path):
     settings = Settings(data_dir=tmp_path, embedder="hashing", extract_enabled=False,
                         web_enabled=False, jobs_enabled=False, min_new_messages=2,
-                        admin_key=SecretStr("k"), partitions=1)  # every key's partition: 0
+                        admin_key=SecretStr("k-admin-0123456789abcdef0123456789"), partitions=1)  # every key's partition: 0
     p = build_app(settings)
     p.clock = lambda: T0.timestamp() + 10
     fatal: list[tuple[str, int]] = []

@@ -30,7 +30,7 @@ N = 4
 def _loop(tmp_path):
     settings = Settings(data_dir=tmp_path, embedder="hashing", extract_enabled=False,
                         web_enabled=False, jobs_enabled=False, min_new_messages=2,
-                        admin_key=SecretStr("k"), partitions=N)
+                        admin_key=SecretStr("k-admin-0123456789abcdef0123456789"), partitions=N)
     p = build_app(settings)
     p.clock = lambda: T0.timestamp() + 10
     loop = ingest_loop(p, on_fatal=lambda reason, code=70: None)

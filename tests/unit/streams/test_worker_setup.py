@@ -110,7 +110,7 @@ def test_static_membership_id_is_stable_per_data_dir_and_can_be_turned_off(tmp_p
 
 def _pipeline(tmp_path: Path, **overrides: object):
     settings = Settings(data_dir=tmp_path, embedder="hashing", extract_enabled=True,
-                        web_enabled=True, admin_key=SecretStr("k-1"), **overrides)  # type: ignore[arg-type]
+                        web_enabled=True, admin_key=SecretStr("k-1-admin-0123456789abcdef01234567"), **overrides)  # type: ignore[arg-type]
     return build_app(settings)
 
 

@@ -25,7 +25,7 @@ from memstream.web.keys_topic import KeyFollower, create_key, keys_topic_spec, r
 pytestmark = pytest.mark.unit
 
 NOW = 1_780_000_000.0
-ADMIN = "admin-secret-of-the-operator"
+ADMIN = "admin-secret-of-the-operator-0123456"
 OTHER_ADMIN = "admin-secret-of-another-deployment"
 
 

@@ -31,7 +31,7 @@ from tests.unit.builders import msg, result
 pytestmark = pytest.mark.unit
 
 METRICS_KEY = "metrics-key-123"
-ADMIN_KEY = "admin-key-456"
+ADMIN_KEY = "admin-key-456-0123456789abcdef0123"
 TENANT_KEY = "tenant-key-789"
 # what a label may be called; values come from fixed sets or are topics / partitions
 ALLOWED_LABELS = {"op": m.CHANGE_OPS | {"other"}, "kind": m.LINEAGE_KINDS | {"other",
