@@ -528,12 +528,14 @@ def free_port() -> int:
 
 
 def bench_settings(bootstrap: str, work: Path, **overrides: Any) -> Settings:
-    """A worker on its own uuid topics, data dir, web port and API key."""
+    """A worker on its own uuid topics, data dir, web port, API key and cluster secret."""
     name = f"chaos-{uuid.uuid4().hex[:8]}"
     base: dict[str, Any] = {
         "bootstrap_servers": bootstrap, "topic_prefix": name, "app_id": name, "partitions": 4,
         "data_dir": work / name, "web_enabled": True, "web_port": free_port(),
         "admin_key": SecretStr(secrets.token_hex(16)), "extract_enabled": True,
+        # the workers of a cluster prove who they are in their groups (several: required)
+        "cluster_secret": SecretStr(secrets.token_hex(32)),
         "tick_interval_s": 1.0, "session_timeout_s": 10.0, "heartbeat_interval_s": 1.0,
         "job_timeout_s": 60.0,
     }

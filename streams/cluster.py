@@ -13,6 +13,12 @@ The group's leader puts the whole map (:class:`ClusterMap`: owner and standbys o
 partition, every worker's API URL) into each member's assignment, so every worker knows
 where any user's partition is served (the API forwards to it) and which shards it keeps
 warm as a standby. :func:`plan` is pure; the assignor is a thin shell over it.
+
+Workers prove who they are (:mod:`streams.cluster_trust`): with ``MEMSTREAM_CLUSTER_SECRET``
+each member signs its metadata and the leader takes only members whose metadata verifies and
+whose URL is ``http(s)`` (the others: no partitions, not in the map); the leader signs the
+map, and a worker routes only with a map that verifies. Without the secret a worker must be
+alone: one that meets another ends itself (exit 78).
 """
 
 from __future__ import annotations
@@ -29,6 +35,20 @@ from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
+)
+
+from memstream.streams.cluster_trust import (
+    EXIT_NO_SECRET,
+    NeedsSecret,
+    Trust,
+    Untrusted,
+    allowed_url,
+    checked_member,
+    ignored_note,
+    member_bytes,
+    opened_map,
+    sealed_map,
+    secret_refusal,
 )
 
 log = logging.getLogger(__name__)
@@ -106,9 +126,12 @@ def plan(workers: Iterable[Worker], partitions: Iterable[int], standby_replicas:
 
 
 def assignor_for(worker: Worker, standby_replicas: int | None,
-                 on_map: Callable[[ClusterMap], None]) -> type[AbstractPartitionAssignor]:
+                 on_map: Callable[[ClusterMap], None],
+                 trust: Trust | None = None) -> type[AbstractPartitionAssignor]:
     """An assignor class (the client takes classes) that announces ``worker`` and hands
-    every map it receives to ``on_map``."""
+    every map it receives (and, with ``trust``, that proves itself: :func:`received`) to
+    ``on_map``. ``trust`` None: nothing signed or checked (as before issue 29)."""
+    warned: set[str] = set()  # the members this leader said it ignores (said once)
 
     class _WorkerAssignor(AbstractPartitionAssignor):
         name = ASSIGNOR_NAME
@@ -116,51 +139,131 @@ def assignor_for(worker: Worker, standby_replicas: int | None,
 
         @classmethod
         def metadata(cls, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
-            me = json.dumps({"worker": worker.worker_id, "url": worker.url,
-                             "single": worker.single, "since": worker.since}).encode()
+            me = member_bytes(worker.worker_id, worker.url, worker.single, worker.since,
+                              trust.member_key if trust is not None else None)
             return ConsumerProtocolMemberMetadata(cls.version, list(topics), me)
 
         @classmethod
         def assign(cls, cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata],
                    ) -> dict[str, ConsumerProtocolMemberAssignment]:
-            return assign(cluster, members, standby_replicas)
+            return assign(cluster, members, standby_replicas, trust, warned,
+                          worker.worker_id)
 
         @classmethod
         def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
             if assignment.user_data:
-                try:
-                    on_map(ClusterMap.from_bytes(assignment.user_data))
-                except (ValueError, KeyError) as exc:
-                    log.warning("cluster map not read (%s)", exc)
+                the_map = received(assignment.user_data, worker.worker_id, trust)
+                if the_map is not None:
+                    on_map(the_map)
 
     return _WorkerAssignor
 
 
-def assign(cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata],
-           standby_replicas: int | None) -> dict[str, ConsumerProtocolMemberAssignment]:
-    """The leader's work: the members' worker ids, the plan, each member its partitions of
-    every topic it subscribes to and the whole map."""
+def admitted(members: Mapping[str, ConsumerProtocolMemberMetadata], trust: Trust | None,
+             ) -> tuple[dict[str, Worker], dict[str, tuple[str, str]]]:
+    """Pure: per member id the worker it is; and the members not taken (with ``trust``:
+    metadata that does not verify under its key, or a URL not ``http(s)``), per member id
+    (claimed worker id, why). Without ``trust`` a member without our metadata is taken as
+    a worker named by its member id, with no URL (as before issue 29)."""
     workers: dict[str, Worker] = {}
+    ignored: dict[str, tuple[str, str]] = {}
     for member_id, meta in members.items():
         try:
-            raw = json.loads(meta.user_data or b"{}")
+            if trust is None:
+                raw = checked_member(meta.user_data, None, urls=False)
+            else:
+                raw = checked_member(meta.user_data, trust.member_key)
             workers[member_id] = Worker(str(raw["worker"]), str(raw.get("url", "")),
                                         bool(raw.get("single", False)),
                                         float(raw.get("since", 0.0)))
-        except (ValueError, KeyError):  # a member without our metadata: its member id
-            workers[member_id] = Worker(member_id, "")
+        except Untrusted as exc:
+            ignored[member_id] = (_claimed(meta.user_data), str(exc))
+        except (ValueError, KeyError, TypeError):  # not our metadata
+            if trust is None:
+                workers[member_id] = Worker(member_id, "")
+            else:
+                ignored[member_id] = ("", "no worker metadata")
+    return workers, ignored
+
+
+def _claimed(data: bytes | None) -> str:
+    try:
+        return str(json.loads(data or b"{}")["worker"])[:80]
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+def assign(cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata],
+           standby_replicas: int | None, trust: Trust | None = None,
+           warned: set[str] | None = None, me: str = "",
+           ) -> dict[str, ConsumerProtocolMemberAssignment]:
+    """The leader's work: the members' worker ids, the plan, each taken member its
+    partitions of every topic it subscribes to and the whole map (signed with ``trust``'s
+    key); a member not taken (:func:`admitted`) no partition and no map, said once per
+    member in ``warned``. A leader (``me``) without the secret (``trust`` that does not
+    sign) that sees another worker among the members ends itself."""
+    workers, ignored = admitted(members, trust)
+    if trust is not None and not trust.signs:
+        seen = {w.worker_id for w in workers.values()} | {c or m for m, (c, _) in ignored.items()}
+        if len(seen - {me}) > (0 if me else 1):
+            trust.end(secret_refusal(me or "the group's leader",
+                                     f"its group has other workers ({_names(seen - {me})})"),
+                      EXIT_NO_SECRET)
+    for member_id, (claimed, why) in ignored.items():
+        if warned is None or member_id not in warned:
+            log.warning("group member %r (claims worker %r) ignored: %s; it gets no "
+                        "partitions and is not in the cluster map", member_id, claimed, why)
+            if warned is not None:
+                if len(warned) > 10_000:
+                    warned.clear()
+                warned.add(member_id)
     topics = sorted({t for m in members.values() for t in m.subscription})
     parts: set[int] = set()
     for topic in topics:
         parts |= set(cluster.partitions_for_topic(topic) or ())
     the_map = plan(workers.values(), parts, standby_replicas, time.time())
+    key = trust.map_key if trust is not None else None
+    sealed, note = sealed_map(the_map.to_bytes(), key), ignored_note(key)
     out: dict[str, ConsumerProtocolMemberAssignment] = {}
     for member_id, meta in members.items():
-        mine = the_map.owned_by(workers[member_id].worker_id)
+        taken = member_id in workers
+        mine = the_map.owned_by(workers[member_id].worker_id) if taken else set()
         by_topic = [(t, sorted(p for p in (cluster.partitions_for_topic(t) or ()) if p in mine))
                     for t in sorted(meta.subscription)]
-        out[member_id] = ConsumerProtocolMemberAssignment(0, by_topic, the_map.to_bytes())
+        out[member_id] = ConsumerProtocolMemberAssignment(0, by_topic, sealed if taken else note)
     return out
+
+
+def _names(ids: Iterable[str]) -> str:
+    return ", ".join(repr(i)[1:-1][:80] for i in sorted(ids))
+
+
+def received(data: bytes, me: str, trust: Trust | None) -> ClusterMap | None:
+    """The map this worker routes with from its assignment's user data, or None (it keeps
+    its previous one; logged). With ``trust``: signed by a leader with the secret (if this
+    worker has one) and every URL ``http(s)``; a worker without the secret that gets a
+    signed envelope or a map of other workers ends itself."""
+    try:
+        the_map = ClusterMap.from_bytes(opened_map(data, trust.map_key if trust else None))
+        if trust is not None:
+            bad = sorted(w for w, url in the_map.workers.items() if not allowed_url(url))
+            if bad:
+                raise Untrusted(f"URL of worker(s) {_names(bad)} not http(s)")
+    except NeedsSecret as exc:
+        if trust is not None:
+            trust.end(secret_refusal(me, str(exc)), EXIT_NO_SECRET)
+        else:
+            log.warning("cluster map not read (%s)", exc)
+        return None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("cluster map ignored (%s); routing with the previous one", exc)
+        return None
+    others = set(the_map.workers) - {me}
+    if trust is not None and not trust.signs and others:
+        trust.end(secret_refusal(me, f"its group has other workers ({_names(others)})"),
+                  EXIT_NO_SECRET)
+        return None
+    return the_map
 
 
 def worker_of(instance_id: str, url: str, *, single: bool = False,
@@ -183,10 +286,12 @@ def must_leave(the_map: ClusterMap, me: Worker) -> set[str]:
 
 
 class Cluster:
-    """The latest map each stage's group handed this worker (the API routes with it)."""
+    """The latest map each stage's group handed this worker (the API routes with it), and
+    what its groups' maps are checked by (``trust``; None: nothing checked)."""
 
-    def __init__(self, me: Worker) -> None:
+    def __init__(self, me: Worker, trust: Trust | None = None) -> None:
         self.me = me
+        self.trust = trust
         self.maps: dict[str, ClusterMap] = {}
         self.listeners: list[Callable[[str, ClusterMap], None]] = []
 

@@ -90,7 +90,8 @@ def run_with_app(p: Pipeline, stage: Stage) -> OwnedLoop:
     if p.cluster is not None:
         cluster = p.cluster
         assignor = assignor_for(cluster.me, p.settings.store_standby_replicas,
-                                lambda the_map: cluster.update(stage.name, the_map))
+                                lambda the_map: cluster.update(stage.name, the_map),
+                                cluster.trust)
     loop = OwnedLoop(p.settings, stage, assignor=assignor)
     p.loops.append(loop)
     faust_setup.start_with_app(p.app, loop.start)

@@ -1,4 +1,5 @@
-"""Wiring for more than one worker: the cluster map every loop's assignor fills, and, with
+"""Wiring for more than one worker: the cluster map every loop's assignor fills (signed
+and checked with the cluster secret: :mod:`streams.cluster_trust`), and, with
 ``store_partitioned``, the shards' keeper and standbys (:mod:`streams.shards`,
 :mod:`streams.standby`). Built once by :func:`streams.app.build_app`.
 """
@@ -11,10 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from memstream.core.settings import Settings
 from memstream.memory.shards import PartitionedStore
 from memstream.memory.store import MemoryStore
 from memstream.streams import faust_setup
 from memstream.streams.cluster import Cluster, ClusterMap, Worker, must_leave, worker_of
+from memstream.streams.cluster_trust import Trust
 from memstream.streams.owned_loop import halt
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.shards import ShardKeeper
@@ -27,7 +30,7 @@ log = logging.getLogger(__name__)
 def register(p: Pipeline) -> None:
     s = p.settings
     me = worker_of(s.instance_id(), s.api_url(), single=single_layout(s), since=time.time())
-    p.cluster = Cluster(me)
+    p.cluster = Cluster(me, trust_of(s))
     if me.single:
         p.cluster.listeners.append(_alone(me))
     store = p.services.store
@@ -77,6 +80,13 @@ def register(p: Pipeline) -> None:
         await standbys.stop()
         await shared.stop()
         await keeper.close()
+
+
+def trust_of(s: Settings, end: Callable[[str, int], None] = halt) -> Trust:
+    """What this worker's groups sign with and check by: the cluster secret's keys (none:
+    it must be alone; meeting another worker ends it through ``end``)."""
+    secret = s.cluster_secret.get_secret_value() if s.cluster_secret is not None else None
+    return Trust.of(secret, end)
 
 
 def _alone(me: Worker, end: Callable[..., None] = halt) -> Callable[[str, ClusterMap], None]:

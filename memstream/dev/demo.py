@@ -281,6 +281,9 @@ def run_demo(base: Settings, *, keep_broker: bool, serve: bool = False,
         "rebuild_settle_s": 5.0,
         # more than one worker: a store shard per partition, each worker its share
         "store_partitioned": base.store_partitioned or workers > 1,
+        # ... and a cluster secret, which the workers of one group prove themselves with
+        "cluster_secret": base.cluster_secret or (SecretStr(secrets.token_hex(32))
+                                                  if workers > 1 else None),
     })
     local = settings.bootstrap_servers == f"127.0.0.1:{settings.kafka_port}"
     started_broker = False

@@ -88,6 +88,7 @@ class Harness:
             "partitions": 2, "data_dir": tmp / "data", "tick_interval_s": 0.5,
             "web_enabled": False, "session_timeout_s": 10.0, "heartbeat_interval_s": 1.0,
             "extract_enabled": False,  # the ingest tests play the extractor themselves
+            "cluster_secret": f"cluster-{run}-{uuid.uuid4().hex}",  # a test may run two
         }
         self.settings = Settings(**{**base, **overrides})  # type: ignore[arg-type]
         self.topics = registry(self.settings)

@@ -20,6 +20,7 @@ from tests.integration.conftest import free_port, remembered, until
 
 pytestmark = pytest.mark.integration
 ADMIN = "admin-key-scale-0123456789abcdef0123"
+CLUSTER_SECRET = "cluster-secret-scale-0123456789abcdef0123"  # two workers: required
 HEADERS = {"Authorization": f"Bearer {ADMIN}"}
 # what a worker that forwards a read asks of a standby: answered from the local standby
 STANDBY_READ = {"X-Memstream-Forwarded": "1", "X-Memstream-Standby-Read": "1"}
@@ -77,7 +78,7 @@ async def test_two_workers_answer_for_each_other_and_survive_the_owner_dying(
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     h = await harness(extract_enabled=True, web_enabled=True,  # the store: the default
-                      partitions=4, admin_key=ADMIN)
+                      partitions=4, admin_key=ADMIN, cluster_secret=CLUSTER_SECRET)
     if True:
         a = start_worker(h, "wa", ports[0])
         b = start_worker(h, "wb", ports[1])

@@ -187,12 +187,13 @@ def test_host_ports_are_published_on_loopback_only():
             assert host_ip == "127.0.0.1", name
 
 
-def test_the_admin_and_metrics_keys_are_required():
+def test_the_admin_and_metrics_keys_and_the_cluster_secret_are_required():
     """``${VAR:?message}``: compose refuses to start without them, saying what to set (an
-    empty key would refuse every request and Prometheus would get 401)."""
+    empty key would refuse every request and Prometheus would get 401; two workers without
+    a cluster secret would each end itself, exit 78)."""
     for worker in _workers(_compose()["services"]).values():
         env = worker["environment"]
-        for key in ("MEMSTREAM_ADMIN_KEY", "MEMSTREAM_METRICS_KEY"):
+        for key in ("MEMSTREAM_ADMIN_KEY", "MEMSTREAM_METRICS_KEY", "MEMSTREAM_CLUSTER_SECRET"):
             assert re.fullmatch(r"\$\{" + key + r":\?[^}]*\S[^}]*\}", env[key]), env[key]
 
 

@@ -190,6 +190,8 @@ def test_two_groups_of_the_same_workers_align_whatever_the_member_ids():
 
 
 def test_a_member_without_our_metadata_is_still_assigned():
+    """Without a trust (nothing checked); with the cluster secret such a member is ignored
+    (tests/unit/streams/test_cluster_trust.py)."""
     cluster = FakeCluster({TOPICS[0]: 6, TOPICS[1]: 6})
     members = {"m-1": meta(W["w-a"]), "zz-stranger": meta(None, user_data=b""),
                "m-2": meta(W["w-b"], user_data=b"not json")}

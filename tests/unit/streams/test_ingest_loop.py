@@ -35,6 +35,8 @@ from tests.unit.builders import FakeConsumer, FakeProducer
 pytestmark = pytest.mark.unit
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
+ADMIN = SecretStr("k-admin-0123456789abcdef0123456789")
+
 
 # --- the table ---------------------------------------------------------------------------
 
@@ -80,7 +82,7 @@ def test_restore_and_drop_follow_the_partition_that_holds_a_key():
 def _loop(tmp_path):
     settings = Settings(data_dir=tmp_path, embedder="hashing", extract_enabled=False,
                         web_enabled=False, jobs_enabled=False, min_new_messages=2,
-                        admin_key=SecretStr("k-admin-0123456789abcdef0123456789"), partitions=1)  # every key's partition: 0
+                        admin_key=ADMIN, partitions=1)  # every key's partition: 0
     p = build_app(settings)
     p.clock = lambda: T0.timestamp() + 10
     fatal: list[tuple[str, int]] = []

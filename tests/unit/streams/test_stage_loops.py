@@ -27,13 +27,15 @@ from tests.unit.builders import FakeConsumer, FakeProducer, job
 pytestmark = pytest.mark.unit
 NOW = 1_780_000_000.0
 
+ADMIN = SecretStr("k-admin-0123456789abcdef0123456789")
+
 
 @pytest.fixture
 def p(tmp_path):
     # the single store: these records are all on partition 0, whatever their keys' (the
     # partitioned store's take is tests/unit/streams/test_shards.py's)
     settings = Settings(data_dir=tmp_path, embedder="hashing", web_enabled=False,
-                        ingest_enabled=False, admin_key=SecretStr("k-admin-0123456789abcdef0123456789"),
+                        ingest_enabled=False, admin_key=ADMIN,
                         reflection_threshold=1.0, store_partitioned=False)
     pipeline = build_app(settings)
     pipeline.clock = lambda: NOW
@@ -200,7 +202,7 @@ async def test_a_tick_round_without_a_broker_is_dropped_and_the_timer_goes_on(tm
     from memstream.streams.ingest import TickSender
 
     settings = Settings(data_dir=tmp_path, embedder="hashing", web_enabled=False,
-                        bootstrap_servers="127.0.0.1:1", admin_key=SecretStr("k-admin-0123456789abcdef0123456789"))
+                        bootstrap_servers="127.0.0.1:1", admin_key=ADMIN)
     p = build_app(settings)
     failed: list[int] = []
     sender = TickSender(p, p.topics.ticks.name, lambda now: [("t1", "u1")],

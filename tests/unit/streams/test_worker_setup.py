@@ -4,6 +4,7 @@ and none of Faust's own, and the tables' changelogs created up front."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -109,8 +110,9 @@ def test_static_membership_id_is_stable_per_data_dir_and_can_be_turned_off(tmp_p
 
 
 def _pipeline(tmp_path: Path, **overrides: object):
-    settings = Settings(data_dir=tmp_path, embedder="hashing", extract_enabled=True,
-                        web_enabled=True, admin_key=SecretStr("k-1-admin-0123456789abcdef01234567"), **overrides)  # type: ignore[arg-type]
+    settings = Settings(data_dir=tmp_path, embedder="hashing", extract_enabled=True,  # type: ignore[arg-type]
+                        web_enabled=True, admin_key=SecretStr("k-1-admin-0123456789abcdef01234567"),
+                        **overrides)
     return build_app(settings)
 
 
@@ -144,3 +146,28 @@ def test_every_table_changelog_is_created_with_the_topics_before_the_worker_join
     assert not p.app.tables  # Faust holds no table: the loops own them
     assert {p.state.topic, p.window.topic, p.maintenance.topic} == set(specs)
     assert all(s.partitions == 6 and s.cleanup_policy == "compact" for s in specs.values())
+
+
+# --- the cluster secret ------------------------------------------------------------------
+
+CLUSTER_SECRET = "cluster-secret-setup-0123456789abcdef0123"
+
+
+@pytest.mark.parametrize("secret", [CLUSTER_SECRET, None])
+def test_every_loops_assignor_signs_with_the_cluster_secret_of_the_settings(tmp_path, secret):
+    """The secret flows from Settings to each stage's group (streams.scaling, owned_loop):
+    with it every member's metadata is signed; without it, as before (one worker only)."""
+    from memstream.core.cluster_auth import MEMBER, key_for, verify
+
+    p = _pipeline(tmp_path, cluster_secret=SecretStr(secret) if secret else None)
+    assert p.cluster is not None and p.cluster.trust is not None
+    assert p.cluster.trust.signs == (secret is not None)
+    assert p.loops
+    for loop in p.loops:
+        raw = json.loads(loop.assignor.metadata(["t"]).user_data)
+        assert raw["worker"] == p.cluster.me.worker_id and raw["url"] == p.settings.api_url()
+        if secret is None:
+            assert "sig" not in raw
+        else:
+            assert verify(key_for(secret, MEMBER), raw["sig"], raw["worker"], raw["url"],
+                          "1" if raw["single"] else "0", f"{raw['since']:.6f}")
