@@ -95,14 +95,15 @@ def change_for(op: PlannedOp, vector: list[float] | None, job: ExtractionJob,
 
 def erase_change(job: ExtractionJob, versions: int, model: MemoryModel,
                  now: float) -> MemoryChange:
-    """The audit record of a forget-me: who asked, when, why, how many version records;
-    never content. Replayed, it erases the user from the rebuilt store."""
+    """The audit record of a forget-me: who asked, when, how many version records; never
+    content (not even the reason the request gave: it stays in the request, retention-bound).
+    Replayed, it erases the user from the rebuilt store."""
     assert job.tool is not None
     return MemoryChange(
         change_id=op_id(job.job_id, 0, OpKind.DELETE, job.seq), op="erase",
         tenant_id=job.tenant_id, user_id=job.user_id, memory_id="*", version=0, before=None,
         after={"version_records": versions}, records=[], vector=None,
-        reason=f"forget-me: {job.tool.reason}" if job.tool.reason else "forget-me",
+        reason="forget-me",  # the request's words may be content: this record is plain
         lineage=Lineage(session_id=job.session_id, from_seq=0, to_seq=0, job_id=job.job_id,
                         message_ids=_message_ids(job), seq=job.seq, kind="forget",
                         actor=job.tool.principal),

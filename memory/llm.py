@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from memstream.core.errors import MemstreamError
+from memstream.core.errors import MemstreamError, describe
 from memstream.core.retry import (
     RetriesExhausted,
     RetryPolicy,
@@ -212,7 +212,7 @@ class OpenAIModel:
             if check is not None:
                 check(reply)
         except (ValidationError, ValueError) as exc:
-            raise LLMError(f"{prompt_name}: recorded answer invalid: {exc}") from exc
+            raise LLMError(f"{prompt_name}: recorded answer invalid: {describe(exc)}") from exc
         return reply, used
 
     def _ask_live(self, prompt_name: str, schema: type[T], system: str, user: str,
@@ -236,16 +236,16 @@ class OpenAIModel:
 
         def logged(n: int, exc: BaseException, delay: float) -> None:
             log.warning("%s: attempt %d failed (%s: %s); retrying in %.1fs",
-                        prompt_name, n, type(exc).__name__, str(exc)[:200], delay)
+                        prompt_name, n, type(exc).__name__, describe(exc)[:200], delay)
 
         try:
             reply, used = retry_sync(attempt, policy=self.policy, deadline=deadline,
                                      clock=self._clock, sleep=self._sleep, on_retry=logged,
                                      max_attempts=self.attempts)
         except RetriesExhausted as exc:
-            raise LLMError(f"{prompt_name}: no valid answer: {exc}") from exc
+            raise LLMError(f"{prompt_name}: no valid answer: {describe(exc)}") from exc
         except Exception as exc:  # permanent: translated at the boundary
-            raise LLMError(f"{prompt_name}: {type(exc).__name__}: {exc}") from exc
+            raise LLMError(f"{prompt_name}: {describe(exc)}") from exc
         return reply, wasted + used
 
     def _client_for(self, deadline: float | None) -> Any:
@@ -282,7 +282,7 @@ class OpenAIModel:
         try:
             return schema.model_validate_json(_strip_fences(text)), used
         except ValidationError as exc:
-            raise InvalidReply(f"invalid {schema.__name__}: {exc.errors()[:3]}", used) from exc
+            raise InvalidReply(f"invalid {schema.__name__}: {describe(exc)}", used) from exc
 
 
 # json_schema (OpenAI, vLLM) -> json_object with the schema (llama.cpp's server turns it

@@ -24,7 +24,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from memstream.core import kafka
-from memstream.core.errors import InvalidRecord
+from memstream.core.errors import InvalidRecord, describe
 from memstream.core.settings import Settings
 from memstream.memory.rebuild import fold_access
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
@@ -77,7 +77,7 @@ class AccessRecorder:
                 raise
             except Exception as exc:  # the broker is away: keep the events, try again
                 log.warning("access events not sent yet (%s: %s); %d waiting",
-                            type(exc).__name__, str(exc)[:200], len(self.pending))
+                            type(exc).__name__, describe(exc)[:200], len(self.pending))
                 await asyncio.sleep(min(5.0, self.flush_s * 10))
 
     async def flush(self) -> int:

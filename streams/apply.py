@@ -29,7 +29,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from memstream.core.errors import InvalidRecord
+from memstream.core.errors import InvalidRecord, describe
 from memstream.core.retry import is_transient, retry_async
 from memstream.memory import fencing, metrics
 from memstream.memory.apply import Applied, apply_decision
@@ -67,7 +67,7 @@ async def apply_with_retries(p: Pipeline, decision: JobDecision) -> Applied:
 
     def logged(n: int, exc: BaseException, delay: float) -> None:
         log.error("applying decision of job %s failed (attempt %d, %s: %s); retrying in %.1fs",
-                  decision.job_id, n, type(exc).__name__, str(exc)[:200], delay)
+                  decision.job_id, n, type(exc).__name__, describe(exc)[:200], delay)
 
     return await retry_async(
         lambda: asyncio.to_thread(apply_decision, p.services.store, decision),
@@ -84,7 +84,7 @@ async def apply_or_set_aside(p: Pipeline, work: Work, decision: JobDecision,
     except ShardNotHere:
         raise  # not this worker's shard (now): the loop reads the decision again
     except Exception as exc:  # permanent (is_transient said no)
-        reason = f"{type(exc).__name__}: {exc}"[:500]
+        reason = describe(exc)
         log.error("decision of job %s cannot be applied: %s", decision.job_id, reason)
         set_aside(p, work, InvalidRecord("apply_failed", reason), record)
         return Applied(fencing.Verdict.APPLY, JobStatus.FAILED, error=reason)
@@ -232,7 +232,7 @@ class ApplyStage:
         except Exception as exc:
             if is_transient(exc):
                 raise  # tried again in place; the store answers with its kept events
-            raise Unpublished(f"job {decision.job_id}: {type(exc).__name__}: {exc}") from exc
+            raise Unpublished(f"job {decision.job_id}: {describe(exc)}") from exc
 
     async def _event(self, partition: int, work: Work, record: Any) -> None:
         """A maintenance tick, or (the jobs-only process) a published change."""

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from memstream.core.errors import InvalidRecord
+from memstream.core.errors import InvalidRecord, describe
 from memstream.core.retry import RetryPolicy, retry_async
 from memstream.core.settings import Settings
 from memstream.memory import fencing
@@ -82,7 +82,7 @@ async def decide_with_retries(p: Pipeline, job: ExtractionJob) -> JobDecision:
 
     def logged(n: int, exc: BaseException, delay: float) -> None:
         log.warning("job %s attempt %d failed (%s: %s); retrying in %.1fs",
-                    job.job_id, n, type(exc).__name__, str(exc)[:200], delay)
+                    job.job_id, n, type(exc).__name__, describe(exc)[:200], delay)
 
     try:
         return await retry_async(attempt, policy=job_policy(s), deadline=deadline,
@@ -91,7 +91,7 @@ async def decide_with_retries(p: Pipeline, job: ExtractionJob) -> JobDecision:
     except ShardNotHere:
         raise  # not decided here: the loop reads the job again
     except Exception as exc:  # permanent, or no time left: reported, never raised
-        reason = f"{type(exc).__name__}: {exc}"[:500]
+        reason = describe(exc)
         log.warning("job %s failed: %s", job.job_id, reason)
         return failed_decision(job, reason)
 

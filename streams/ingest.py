@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
 from memstream.core import kafka
-from memstream.core.errors import InvalidRecord
+from memstream.core.errors import InvalidRecord, describe
 from memstream.memory import coalescing as machine
 from memstream.memory import metrics
 from memstream.memory.ingest_state import UserState, overdue, restore, snapshot
@@ -162,7 +162,7 @@ def handle_record(p: Pipeline, batch: Batch, record: Any) -> None:
         log.exception("%s[%s]@%s: cannot be handled; set aside on the dead-letter topic",
                       record.topic, record.partition, record.offset)
         p.counters.handler_failures += 1
-        set_aside(p, batch, InvalidRecord("internal", f"{type(exc).__name__}: {exc}"[:1000]),
+        set_aside(p, batch, InvalidRecord("internal", describe(exc, 1000)),
                    record)
 
 

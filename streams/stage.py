@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from memstream.core.errors import InvalidRecord
+from memstream.core.errors import InvalidRecord, describe
 from memstream.core.retry import RetryPolicy, is_transient, next_delay
 from memstream.memory.shards import ShardNotHere
 from memstream.streams.ingest_tables import LoopTable
@@ -101,4 +101,4 @@ async def until_handled(record: Any, handle: Callable[[], Awaitable[Any]], *,
             log.exception("%s: cannot be handled; set aside on the dead-letter topic", where)
             if counters is not None:
                 counters.handler_failures += 1
-            return InvalidRecord("internal", f"{type(exc).__name__}: {exc}"[:1000])
+            return InvalidRecord("internal", describe(exc, 1000))

@@ -40,3 +40,34 @@ class InvalidRecord(MemstreamError):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+# Exceptions whose text memstream or the transport wrote, never a record's content.
+_OWN_TEXT = ("memstream.", "aiokafka.", "kafka.", "asyncio.")
+
+
+def describe(exc: BaseException, limit: int = 500) -> str:
+    """``exc`` as text fit for a log line or an unsealed record: never a value it carries.
+
+    A pydantic ``ValidationError`` gives its field paths and error kinds (its ``str`` holds
+    the input: a user's text); an HTTP error of a client (``status_code``) its status; an
+    error memstream raised on purpose, an OS or a transport error its message (written
+    without content); anything else its type only, since its text may quote its input.
+    """
+    name = type(exc).__name__
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and hasattr(exc, "error_count"):  # pydantic's ValidationError
+        try:
+            found = errors(include_input=False, include_url=False, include_context=False)
+        except TypeError:
+            found = []
+        where = sorted({f"{'.'.join(map(str, e.get('loc', ()))) or '(root)'}: {e.get('type')}"
+                        for e in found})
+        text = f"{name}: {exc.error_count()} error(s): {'; '.join(where[:5])}"
+    elif isinstance(status := getattr(exc, "status_code", None), int):
+        text = f"{name}: HTTP {status}"
+    elif isinstance(exc, OSError | TimeoutError) or type(exc).__module__.startswith(_OWN_TEXT):
+        text = f"{name}: {exc}" if str(exc) else name
+    else:
+        text = name
+    return text[:limit]

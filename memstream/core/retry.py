@@ -30,7 +30,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from memstream.core.errors import ConfigError, InvalidRecord, MemstreamError
+from memstream.core.errors import ConfigError, InvalidRecord, MemstreamError, describe
 
 R = TypeVar("R")
 OnRetry = Callable[[int, BaseException, float], None]
@@ -46,7 +46,7 @@ class RetriesExhausted(MemstreamError):
     is how retries used to nest)."""
 
     def __init__(self, attempts: int, last: BaseException | None, why: str) -> None:
-        detail = f": {type(last).__name__}: {last}" if last is not None else ""
+        detail = f": {describe(last)}" if last is not None else ""
         plural = "" if attempts == 1 else "s"
         super().__init__(f"gave up after {attempts} attempt{plural} ({why}){detail}")
         self.attempts = attempts
