@@ -63,6 +63,7 @@ import logging
 import random
 import secrets
 import socket
+import ssl
 import tempfile
 import time
 import urllib.request
@@ -83,6 +84,7 @@ from memstream.core.kafka_io import start_producer
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
+from memstream.dev.tls import write_dev_tls
 from memstream.memory.shards import partition_of_key
 from memstream.ops.status import serves_what_it_owns
 from memstream.topics.layout import prepare
@@ -542,6 +544,24 @@ def bench_settings(bootstrap: str, work: Path, **overrides: Any) -> Settings:
     return Settings(**{**base, **overrides})
 
 
+def api_open(settings: Settings, path: str, key: str, timeout: float) -> Any:
+    """``urlopen`` of one of the worker's routes, over HTTPS verified with the run's CA when
+    the workers serve TLS (``--tls``)."""
+    scheme = "https" if settings.web_tls else "http"
+    req = urllib.request.Request(f"{scheme}://127.0.0.1:{settings.web_port}{path}",
+                                 headers={"X-API-Key": key})
+    context = None
+    if settings.web_tls:
+        context = ssl.create_default_context(cafile=str(settings.web_tls_ca))
+    return urllib.request.urlopen(req, timeout=timeout, context=context)
+
+
+def tls_settings(work: Path) -> dict[str, Any]:
+    """The settings of workers serving HTTPS with a throw-away CA (``--tls``)."""
+    files = write_dev_tls(work / "tls")
+    return {"web_tls_cert": files.cert, "web_tls_key": files.key, "web_tls_ca": files.ca}
+
+
 def cluster_settings(settings: Settings, workers: int) -> list[Settings]:
     """One worker: ``settings``. Several: each on the partitioned store (a shard per
     partition, standbys on the others) with its own data dir, API port and instance id."""
@@ -559,10 +579,9 @@ async def cluster_serving(nodes: Sequence[Settings], timeout: float = 300.0) -> 
 
     def serving(node: Settings) -> bool:
         assert node.admin_key is not None
-        req = urllib.request.Request(f"http://127.0.0.1:{node.web_port}/v1/cluster",
-                                     headers={"X-API-Key": node.admin_key.get_secret_value()})
         try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
+            with api_open(node, "/v1/cluster", node.admin_key.get_secret_value(),
+                          10) as resp:
                 status = json.loads(resp.read())
         except OSError:
             return False
@@ -907,10 +926,8 @@ class Chaos:
 def misplaced_counter(settings: Settings) -> int | None:
     """The worker's ``memstream_misplaced_records_total`` (None: not answering)."""
     assert settings.admin_key is not None
-    req = urllib.request.Request(f"http://127.0.0.1:{settings.web_port}/metrics",
-                                 headers={"X-API-Key": settings.admin_key.get_secret_value()})
     try:
-        with urllib.request.urlopen(req, timeout=3) as resp:
+        with api_open(settings, "/metrics", settings.admin_key.get_secret_value(), 3) as resp:
             text = resp.read().decode()
     except OSError:
         return None
@@ -1087,12 +1104,10 @@ def http_live(settings: Settings, users: Iterable[str]) -> dict[str, list[str]]:
     key = settings.admin_key.get_secret_value()
     out: dict[str, list[str]] = {}
     for user in users:
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{settings.web_port}/v1/tenants/{TENANT}/users/{user}/memories"
-            "?limit=500", headers={"X-API-Key": key})
+        path = f"/v1/tenants/{TENANT}/users/{user}/memories?limit=500"
         for attempt in range(30):  # 503: a partition still moving between workers
             try:
-                with urllib.request.urlopen(req, timeout=30) as resp:
+                with api_open(settings, path, key, 30) as resp:
                     out[user] = [m["content"] for m in json.loads(resp.read())["memories"]
                                  if m.get("slot") != "reflection:profile"]  # not a fact
                 break
@@ -1519,6 +1534,9 @@ def main() -> None:
     ap.add_argument("--settle-timeout", type=float, default=None,
                     help="default 900 (smoke 120)")
     ap.add_argument("--keep-broker", action="store_true", help="leave the broker running")
+    ap.add_argument("--tls", action="store_true",
+                    help="workers serve their API over HTTPS (a throw-away CA) and forward "
+                    "to each other over it")
     ap.add_argument("--reuse-broker", action="store_true",
                     help="use (and restart) a broker already running on --port")
     args = ap.parse_args()
@@ -1548,7 +1566,8 @@ def main() -> None:
             events, truth = scenario(args.users, seed)
             settings = bench_settings(bootstrap, work,
                                       job_timeout_s=args.job_timeout,
-                                      partitions=args.partitions)
+                                      partitions=args.partitions,
+                                      **(tls_settings(work) if args.tls else {}))
             meta = {"users": args.users,
                     "messages": sum(isinstance(e, ChatMessage) for e in events),
                     "kills": args.kills, "rate": args.rate, "workers": args.workers,
@@ -1557,6 +1576,7 @@ def main() -> None:
                     "shuffle_producers": args.shuffle_producers,
                     "producer": args.producer, "brokers_asked": args.brokers,
                     "kill_leader": args.kill_leader, "leader_down_s": args.leader_down,
+                    "tls": args.tls,
                     "job_timeout_s": args.job_timeout, "work": str(work),
                     "smoke": args.smoke}
             outcome = asyncio.run(run_chaos(

@@ -59,6 +59,7 @@ from aiokafka.errors import (
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from memstream.core import kafka
+from memstream.core.errors import describe
 from memstream.core.retry import RetryPolicy, next_delay
 from memstream.core.settings import Settings
 from memstream.memory.shards import ShardNotHere
@@ -223,7 +224,7 @@ class OwnedLoop(Rebalancing):
             raise
         except Exception as exc:
             log.exception("%s loop failed", self.stage.name)
-            self.on_fatal(f"{self.stage.name}: {type(exc).__name__}: {exc}")
+            self.on_fatal(f"{self.stage.name}: {describe(exc)}")
 
     # --- a batch -------------------------------------------------------------------------
 
@@ -326,13 +327,13 @@ class OwnedLoop(Rebalancing):
             return False
         if isinstance(exc, REFUSED):  # e.g. a dead letter its topic does not take
             self.on_fatal(f"partition {partition}: transaction undeliverable "
-                          f"({type(exc).__name__}: {exc})", EXIT_UNDELIVERABLE)
+                          f"({describe(exc)})", EXIT_UNDELIVERABLE)
             return False
         self.failed_commits += 1
         self.failed_in_row[partition] = self.failed_in_row.get(partition, 0) + 1
         if self.failed_in_row[partition] > MAX_FAILED_IN_ROW:
             self.on_fatal(f"partition {partition}: more than {MAX_FAILED_IN_ROW} transactions "
-                          f"failed in a row (last: {type(exc).__name__}: {exc})")
+                          f"failed in a row (last: {describe(exc)})")
             return False
         log.warning("%s partition %d: transaction failed (%s: %s); renewing its producer",
                     self.stage.name, partition, type(exc).__name__, exc)

@@ -29,6 +29,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from memstream.core import kafka
+from memstream.core.errors import describe
 
 if TYPE_CHECKING:
     from memstream.core.settings import Settings
@@ -95,7 +96,7 @@ class Rebalancing:
         except Exception as exc:
             log.exception("%s loop: taking partitions %s failed", self.stage.name,
                           sorted(assigned))
-            self.on_fatal(f"partitions not taken: {type(exc).__name__}: {exc}")
+            self.on_fatal(f"partitions not taken: {describe(exc)}")
 
     async def _assign(self, assigned: set[TopicPartition]) -> None:
         assert self.consumer is not None
@@ -171,7 +172,7 @@ class Rebalancing:
             raise
         except Exception as exc:
             log.exception("%s loop: taking a partition failed", self.stage.name)
-            self.on_fatal(f"partition not taken: {type(exc).__name__}: {exc}")
+            self.on_fatal(f"partition not taken: {describe(exc)}")
         finally:  # no take outlives the taker (one would install a producer after stop())
             for task in inflight.values():
                 task.cancel()

@@ -44,6 +44,9 @@ class InvalidRecord(MemstreamError):
 
 # Exceptions whose text memstream or the transport wrote, never a record's content.
 _OWN_TEXT = ("memstream.", "aiokafka.", "kafka.", "asyncio.")
+# Built-in errors raised about the program's state, not about a value (ValueError, TypeError,
+# KeyError and UnicodeError quote the value they refused: their text is left out).
+_PLAIN_TEXT = (OSError, TimeoutError, RuntimeError, AssertionError)
 
 
 def describe(exc: BaseException, limit: int = 500) -> str:
@@ -51,8 +54,9 @@ def describe(exc: BaseException, limit: int = 500) -> str:
 
     A pydantic ``ValidationError`` gives its field paths and error kinds (its ``str`` holds
     the input: a user's text); an HTTP error of a client (``status_code``) its status; an
-    error memstream raised on purpose, an OS or a transport error its message (written
-    without content); anything else its type only, since its text may quote its input.
+    error memstream raised on purpose, a transport, OS or runtime error its message (written
+    about the program, not a value); anything else its type only (a ``ValueError`` quotes
+    the value it refused).
     """
     name = type(exc).__name__
     errors = getattr(exc, "errors", None)
@@ -66,7 +70,7 @@ def describe(exc: BaseException, limit: int = 500) -> str:
         text = f"{name}: {exc.error_count()} error(s): {'; '.join(where[:5])}"
     elif isinstance(status := getattr(exc, "status_code", None), int):
         text = f"{name}: HTTP {status}"
-    elif isinstance(exc, OSError | TimeoutError) or type(exc).__module__.startswith(_OWN_TEXT):
+    elif isinstance(exc, _PLAIN_TEXT) or type(exc).__module__.startswith(_OWN_TEXT):
         text = f"{name}: {exc}" if str(exc) else name
     else:
         text = name
