@@ -1,7 +1,9 @@
 """Per-user envelope encryption for what memstream keeps long (SPEC §7 crypto-shredding).
 
-Every user has data keys (AES-256-GCM), kept on a compacted topic wrapped by a key
-derived from the master key (``MEMSTREAM_MASTER_KEY``; a KMS can hold it instead). The
+Every user has data keys (AES-256-GCM), kept on a compacted topic wrapped by a random
+per-tenant key-encryption key (KEK), itself wrapped by a key derived from a version of the
+master key (``MEMSTREAM_MASTER_KEY``, ``MEMSTREAM_MASTER_KEY_VERSION``). Rotating the master
+rewraps the tenant KEKs only; a tenant's KEK is also its downstream readers' read key. The
 content of a change event (before / after / records / vector / reason: texts and
 embeddings alike) travels sealed with the user's data key; its ids, versions, op and
 lineage stay readable, so the log can still be ordered, counted and audited. Forget-me
@@ -47,11 +49,68 @@ def new_key_id() -> str:
 
 
 def kek_from(master_key: str) -> bytes:
-    """The key-encryption key, derived from the master key (never used on data)."""
-    if len(master_key) < 16:
-        raise ConfigError("the master key must be at least 16 characters")
+    """The legacy key-encryption key, derived from the master key (never used on data):
+    data keys written before tenant keys (records without ``kek``) are wrapped by it."""
+    _check_master(master_key)
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"memstream-kek-v1",
                 info=b"wrap user data keys").derive(master_key.encode())
+
+
+def _check_master(master_key: str) -> None:
+    if len(master_key) < 16:
+        raise ConfigError("the master key must be at least 16 characters")
+
+
+# --- the key hierarchy: master key (version v) -> tenant KEK -> user data keys ----------
+# A tenant KEK is random (never derived), so it survives a rotation of the master key and
+# can be handed to a downstream reader of that tenant alone (a read key).
+
+
+def master_wrapping_key(master_key: str, version: int) -> bytes:
+    """The key that wraps tenant KEKs under master key ``version`` (never used on data)."""
+    _check_master(master_key)
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"memstream-tenant-kek-v2",
+                info=f"wrap tenant keks\x1f{version}".encode()).derive(master_key.encode())
+
+
+def new_kek() -> bytes:
+    return AESGCM.generate_key(bit_length=256)
+
+
+def _kek_aad(tenant: str, kek_id: str, version: int) -> str:
+    return f"kek\x1f{tenant}\x1f{kek_id}\x1f{version}"
+
+
+def wrap_kek(wrapping: bytes, kek: bytes, tenant: str, kek_id: str, version: int) -> str:
+    """A tenant KEK wrapped under a master version's key (the AAD binds tenant, id, version:
+    a record relabelled with another tenant, id or version does not open)."""
+    return _enc(wrapping, kek, _kek_aad(tenant, kek_id, version))
+
+
+def unwrap_kek(wrapping: bytes, wrapped: str, tenant: str, kek_id: str, version: int) -> bytes:
+    return _dec(wrapping, wrapped, _kek_aad(tenant, kek_id, version))
+
+
+def _key_aad(tenant: str, user: str, key_id: str, kek_id: str) -> str:
+    return f"key\x1f{tenant}\x1f{user}\x1f{key_id}\x1f{kek_id}"
+
+
+def wrap_under(kek: bytes, kek_id: str, data_key: bytes, tenant: str, user: str,
+               key_id: str) -> str:
+    """A user's data key wrapped under its tenant's KEK ``kek_id``."""
+    return _enc(kek, data_key, _key_aad(tenant, user, key_id, kek_id))
+
+
+def unwrap_under(kek: bytes, kek_id: str, wrapped: str, tenant: str, user: str,
+                 key_id: str) -> bytes:
+    return _dec(kek, wrapped, _key_aad(tenant, user, key_id, kek_id))
+
+
+def marker_signing_key(kek: bytes, tenant: str) -> bytes:
+    """The HMAC key of a tenant's forget markers: derived from its KEK, so the workers (the
+    master key) and the tenant's readers (its read key) both verify them."""
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"memstream-forget-marker-v1",
+                info=tenant.encode()).derive(kek)
 
 
 def _enc(key: bytes, plain: bytes, aad: str) -> str:

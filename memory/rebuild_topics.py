@@ -107,7 +107,7 @@ async def opener_for(settings: Settings, topic: str) -> tuple[Opener | None, Any
     from memstream.memory.user_keys import UserKeys
 
     keys = UserKeys(settings, topic)
-    await keys.start()
+    await keys.start(write=False)  # a reader: it never writes to the key topic
     if not await keys.wait_ready(60):
         await keys.stop()
         raise RuntimeError(f"the user keys ({topic}) could not be read within 60 s")

@@ -1,59 +1,61 @@
 """Per-user data keys on the compacted ``<prefix>.user-keys`` topic (forget-me, SPEC §7).
 
-Records, keyed ``tenant/user/<key id>``: the user's data key wrapped by the master key
-(:mod:`memory.crypto`); keyed ``tenant/user/!forgotten``: the forget-me marker (when, which
-request, who; no content). Forgetting writes a tombstone for every data key of the user
-and the marker: compaction then removes the wrapped keys from the log
-(``max.compaction.lag.ms`` bounds when), and every sealed record of the user, wherever
-it is copied, no longer opens. Each key id is its own record, so two workers that create
-a first key for a user at the same moment both keep theirs readable.
+Records (layout, signatures: :mod:`memstream.memory.user_key_records`): tenant KEKs
+(``tenant/!kek/<id>``, wrapped by a version of the master key), the users' data keys
+(``tenant/user/<key id>``, wrapped by a tenant KEK) and forget markers
+(``tenant/user/!forgotten``, signed with a key derived from the tenant KEK). Forgetting
+writes the signed marker listing the user's key ids, then a tombstone for each: compaction
+then removes the wrapped keys from the log (``max.compaction.lag.ms`` bounds when), and
+every sealed record of the user, wherever it is copied, no longer opens. Each key id is its
+own record, so two workers that create a first key for a user at the same moment both keep
+theirs readable (the same for two first KEKs of a tenant).
 
-Every worker follows the topic (:class:`UserKeys`): the apply stage seals change events
-with the user's key (creating one on first use), readers open them, and the marker fences
-the user's older memories out of every read until the erasure job has run.
+Every worker follows the topic (:class:`UserKeys`, a :class:`KeyView` kept current): the
+apply stage seals change events with the user's key (creating one on first use), readers
+open them, and the marker fences the user's older memories out of every read until the
+erasure job has run. A downstream reader follows it with tenant read keys instead of the
+master key (``write=False``): its tenants only. A record the view sets aside never stops
+the follower, which resumes from its position after a broker error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.structs import TopicPartition
 
 from memstream.core import kafka
+from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
-from memstream.core.topic_reader import Record, follow
+from memstream.core.topic_reader import Record, end_offsets, follow, read_range
 from memstream.memory import crypto
-from memstream.topics.events import MemoryEvent
+from memstream.memory import user_key_records as rec
+from memstream.memory.user_key_records import FORGOTTEN, ROLL, Keyring
+from memstream.memory.user_key_view import KeyView, Rotation, Sent, data_key_record, kek_record
 
+__all__ = ["FORGOTTEN", "ROLL", "Rotation", "UserKeys"]
 log = logging.getLogger(__name__)
-FORGOTTEN = "!forgotten"
-ROLL = "~roll"  # a tombstone appended every half bound, so the open segment rolls
 
 
-@dataclass
-class _User:
-    wrapped: dict[str, str] = field(default_factory=dict)  # key id -> wrapped data key
-    forgotten_at: float | None = None
+class UserKeys(KeyView):
+    """This process's view of the user-keys topic, kept current by a follower task."""
 
-
-class UserKeys:
-    """This worker's view of the user-keys topic, kept current by a follower task."""
-
-    def __init__(self, settings: Settings, topic: str) -> None:
-        assert settings.master_key is not None, "sealing needs MEMSTREAM_MASTER_KEY"
-        self._kek = crypto.kek_from(settings.master_key.get_secret_value())
+    def __init__(self, settings: Settings, topic: str, *, dead_letters: str | None = None,
+                 on_reject: Callable[[InvalidRecord], object] | None = None) -> None:
+        ring = Keyring.of(settings)
+        assert ring.master or ring.read, \
+            "user keys need MEMSTREAM_MASTER_KEY or MEMSTREAM_READ_KEYS"
+        super().__init__(ring, topic, on_reject)
         self._settings = settings
-        self.topic = topic
-        self._users: dict[tuple[str, str], _User] = {}
-        self._plain: dict[str, bytes] = {}  # key id -> unwrapped (dropped on forget)
+        self._dead_topic = dead_letters
         self._producer: AIOKafkaProducer | None = None
         self._task: asyncio.Task[None] | None = None
+        self._positions: dict[TopicPartition, int] = {}
         self._caught_up = asyncio.Event()
         self._lock = asyncio.Lock()
         self._roll_every = settings.erasure_bound_s / 2
@@ -63,12 +65,25 @@ class UserKeys:
 
     async def start(self, *, write: bool = True) -> None:
         """Follow the topic; ``write`` False: a reader's view (it can open, never create a
-        key, forget a user or roll the topic)."""
+        key, forget a user, repair or roll the topic)."""
         if write:
-            self._producer = kafka.producer(self._settings, acks="all",
-                                            enable_idempotence=True)
-            await self._producer.start()
+            await self._start_producer()
         self._task = asyncio.create_task(self._follow())
+
+    async def _start_producer(self) -> None:
+        self._producer = kafka.producer(self._settings, acks="all", enable_idempotence=True)
+        await self._producer.start()
+        self.dead_letters = self._dead_topic is not None
+
+    async def load(self, *, write: bool = False) -> None:
+        """Read the topic to its end once, without following (the key commands)."""
+        if write:
+            await self._start_producer()
+        ends = await end_offsets(self._settings, [self.topic])
+        await read_range(self._settings, self.topic, ends[self.topic], self._take_batch,
+                         idle_timeout_s=30.0, committed=False)
+        self.settle()
+        self._caught_up.set()
 
     @property
     def ready(self) -> bool:
@@ -97,64 +112,54 @@ class UserKeys:
                 self._rolled = time.monotonic()
                 await self._send(ROLL, None)
 
+        async def caught_up() -> None:
+            self.settle()
+            self._caught_up.set()
+            await self.repair()
+
+        async def batch(records: list[Record]) -> None:
+            self._take_batch(records)
+            await self.repair()
+
         while True:  # the worker creates the topic at start: wait for it
-            try:
-                await follow(self._settings, self.topic, self._take_all,
-                             caught_up=self._caught_up.set, each_poll=roll, committed=False)
-            except Exception as exc:  # the broker away: read it again (a dead follower
-                # would leave every later key unknown)
+            try:  # from where it was (positions), never from offset 0 again
+                await follow(self._settings, self.topic, batch, positions=self._positions,
+                             caught_up=caught_up, each_poll=roll, committed=False)
+            except Exception as exc:  # the broker away: follow again from where it was
                 log.warning("user keys: following %s failed (%s); again in 1s", self.topic,
                             type(exc).__name__)
             await asyncio.sleep(1.0)
 
-    def _take_all(self, records: list[Record]) -> None:
+    def _take_batch(self, records: list[Record]) -> None:
         for r in records:
-            self.take(r.key, r.value)
+            self.take(r.key, r.value, r)
 
-    def take(self, key: bytes | None, value: bytes | None) -> None:
-        """One record of the topic into the view (later ones win)."""
-        if key == ROLL.encode():
+    async def repair(self) -> None:
+        """A writer, once the topic is read: what :meth:`KeyView.repairs` says, and the
+        dead letters of records set aside."""
+        if self._producer is None or not self.ready:
             return
-        try:
-            tenant, user, name = (key or b"").decode().split("/", 2)
-        except ValueError:
-            log.warning("user keys: skipped a record with a malformed key")
-            return
-        u = self._users.setdefault((tenant, user), _User())
-        if name == FORGOTTEN:
-            u.forgotten_at = float(json.loads(value)["at"]) if value else None
-        elif value is None:  # a shredded key
-            u.wrapped.pop(name, None)
-            self._plain.pop(name, None)
-        else:
-            u.wrapped.setdefault(name, json.loads(value)["wrapped"])
+        out = self.repairs()
+        if out:
+            log.warning("user keys: %d record(s) written back or shredded anew (tombstones "
+                        "or keys no verified forget explains)", len(out))
+        for key, value in out:
+            await self._send(key, value)
+        dead, self.dead = self.dead, []
+        for key_bytes, letter in dead:
+            await self._producer.send_and_wait(self._dead_topic, key=key_bytes, value=letter)
 
-    # --- use ---------------------------------------------------------------------------
+    # --- writes ------------------------------------------------------------------------
 
-    def forgotten_at(self, tenant: str, user: str) -> float | None:
-        u = self._users.get((tenant, user))
-        return u.forgotten_at if u else None
-
-    def keys_of(self, tenant: str, user: str) -> dict[str, bytes]:
-        """The user's data keys this worker knows (unwrapped on first use)."""
-        u = self._users.get((tenant, user))
-        if u is None:
-            return {}
-        out = {}
-        for key_id, wrapped in u.wrapped.items():
-            if key_id not in self._plain:
-                self._plain[key_id] = crypto.unwrap(self._kek, wrapped, tenant, user, key_id)
-            out[key_id] = self._plain[key_id]
-        return out
-
-    def opener(self) -> Any:
-        """For readers: change (or public event) -> opened, or None when its key is gone."""
-        def open_one(change: Any) -> Any:
-            keys = self.keys_of(change.tenant_id, change.user_id)
-            if isinstance(change, MemoryEvent):
-                return crypto.open_event(change, keys)
-            return crypto.open_change(change, keys)
-        return open_one
+    async def tenant_kek(self, tenant: str) -> tuple[str, bytes]:
+        """The KEK new keys of the tenant are wrapped under: its lowest id, or a new one
+        wrapped under the current master version, written before anything uses it."""
+        keks = self.keks_of(tenant)
+        if keks:
+            return min(keks.items())
+        kek_id, kek, record = kek_record(self._ring, tenant)
+        await self._write(*record)
+        return kek_id, kek
 
     async def key_for_write(self, tenant: str, user: str) -> tuple[str, bytes]:
         """The key new records of the user are sealed with: the lowest key id it has, or a
@@ -164,26 +169,35 @@ class UserKeys:
             if keys:
                 key_id = min(keys)
                 return key_id, keys[key_id]
+            kek_id, kek = await self.tenant_kek(tenant)
             key_id, data_key = crypto.new_key_id(), crypto.new_data_key()
-            wrapped = crypto.wrap(self._kek, data_key, tenant, user, key_id)
-            value = json.dumps({"wrapped": wrapped, "created_at": time.time()}).encode()
-            await self._send(f"{tenant}/{user}/{key_id}", value)
-            self.take(f"{tenant}/{user}/{key_id}".encode(), value)
+            await self._write(*data_key_record(kek_id, kek, data_key, tenant, user, key_id))
             return key_id, data_key
 
     async def forget(self, tenant: str, user: str, at: float, request_id: str,
                      actor: str) -> int:
-        """Shred every data key of the user and set the marker; how many keys."""
+        """The signed marker (listing every key id of the user, cumulative), then a
+        tombstone for each of its keys; how many keys."""
         async with self._lock:
-            u = self._users.setdefault((tenant, user), _User())
-            ids = sorted(u.wrapped)
+            kek_id, kek = await self.tenant_kek(tenant)
+            ids = sorted(self.key_ids(tenant, user))
+            m = rec.signed_marker(kek, kek_id, tenant, user, at=at, request_id=request_id,
+                                  actor=actor, keys=self.shredded(tenant, user) | set(ids))
+            await self._write(f"{tenant}/{user}/{FORGOTTEN}", rec.dumps(m))
             for key_id in ids:
-                await self._send(f"{tenant}/{user}/{key_id}", None)
-                self.take(f"{tenant}/{user}/{key_id}".encode(), None)
-            marker = json.dumps({"at": at, "request_id": request_id, "actor": actor}).encode()
-            await self._send(f"{tenant}/{user}/{FORGOTTEN}", marker)
-            self.take(f"{tenant}/{user}/{FORGOTTEN}".encode(), marker)
+                await self._write(f"{tenant}/{user}/{key_id}", None)
             return len(ids)
+
+    async def write(self, records: list[Sent]) -> None:
+        """Write ``records`` in order, each taken into this view (``rotate-master``)."""
+        async with self._lock:
+            for key, value in records:
+                await self._write(key, value)
+
+    async def _write(self, key: str, value: bytes | None) -> None:
+        await self._send(key, value)
+        if not self.take(key.encode(), value):
+            raise InvalidRecord("internal", "a record this process wrote is not taken")
 
     async def _send(self, key: str, value: bytes | None) -> None:
         assert self._producer is not None, "UserKeys.start() first"

@@ -242,10 +242,12 @@ def topics_list(settings: Settings) -> None:
 
 @main.group()
 def keys() -> None:
-    """Per-tenant API keys of the HTTP API (stored hashed on a compacted topic).
+    """Per-tenant API keys of the HTTP API (stored hashed on a compacted topic); tenant
+    read keys of sealed events (create --read-events) and master key rotation.
 
-    Records are signed with MEMSTREAM_ADMIN_KEY: create and revoke need it, and it must be
-    the one the workers have (they ignore records that do not verify).
+    API key records are signed with MEMSTREAM_ADMIN_KEY: create and revoke need it, and it
+    must be the one the workers have (they ignore records that do not verify). Read keys
+    and rotate-master need MEMSTREAM_MASTER_KEY instead.
     """
 
 
@@ -263,14 +265,30 @@ def _key_errors(exc: Exception) -> click.ClickException:
 @keys.command("create")
 @click.option("--tenant", required=True, help="The tenant the key opens (only that one)")
 @click.option("--label", default="", help="A note for operators (who holds the key)")
+@click.option("--read-events", is_flag=True,
+              help="Instead: a read key for downstream readers (MEMSTREAM_READ_KEYS): opens "
+                   "the tenant's sealed memory events; needs MEMSTREAM_MASTER_KEY")
 @click.pass_obj
-def keys_create(settings: Settings, tenant: str, label: str) -> None:
+def keys_create(settings: Settings, tenant: str, label: str, read_events: bool) -> None:
     """Mint a key for one tenant and print it, once."""
     from pydantic import ValidationError
 
     from memstream.core.errors import MemstreamError
     from memstream.web.keys_topic import create_key
 
+    if read_events:
+        from memstream.ops.keys_rotate import read_key
+
+        try:
+            key, kek_ids = asyncio.run(read_key(settings, tenant))
+        except MemstreamError as exc:
+            raise _key_errors(exc) from exc
+        click.echo(f"tenant:   {tenant}")
+        click.echo(f"kek ids:  {', '.join(kek_ids)}")
+        click.echo(f"read key: {key}")
+        click.echo("It opens every sealed event of this tenant (and survives a rotation of "
+                   "the master key): give it to the tenant's readers as MEMSTREAM_READ_KEYS.")
+        return
     try:
         plaintext, record = asyncio.run(create_key(settings, tenant, label))
     except (ValidationError, MemstreamError) as exc:
@@ -326,6 +344,37 @@ def keys_revoke(settings: Settings, key_id: str) -> None:
     assert record.revoked_at is not None
     click.echo(f"revoked {record.key_id} (tenant {record.tenant_id}) at "
                f"{record.revoked_at.isoformat(timespec='seconds')}")
+
+
+@keys.command("rotate-master")
+@click.pass_obj
+def keys_rotate_master(settings: Settings) -> None:
+    """Rewrap every tenant key under MEMSTREAM_MASTER_KEY_VERSION, while workers run.
+
+    Give the new master as MEMSTREAM_MASTER_KEY (+ _VERSION) and the old one in
+    MEMSTREAM_MASTER_KEY_PREVIOUS ("<version>:<key>"), as the workers have them; legacy
+    data keys are wrapped under their tenant's key and legacy forget markers signed.
+    Afterwards, with nothing failed, drop the old version from every process.
+    """
+    from memstream.core.errors import MemstreamError
+    from memstream.ops.keys_rotate import rotate_master
+
+    try:
+        report = asyncio.run(rotate_master(settings))
+    except MemstreamError as exc:
+        raise _key_errors(exc) from exc
+    click.echo(f"master version {report.version}: {report.keks} tenant key(s) rewrapped, "
+               f"{report.new_keks} made, {report.data_keys} legacy data key(s) rewrapped, "
+               f"{report.markers} legacy forget marker(s) signed")
+    other = {k: n for k, n in report.rejected.items() if k not in ("undecryptable",
+                                                                     "unsigned")}
+    if other:
+        click.echo(f"ignored malformed records: {other}")
+    if not report.complete:
+        raise click.ClickException(
+            f"{report.unopened} record(s) did not open with these settings and were not "
+            "rewrapped: add their master version to MEMSTREAM_MASTER_KEY_PREVIOUS and run "
+            "again before dropping any old version")
 
 
 @main.command()

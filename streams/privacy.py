@@ -4,7 +4,7 @@ With ``MEMSTREAM_MASTER_KEY`` set, the worker follows the user-keys topic
 (:class:`memstream.memory.user_keys.UserKeys`); the apply stage seals every change event with the
 user's data key before publishing it, and its public event with the same key
 (:func:`seal_all`). A forget-me request
-(:func:`forget`) first shreds the user's keys and sets the marker (from then on no read
+first sets the user's signed marker and shreds the user's keys (from then on no read
 returns a memory of the user created before it, on any worker following the topic), then
 sends the erasure as a job of the user: the ingest stage drops the buffered messages, the
 apply stage deletes every record of the user from the store (:meth:`MemoryStore.erase`),
@@ -18,6 +18,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from memstream.core.errors import InvalidRecord
 from memstream.memory import crypto
 from memstream.memory.model import Memory
 from memstream.streams.pipeline import Pipeline
@@ -32,9 +33,15 @@ def register(p: Pipeline) -> None:
     """Follow the user-keys topic when a master key is configured."""
     if p.settings.master_key is None:
         return
+    from memstream.memory.metrics import DEAD_LETTER_CLASSES, bounded
     from memstream.memory.user_keys import UserKeys
+    from memstream.streams.counters import add
 
-    keys = UserKeys(p.settings, p.topics.user_keys.name)
+    def rejected(exc: InvalidRecord) -> None:  # a record set aside: a dead letter's count
+        add(p.counters.dead_letters_by_class, bounded(exc.kind, DEAD_LETTER_CLASSES))
+
+    keys = UserKeys(p.settings, p.topics.user_keys.name,
+                    dead_letters=p.topics.dead_letters.name, on_reject=rejected)
     p.user_keys = keys
 
     @p.app.task

@@ -456,16 +456,24 @@ class JobDecision(JobRange):
 
 
 class UserKeyRecord(BaseModel):
-    """A user's data key wrapped by the master key (memstream.memory.user_keys), or the forget-me
-    marker (``at``, ``request_id``, ``actor``) under the key ``tenant/user/!forgotten``."""
+    """One record of the user-keys topic (layouts: memstream.memory.user_key_records): a
+    tenant's key-encryption key wrapped under a master key version (``tenant/!kek/<id>``:
+    ``wrapped``, ``master``), a user's data key wrapped under a tenant KEK
+    (``tenant/user/<key id>``: ``wrapped``, ``kek``), or the signed forget-me marker
+    (``tenant/user/!forgotten``: ``at``, ``request_id``, ``actor``, ``kek``, ``keys``,
+    ``sig``)."""
 
     model_config = ConfigDict(extra="ignore")
 
     wrapped: str | None = None
     created_at: float | None = None
+    master: int | None = None
+    kek: str | None = None
     at: float | None = None
     request_id: str | None = None
     actor: str | None = None
+    keys: list[str] | None = None
+    sig: str | None = None
 
 
 # --- the api-keys topic (the HTTP API's keys: web.keys mints and checks them) ---------

@@ -60,11 +60,14 @@ from memstream.web.models.history import (
 log = logging.getLogger(__name__)
 
 
-def _request_id(tool_call_id: str | None, write: ToolWrite) -> str:
-    """The request's id: the model's tool call id *and* what it asks, so a retried call is
-    taken once while a framework reusing ids ("call_0") for different writes loses none."""
+def _request_id(tool_call_id: str | None, write: ToolWrite,
+                idempotency_key: str | None = None) -> str:
+    """The request's id: the model's tool call id (else the request's ``Idempotency-Key``)
+    *and* what it asks, so a retried call is taken once (the ingest stage drops a request id
+    it has seen: ``memory.coalescing.on_tool``) while a framework reusing ids ("call_0")
+    for different writes loses none."""
     what = write.model_dump_json(exclude={"request_id", "call_id", "principal"})
-    raw = f"{tool_call_id or uuid.uuid4().hex}\x1f{what}"
+    raw = f"{tool_call_id or idempotency_key or uuid.uuid4().hex}\x1f{what}"
     return "tc-" + hashlib.sha256(raw.encode()).hexdigest()[:40]
 
 
@@ -81,7 +84,8 @@ class WorkerBackend(ReadBackend):
     # --- tools ---------------------------------------------------------------------------
 
     async def execute_tool(self, tenant: str, user: str, req: ToolCallRequest,
-                           principal: Principal) -> ToolResult:
+                           principal: Principal,
+                           idempotency_key: str | None = None) -> ToolResult:
         self.p.counters.tool_calls += 1
         try:
             args = parse_arguments(req.name, req.arguments)
@@ -89,7 +93,7 @@ class WorkerBackend(ReadBackend):
                 return await self._memory_search(tenant, user, req, args)
             if req.name == "conversation_search":
                 return self._conversation_search(tenant, user, req, args)
-            return await self._write(tenant, user, req, args, principal)
+            return await self._write(tenant, user, req, args, principal, idempotency_key)
         except ToolError as exc:
             return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="error",
                               content=f"error: {exc}", data={"code": exc.code})
@@ -123,7 +127,7 @@ class WorkerBackend(ReadBackend):
                           data={"messages": [w.model_dump() for w in window_out(hits)]})
 
     async def _write(self, tenant: str, user: str, req: ToolCallRequest, args: Any,
-                     principal: Principal) -> ToolResult:
+                     principal: Principal, idempotency_key: str | None) -> ToolResult:
         if req.name == "core_memory_replace":
             current = await asyncio.to_thread(retrieval.core_blocks, self.p.services.store,
                                               self._query(tenant, user, "-", 1),
@@ -139,7 +143,7 @@ class WorkerBackend(ReadBackend):
         if len(snap.get("tools") or ()) >= self.p.policy.max_queued_tools:
             raise ToolError("queue_full", "too many memory writes waiting for this user; "
                             "retry later")
-        request_id = _request_id(req.tool_call_id, write)
+        request_id = _request_id(req.tool_call_id, write, idempotency_key)
         if req.tool_call_id:
             write = write.model_copy(update={"call_id": req.tool_call_id})
         job_id = tool_job_id(tenant, user, request_id)
@@ -196,13 +200,16 @@ class WorkerBackend(ReadBackend):
                                         page_token)
 
     async def correct(self, tenant: str, user: str, write: ToolWrite, req: CorrectionRequest,
-                      principal: Principal) -> CorrectionResult:
+                      principal: Principal,
+                      idempotency_key: str | None = None) -> CorrectionResult:
         return await history.correct(self.p, self._send, tenant, user, write, req,
-                                        principal)
+                                     principal, idempotency_key)
 
     async def forget(self, tenant: str, user: str, req: CorrectionRequest,
-                     principal: Principal) -> CorrectionResult:
-        return await history.forget(self.p, self._send, tenant, user, req, principal)
+                     principal: Principal,
+                     idempotency_key: str | None = None) -> CorrectionResult:
+        return await history.forget(self.p, self._send, tenant, user, req, principal,
+                                    idempotency_key)
 
     async def residue(self, tenant: str, user: str) -> Residue:
         scope = Scope(tenant, user)

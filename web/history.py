@@ -100,18 +100,23 @@ async def changes(p: Pipeline, tenant: str, user: str, offset: int, limit: int,
                       next_cursor=token(offset + limit) if more else None)
 
 
-def _request_id(tenant: str, user: str, write: ToolWrite, now: float) -> str:
-    """A correction is taken once per call: its time is part of its id."""
-    raw = "\x1f".join([tenant, user, write.model_dump_json(), f"{now:.6f}"])
+def _request_id(tenant: str, user: str, write: ToolWrite, now: float,
+                idempotency_key: str | None = None) -> str:
+    """A correction is taken once per request: its ``Idempotency-Key`` (else its time) is
+    part of its id, and the ingest stage drops a request id it has seen
+    (``memory.coalescing.on_tool``), so a retry with the same key is not applied again."""
+    once = f"key:{idempotency_key}" if idempotency_key else f"{now:.6f}"
+    raw = "\x1f".join([tenant, user, write.model_dump_json(), once])
     return "corr-" + hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
 async def correct(p: Pipeline, send: Send, tenant: str, user: str, write: ToolWrite,
-                  req: CorrectionRequest, principal: Principal) -> CorrectionResult:
+                  req: CorrectionRequest, principal: Principal,
+                  idempotency_key: str | None = None) -> CorrectionResult:
     """Send one correction as a job of the user and wait (``wait_s``) for its outcome."""
     now = p.clock()
     write = write.model_copy(update={"reason": req.reason, "principal": principal.key_id})
-    request_id = _request_id(tenant, user, write, now)
+    request_id = _request_id(tenant, user, write, now, idempotency_key)
     job_id = tool_job_id(tenant, user, request_id)
     future = p.waiters.expect(job_id)
     request = ToolRequest(request_id=request_id, tenant_id=tenant, user_id=user, write=write,
@@ -137,7 +142,7 @@ def write_for(name: str, **fields: Any) -> ToolWrite:
 
 
 async def forget(p: Pipeline, send: Send, tenant: str, user: str, req: CorrectionRequest,
-                 principal: Principal) -> CorrectionResult:
+                 principal: Principal, idempotency_key: str | None = None) -> CorrectionResult:
     """Forget-me: shred the user's data keys and fence their memories (at once), then
     erase them everywhere as a job of the user (see :mod:`memstream.streams.privacy`)."""
     now = p.clock()
@@ -146,4 +151,5 @@ async def forget(p: Pipeline, send: Send, tenant: str, user: str, req: Correctio
             raise ApiError(503, ErrorCode.UNAVAILABLE, "user keys not loaded yet, retry")
         await p.user_keys.forget(tenant, user, now, "api", principal.key_id)
     p.counters.forget_requests += 1
-    return await correct(p, send, tenant, user, write_for("forget"), req, principal)
+    return await correct(p, send, tenant, user, write_for("forget"), req, principal,
+                         idempotency_key)

@@ -17,6 +17,8 @@ serves it. Every path is a constant of :mod:`memstream.web.models.paths`.
 from __future__ import annotations
 
 import logging
+import ssl
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -24,16 +26,19 @@ from aiohttp import web
 
 from memstream.core.retry import is_transient
 from memstream.memory.shards import ShardNotHere
+from memstream.web.forwarding import ingress
 from memstream.web.http_base import (
     DEPS,
     HTTP_CODES,
+    IDEMPOTENCY_KEY,
     ApiError,
     Authoriser,
     Backend,
     Deps,
+    LoginGuard,
     Route,
 )
-from memstream.web.http_checks import bound
+from memstream.web.http_checks import IDEMPOTENCY, bound
 from memstream.web.http_core import CORE_ROUTES
 from memstream.web.http_governance import GOVERNANCE_ROUTES
 from memstream.web.http_inspector import INSPECTOR_ROUTES
@@ -49,6 +54,7 @@ log = logging.getLogger(__name__)
 
 # Core; history, corrections, forget-me and audit; the inspector page; metrics.
 ROUTES: tuple[Route, ...] = CORE_ROUTES + GOVERNANCE_ROUTES + INSPECTOR_ROUTES + METRICS_ROUTES
+WRITES = frozenset(r.name for r in ROUTES if r.write)  # each takes an Idempotency-Key
 
 
 def _error(status: int, code: ErrorCode, message: str,
@@ -57,7 +63,7 @@ def _error(status: int, code: ErrorCode, message: str,
     resp = web.json_response(body.model_dump(mode="json"), status=status, headers=headers)
     if status == 401:
         resp.headers["WWW-Authenticate"] = "Bearer"
-    elif status == 503:
+    elif status == 503 and "Retry-After" not in resp.headers:
         resp.headers["Retry-After"] = "1"
     elif status == 413:
         resp.force_close()  # do not linger reading a body we refused
@@ -68,11 +74,21 @@ def _error(status: int, code: ErrorCode, message: str,
 async def _errors(request: web.Request,
                   handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
                   ) -> web.StreamResponse:
-    """Every failure leaves as an :class:`ErrorBody`; aiohttp's own 404/405/413 included."""
+    """Every failure leaves as an :class:`ErrorBody`; aiohttp's own 404/405/413 included
+    (a write's too, with its ``Idempotency-Key``: retry with it)."""
+    response = await _answer(request, handler)
+    if IDEMPOTENCY in request and IDEMPOTENCY_KEY not in response.headers:
+        response.headers[IDEMPOTENCY_KEY] = request[IDEMPOTENCY]
+    return response
+
+
+async def _answer(request: web.Request,
+                  handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                  ) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as exc:
-        return _error(exc.status, exc.code, exc.message)
+        return _error(exc.status, exc.code, exc.message, exc.headers)
     except ShardNotHere as exc:  # its owner is restoring it, or cannot be reached
         log.info("http: %s", exc)
         return _error(503, ErrorCode.UNAVAILABLE, "this user's memories are moving between "
@@ -97,11 +113,18 @@ async def _errors(request: web.Request,
 
 def build_http_app(backend: Backend, authoriser: Authoriser, *,
                    max_body_bytes: int = 65536, router: Router | None = None,
-                   ) -> web.Application:
-    """``router``: requests for users another worker owns go there (web.routing)."""
-    middlewares: list[Any] = [_errors] + ([router.middleware] if router is not None else [])
+                   login_failures_per_minute: int = 20,
+                   clock: Callable[[], float] = time.monotonic) -> web.Application:
+    """``router``: requests for users another worker owns go there (web.routing), and
+    requests other workers forward are verified with its cluster secret (web.forwarding;
+    without a router none is accepted). ``clock``: of the failed-login limit."""
+    gate = router.gate if router is not None else None
+    middlewares: list[Any] = [_errors, ingress(gate, WRITES)]
+    if router is not None:
+        middlewares.append(router.middleware)
     app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
-    app[DEPS] = Deps(backend, authoriser, max_body_bytes, openapi_document(ROUTES))
+    app[DEPS] = Deps(backend, authoriser, max_body_bytes, openapi_document(ROUTES),
+                     LoginGuard(login_failures_per_minute, clock))
     for r in ROUTES:  # add_route, not add_get: no implicit HEAD routes outside the table
         app.router.add_route(r.method, r.path, r.handler, name=r.name)
     return app
@@ -110,10 +133,13 @@ def build_http_app(backend: Backend, authoriser: Authoriser, *,
 # --- serving ---------------------------------------------------------------------------
 class HttpServer:
     """The app on a TCP port, started and stopped by the worker. With ``port=0`` the OS picks
-    a free port (give a literal address: "localhost" may bind two sockets, two ports)."""
+    a free port (give a literal address: "localhost" may bind two sockets, two ports). With
+    ``ssl_context`` (:func:`memstream.web.forwarding.server_ssl`) it serves HTTPS."""
 
-    def __init__(self, app: web.Application, host: str, port: int) -> None:
+    def __init__(self, app: web.Application, host: str, port: int,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self._app, self._host, self._port = app, host, port
+        self._ssl = ssl_context
         self._runner: web.AppRunner | None = None
 
     @property
@@ -127,7 +153,7 @@ class HttpServer:
         runner = web.AppRunner(self._app)
         await runner.setup()
         try:
-            await web.TCPSite(runner, self._host, self._port).start()
+            await web.TCPSite(runner, self._host, self._port, ssl_context=self._ssl).start()
         except BaseException:
             await runner.cleanup()
             raise

@@ -1,16 +1,19 @@
 """What every part of the worker's HTTP API shares: the :class:`Backend` and
 :class:`Authoriser` it is built on, the :class:`ApiError` it answers with, the :class:`Route`
-of its table and the limits it checks. Imports nothing of its own package but the contract
-models, so the route modules (:mod:`.http_core`, :mod:`.http_governance`,
-:mod:`.http_inspector`, :mod:`.http_metrics`), the OpenAPI document (:mod:`.openapi`) and
-the server (:mod:`.http`) all import it and it imports none of them.
+of its table, the limits it checks and the :class:`LoginGuard` of failed key checks.
+Imports nothing of its own package but the contract models, so the route modules
+(:mod:`.http_core`, :mod:`.http_governance`, :mod:`.http_inspector`, :mod:`.http_metrics`),
+the OpenAPI document (:mod:`.openapi`) and the server (:mod:`.http`) all import it and it
+imports none of them.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -55,18 +58,21 @@ LIMIT_RE = re.compile(r"[0-9]{1,6}")
 HTTP_CODES = {400: ErrorCode.BAD_REQUEST, 401: ErrorCode.UNAUTHORIZED,
                403: ErrorCode.FORBIDDEN, 404: ErrorCode.NOT_FOUND,
                405: ErrorCode.METHOD_NOT_ALLOWED, 413: ErrorCode.PAYLOAD_TOO_LARGE,
-               503: ErrorCode.UNAVAILABLE}
+               429: ErrorCode.RATE_LIMITED, 503: ErrorCode.UNAVAILABLE}
+IDEMPOTENCY_KEY = "Idempotency-Key"  # the header of a write's key (see Route.write)
 
 
 class ApiError(MemstreamError):
     """An answer given on purpose: HTTP status, stable code, short message for the caller.
     A :class:`Backend` raises it too (e.g. 404 for an unknown memory); it passes through."""
 
-    def __init__(self, status: int, code: ErrorCode, message: str) -> None:
+    def __init__(self, status: int, code: ErrorCode, message: str,
+                 headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = ErrorCode(code)
         self.message = message
+        self.headers = dict(headers or {})
 
 
 class Authoriser(Protocol):
@@ -84,19 +90,77 @@ class Backend(Protocol):
     async def context(self, tenant: str, user: str, req: ContextRequest) -> ContextResponse: ...
     async def feedback(self, tenant: str, user: str, req: FeedbackRequest) -> Accepted: ...
     async def execute_tool(self, tenant: str, user: str, req: ToolCallRequest,
-                           principal: Principal) -> ToolResult: ...
+                           principal: Principal,
+                           idempotency_key: str | None = None) -> ToolResult: ...
     async def history(self, tenant: str, user: str, memory_id: str) -> HistoryResponse: ...
     async def source(self, tenant: str, user: str, memory_id: str,
                      version: int | None) -> SourceResponse: ...
     async def changes(self, tenant: str, user: str, *, limit: int,
                       cursor: str | None) -> ChangePage: ...
     async def correct(self, tenant: str, user: str, write: ToolWrite, req: CorrectionRequest,
-                      principal: Principal) -> CorrectionResult: ...
+                      principal: Principal,
+                      idempotency_key: str | None = None) -> CorrectionResult: ...
     async def forget(self, tenant: str, user: str, req: CorrectionRequest,
-                     principal: Principal) -> CorrectionResult: ...
+                     principal: Principal,
+                     idempotency_key: str | None = None) -> CorrectionResult: ...
     async def residue(self, tenant: str, user: str) -> Residue: ...
     async def audit(self, tenant: str, *, limit: int, cursor: str | None, user: str | None,
                     kind: str | None) -> AuditPage: ...
+
+
+class LoginGuard:
+    """Failed key checks per key prefix and per client address: at most ``per_minute`` of
+    either in the last minute, after which the next calls are refused (429) before their
+    key is looked at. Bounded: ``most`` prefixes and addresses (the least recently failed
+    forgotten first), each with at most ``per_minute`` times. ``counts``: the failures by
+    reason (``unknown_key``, ``rate_limited``), for ``memstream_auth_failures_total``."""
+
+    WINDOW_S = 60.0
+
+    def __init__(self, per_minute: int = 20, clock: Callable[[], float] = time.monotonic,
+                 most: int = 10_000) -> None:
+        self.per_minute, self._clock, self._most = per_minute, clock, most
+        self._failed: OrderedDict[str, deque[float]] = OrderedDict()
+        self.counts = {"unknown_key": 0, "rate_limited": 0}
+
+    def retry_after(self, *who: str) -> float | None:
+        """Seconds until ``who`` (prefixes, addresses) may try again; None: now."""
+        now, waits = self._clock(), []
+        for name in who:
+            times = self._recent(name, now)
+            if len(times) >= self.per_minute:
+                waits.append(times[0] + self.WINDOW_S - now)
+        if not waits:
+            return None
+        self.counts["rate_limited"] += 1
+        return max(max(waits), 1.0)
+
+    def failed(self, *who: str) -> None:
+        now = self._clock()
+        self.counts["unknown_key"] += 1
+        for name in who:
+            times = self._recent(name, now)
+            times.append(now)
+            while len(times) > self.per_minute:
+                times.popleft()
+            self._failed[name] = times
+            self._failed.move_to_end(name)
+        while len(self._failed) > self._most:
+            self._failed.popitem(last=False)
+
+    def _recent(self, name: str, now: float) -> deque[float]:
+        times = self._failed.get(name, deque())
+        while times and times[0] <= now - self.WINDOW_S:
+            times.popleft()
+        return times
+
+
+def key_prefix(key: str) -> str:
+    """What a presented key is limited by: the key id of ``msk_<id>_...``, else its first
+    12 characters (never the whole secret)."""
+    if key.startswith("msk_") and key.count("_") >= 2:
+        return key[: key.index("_", 4)][:24]
+    return key[:12]
 
 
 @dataclass(frozen=True)
@@ -107,6 +171,7 @@ class Deps:
     authoriser: Authoriser
     max_body_bytes: int
     openapi: dict[str, Any]
+    guard: LoginGuard = field(default_factory=LoginGuard)
 
 
 DEPS = web.AppKey("memstream_http", Deps)
@@ -125,6 +190,7 @@ class Route:
     body: type[BaseModel] | None = None
     keyed: bool = True
     body_required: bool = True
+    write: bool = False  # changes something: takes an Idempotency-Key
 
 
 @dataclass(frozen=True)

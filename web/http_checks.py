@@ -1,8 +1,10 @@
 """The request checks and answers every route of the HTTP API is built from: key, scope,
 path ids, bounded JSON bodies, list parameters, and the JSON answer.
 
-A scoped route checks, in this order: key (401), path ids (400), tenant (403), readiness
-(503), then reads the body (413 / 400). The body is never read for a caller without a key.
+A scoped route checks, in this order: failed-login limit (429), key (401), path ids (400),
+tenant (403), readiness (503), then reads the body (413 / 400). The body is never read for
+a caller without a key. A request another worker forwarded (its credential verified by
+:mod:`memstream.web.forwarding`) carries its caller's principal instead of a key.
 The ``Content-Type`` is not checked: a body that parses as a JSON object is accepted (curl's
 default form type and a missing header are common mistakes that cost nothing to forgive).
 Keys are handed to the :class:`~memstream.web.http_base.Authoriser` and nowhere else: not
@@ -12,6 +14,8 @@ logged, not echoed.
 from __future__ import annotations
 
 import json
+import math
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -22,6 +26,7 @@ from memstream.topics.schemas import ID_PATTERN
 from memstream.web.http_base import (
     DEFAULT_PAGE,
     DEPS,
+    IDEMPOTENCY_KEY,
     LIMIT_RE,
     LIST_STATUSES,
     LIST_TYPES,
@@ -31,6 +36,7 @@ from memstream.web.http_base import (
     ApiError,
     Backend,
     Handler,
+    key_prefix,
 )
 from memstream.web.models.api import MAX_PAGE, ErrorCode, Principal
 
@@ -58,18 +64,41 @@ def presented_key(request: web.Request) -> str:
     return request.headers.get("X-API-Key", "").strip()
 
 
-def authenticate(request: web.Request) -> Principal:
-    key = presented_key(request)
-    valid = bool(key) and len(key) <= MAX_KEY_CHARS
-    principal = request.app[DEPS].authoriser.authorise(key) if valid else None
+PRINCIPAL = web.RequestKey("memstream_principal", Principal)  # whom it is for, once known
+FORWARDED_BY = web.RequestKey("memstream_forwarded_by", str)  # the worker that signed it
+
+
+def check_key(request: web.Request, key: str,
+              accept: Callable[[str], Principal | None]) -> Principal:
+    """``accept(key)`` under the failed-login limit: 429 before the key is looked at when
+    its prefix or the caller's address failed too often this minute, else 401 (counted)."""
+    guard = request.app[DEPS].guard
+    who = [f"addr:{request.remote or '?'}"] + ([f"key:{key_prefix(key)}"] if key else [])
+    wait = guard.retry_after(*who)
+    if wait is not None:
+        raise ApiError(429, ErrorCode.RATE_LIMITED, "too many failed key checks; retry later",
+                       {"Retry-After": str(math.ceil(wait))})
+    principal = accept(key) if key and len(key) <= MAX_KEY_CHARS else None
     if principal is None:
+        if key:  # a missing key guesses nothing: not counted
+            guard.failed(*who)
         raise ApiError(401, ErrorCode.UNAUTHORIZED, "missing or unknown API key")
     return principal
 
 
-def scoped(request: web.Request, *names: str) -> tuple[Principal, list[str]]:
-    """Key, path ids (the first one the tenant), tenant, readiness: everything checked
-    before a body is read."""
+def authenticate(request: web.Request) -> Principal:
+    """The caller's principal: the one a verified forward names, else its key's."""
+    principal = request.get(PRINCIPAL)
+    if principal is None:
+        principal = check_key(request, presented_key(request),
+                              request.app[DEPS].authoriser.authorise)
+        request[PRINCIPAL] = principal
+    return principal
+
+
+def identified(request: web.Request, *names: str) -> tuple[Principal, list[str]]:
+    """Key, path ids (the first one the tenant) and tenant: what the worker a request
+    arrives at checks before it forwards it anywhere."""
     principal = authenticate(request)
     values = [request.match_info[name] for name in names]
     for label, value in zip(names, values, strict=True):
@@ -77,6 +106,13 @@ def scoped(request: web.Request, *names: str) -> tuple[Principal, list[str]]:
             raise bad(f"invalid {label} id: 1-128 of letters, digits and . _ : @ + = -")
     if not principal.may_open(values[0]):
         raise ApiError(403, ErrorCode.FORBIDDEN, "this key does not open this tenant")
+    return principal, values
+
+
+def scoped(request: web.Request, *names: str) -> tuple[Principal, list[str]]:
+    """Key, path ids, tenant (:func:`identified`), readiness: everything checked before a
+    body is read."""
+    principal, values = identified(request, *names)
     backend = request.app[DEPS].backend
     if not backend.ready():
         raise ApiError(503, ErrorCode.UNAVAILABLE, "starting, retry later")
@@ -91,22 +127,45 @@ def scope(request: web.Request) -> tuple[str, str, Principal]:
     return tenant, user, principal
 
 
+# --- idempotency keys ------------------------------------------------------------------
+IDEMPOTENCY = web.RequestKey("memstream_idempotency_key", str)  # a write's: given or made
+
+
+def idempotency_key(given: str | None) -> str:
+    """The key a write is taken once by: the caller's (checked), else a new one."""
+    if given is None:
+        return uuid.uuid4().hex
+    if len(given) > 128 or not ID_PATTERN.fullmatch(given):
+        raise bad(f"{IDEMPOTENCY_KEY}: 1-128 of letters, digits and . _ : @ + = -")
+    return given
+
+
 # --- bodies and parameters -------------------------------------------------------------
-BODY_READ = "memstream_body"  # a body web.routing read to forward, kept for the handler
+BODY_READ = web.RequestKey("memstream_body", bytes)  # the whole body, once read
 
 
-async def read_object(request: web.Request, limit: int) -> dict[str, Any]:
-    """The body as a JSON object, read at most ``limit`` bytes far (chunked bodies too)."""
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body (chunked too), read once and kept; 413 past ``limit`` bytes: never a
+    part of it."""
+    if BODY_READ in request:
+        return request[BODY_READ]
     too_large = ApiError(413, ErrorCode.PAYLOAD_TOO_LARGE, f"body larger than {limit} bytes")
     if request.content_length is not None and request.content_length > limit:
         raise too_large
-    data = bytearray(request.get(BODY_READ, b""))  # read already (a failed forward)
+    data = bytearray()
     while chunk := await request.content.readany():
         data += chunk
         if len(data) > limit:
             raise too_large
+    request[BODY_READ] = bytes(data)
+    return request[BODY_READ]
+
+
+async def read_object(request: web.Request, limit: int) -> dict[str, Any]:
+    """The body as a JSON object, read at most ``limit`` bytes far (chunked bodies too)."""
+    data = await read_body(request, limit)
     try:
-        obj = json.loads(bytes(data), parse_constant=_no_constant)
+        obj = json.loads(data, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise bad(f"body is not valid JSON (line {exc.lineno}, column {exc.colno})") from None
     except (ValueError, RecursionError):  # bad UTF-8, NaN / Infinity, absurd nesting
@@ -142,9 +201,12 @@ def list_params(query: Mapping[str, str]) -> dict[str, Any]:
     return {"limit": int(raw), "cursor": cursor, "status": status, "type": type_}
 
 
-def post(model: type[B],
-         call: Callable[[Backend, str, str, B, Principal], Awaitable[BaseModel]]) -> Handler:
-    """One handler shape for every POST: scope, body into ``model``, backend call."""
+Call = Callable[[Backend, str, str, B, Principal, str | None], Awaitable[BaseModel]]
+
+
+def post(model: type[B], call: Call[B]) -> Handler:
+    """One handler shape for every POST: scope, body into ``model``, backend call (with
+    the write's idempotency key, None for a read)."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
         tenant, user, principal = scope(request)
@@ -154,6 +216,7 @@ def post(model: type[B],
             body = model.model_validate(obj)
         except ValidationError as exc:
             raise bad(validation_message(exc)) from None
-        return ok(await call(deps.backend, tenant, user, body, principal))
+        return ok(await call(deps.backend, tenant, user, body, principal,
+                             request.get(IDEMPOTENCY)))
 
     return handle

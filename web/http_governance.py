@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from memstream.topics.schemas import ID_PATTERN, ToolWrite
 from memstream.web.http_base import DEPS, LIMIT_RE, ApiError, Handler, Route
 from memstream.web.http_checks import (
+    IDEMPOTENCY,
     bad,
     list_params,
     ok,
@@ -102,7 +103,8 @@ def _correction(model: type[CorrectionRequest], name: str, id_name: str | None,
         write = ToolWrite.model_validate({
             "name": name, "target_id": target,
             "version": getattr(body, "version", 0), **fixed})
-        return ok(await deps.backend.correct(tenant, user, write, body, principal))
+        return ok(await deps.backend.correct(tenant, user, write, body, principal,
+                                             request.get(IDEMPOTENCY)))
 
     return handle
 
@@ -118,19 +120,19 @@ GOVERNANCE_ROUTES: tuple[Route, ...] = (
     Route("DELETE", paths.MEMORY, "delete_memory",
           "Delete one memory (soft: no longer retrievable; audited)",
           _correction(CorrectionRequest, "delete", "memory_id"), CorrectionResult,
-          CorrectionRequest, body_required=False),
+          CorrectionRequest, body_required=False, write=True),
     Route("DELETE", paths.MEMORIES, "delete_memories", "Delete every memory of the user",
           _correction(CorrectionRequest, "delete", None, all_memories=True), CorrectionResult,
-          CorrectionRequest, body_required=False),
+          CorrectionRequest, body_required=False, write=True),
     Route("POST", paths.MEMORY_ROLLBACK, "rollback_memory",
           "A new version equal to an earlier one (restores a deleted memory)",
           _correction(RollbackRequest, "rollback", "memory_id"), CorrectionResult,
-          RollbackRequest),
+          RollbackRequest, write=True),
     Route("POST", paths.FORGET, "forget_user",
           "Forget-me: hide every memory of the user at once, then erase the user's content "
           "everywhere memstream keeps it (see README: the erasure bound)",
-          post(CorrectionRequest, lambda b, t, u, r, p: b.forget(t, u, r, p)),
-          CorrectionResult, CorrectionRequest),
+          post(CorrectionRequest, lambda b, t, u, r, p, k: b.forget(t, u, r, p, k)),
+          CorrectionResult, CorrectionRequest, write=True),
     Route("GET", paths.AUDIT, "tenant_audit",
           "The tenant's audit log, newest first: who did what, when (no content)",
           _audit, AuditPage),
@@ -139,5 +141,5 @@ GOVERNANCE_ROUTES: tuple[Route, ...] = (
           _residue, Residue),
     Route("POST", paths.UNDO_JOB, "undo_job",
           "Undo every change of one job", _correction(CorrectionRequest, "undo_job", "job_id"),
-          CorrectionResult, CorrectionRequest, body_required=False),
+          CorrectionResult, CorrectionRequest, body_required=False, write=True),
 )

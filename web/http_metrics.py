@@ -3,8 +3,10 @@ and ``GET /v1/metrics/summary`` (JSON, :class:`~memstream.web.models.metrics.Met
 
 Both answer to the metrics key (``MEMSTREAM_METRICS_KEY``: opens these two routes and
 nothing else, so Prometheus never holds the admin key) or the admin key, presented like any
-key (``Authorization: Bearer`` or ``X-API-Key``); anything else is 401. They answer while
-the worker is still starting too: that is when an operator looks. What they serve is set on
+key (``Authorization: Bearer`` or ``X-API-Key``); anything else is 401, under the same
+failed-login limit as every key (429). ``GET /v1/cluster`` (the cluster map, worker URLs)
+answers to the admin key only. They answer while the worker is still starting too: that is
+when an operator looks. What they serve is set on
 the app by :func:`memstream.web.prometheus.attach`; an app without it answers 503.
 """
 
@@ -16,26 +18,34 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from memstream.web.http_base import DEPS, MAX_KEY_CHARS, ApiError, PageRoute, Route
-from memstream.web.http_checks import ok, presented_key
+from memstream.web.http_base import DEPS, ApiError, PageRoute, Route
+from memstream.web.http_checks import check_key, ok, presented_key
 from memstream.web.models import paths
-from memstream.web.models.api import ErrorCode
+from memstream.web.models.api import ErrorCode, Principal
 from memstream.web.models.metrics import MetricsSummary
 from memstream.web.prometheus import METRICS, MetricsDeps
 
+METRICS_READER = Principal(key_id="metrics")  # who the metrics key is (no tenant, no admin)
 
-def _authorised(request: web.Request) -> MetricsDeps:
+
+def _authorised(request: web.Request, metrics_key: bool = True) -> MetricsDeps:
+    """The admin key, or (``metrics_key``) the metrics key; else 401 (429 when limited)."""
     deps = request.app.get(METRICS)
-    key = presented_key(request)
-    allowed = False
-    if key and len(key) <= MAX_KEY_CHARS:
-        wanted = deps.metrics_key if deps is not None else None
-        allowed = bool(wanted) and hmac.compare_digest(key.encode(), (wanted or "").encode())
-        if not allowed:
-            principal = request.app[DEPS].authoriser.authorise(key)
-            allowed = principal is not None and principal.admin
-    if not allowed:
-        raise ApiError(401, ErrorCode.UNAUTHORIZED, "the metrics key or the admin key is needed")
+    wanted = deps.metrics_key if deps is not None and metrics_key else None
+
+    def accept(key: str) -> Principal | None:
+        if wanted and hmac.compare_digest(key.encode(), wanted.encode()):
+            return METRICS_READER
+        principal = request.app[DEPS].authoriser.authorise(key)
+        return principal if principal is not None and principal.admin else None
+
+    try:
+        check_key(request, presented_key(request), accept)
+    except ApiError as exc:
+        if exc.status != 401:
+            raise
+        raise ApiError(401, ErrorCode.UNAUTHORIZED, "the metrics key or the admin key is "
+                       "needed" if metrics_key else "the admin key is needed") from None
     if deps is None:
         raise ApiError(503, ErrorCode.UNAVAILABLE, "metrics are not served here")
     return deps
@@ -55,7 +65,7 @@ async def _summary(request: web.Request) -> web.StreamResponse:
 
 
 async def _cluster(request: web.Request) -> web.StreamResponse:
-    deps = _authorised(request)
+    deps = _authorised(request, metrics_key=False)
     if deps.cluster is None:
         raise ApiError(503, ErrorCode.UNAVAILABLE, "no cluster map here")
     return web.json_response(deps.cluster())
@@ -70,5 +80,5 @@ METRICS_ROUTES: tuple[Route, ...] = (
           _summary, MetricsSummary),
     Route("GET", paths.CLUSTER, "cluster",
           "Workers, partitions (owner, standbys), this worker's shards (serving, restoring, "
-          "standby) and its loops' lag (metrics or admin key)", _cluster, None),
+          "standby) and its loops' lag (the admin key)", _cluster, None),
 )

@@ -19,6 +19,7 @@ from memstream.topics.schemas import ID_PATTERN
 from memstream.web.http_base import (
     DEFAULT_PAGE,
     HTTP_CODES,
+    IDEMPOTENCY_KEY,
     LIST_STATUSES,
     LIST_TYPES,
     MAX_CURSOR_CHARS,
@@ -44,11 +45,20 @@ _LIST_QUERY = [
 ]
 
 
+_IDEMPOTENCY = {
+    "name": IDEMPOTENCY_KEY, "in": "header", "required": False,
+    "description": "This write is taken once per key: retry with the same one. Without it the "
+    "worker makes one and answers with it (the response header of the same name).",
+    "schema": {"type": "string", "pattern": ID_PATTERN.pattern, "maxLength": 128}}
+
+
 def error_statuses(route: Route) -> list[int]:
     """The error statuses a route can answer with (404/405 for unknown paths aside)."""
     found = {500}
     if route.keyed:
-        found |= {401, 503}
+        found |= {401, 429, 503}
+    if route.write:
+        found.add(400)
     if "{tenant}" in route.path:
         found |= {400, 403}
     if "{memory_id}" in route.path:
@@ -75,6 +85,10 @@ def _operation(r: Route, refs: Mapping[Any, dict[str, Any]]) -> dict[str, Any]:
             _LIST_QUERY[:2] if r.name in ("change_log", "tenant_audit") else [])
         path = [p for p in _PATH_PARAMS if f"{{{p['name']}}}" in r.path]
         op["parameters"] = path + extra + query
+    if r.write:
+        op["parameters"] = [*op.get("parameters", []), _IDEMPOTENCY]
+        ok["headers"] = {IDEMPOTENCY_KEY: {"description": "The key this write was taken by",
+                                           "schema": {"type": "string"}}}
     if r.body is not None:
         op["requestBody"] = {"required": r.body_required, "content": {
             "application/json": {"schema": refs[(r.body, "validation")]}}}
@@ -84,6 +98,10 @@ def _operation(r: Route, refs: Mapping[Any, dict[str, Any]]) -> dict[str, Any]:
     for status in error_statuses(r):
         code = HTTP_CODES.get(status, ErrorCode.INTERNAL)
         op["responses"][str(status)] = _json(error, code.value)
+    if "429" in op["responses"]:
+        op["responses"]["429"]["headers"] = {"Retry-After": {
+            "description": "Seconds until a key may be tried again", "schema": {
+                "type": "integer"}}}
     if r.name == "health":  # the only 503 that is not an ErrorBody
         op["responses"]["503"] = _json(out, "starting")
     return op

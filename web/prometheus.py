@@ -32,6 +32,7 @@ from prometheus_client.utils import floatToGoString
 
 from memstream.memory import metrics as m
 from memstream.streams.counters import Counters
+from memstream.web.http_base import DEPS
 from memstream.web.models.metrics import GovernanceMetrics, MetricsSummary, Quantiles, RawCounts
 
 log = logging.getLogger(__name__)
@@ -99,8 +100,12 @@ class PipelineCollector(Collector):
     """Every memstream metric, read from the counters when Prometheus scrapes."""
 
     def __init__(self, counters: Counters, lags: Lags = dict,
-                 store: StoreSize | None = None) -> None:
+                 store: StoreSize | None = None,
+                 auth_failures: Mapping[str, int] | None = None,
+                 key_records: Callable[[], Mapping[str, int]] | None = None) -> None:
         self.c, self.lags, self.store = counters, lags, store
+        self.auth_failures = auth_failures  # the HTTP app's LoginGuard.counts (live)
+        self.key_records = key_records  # the user-keys view's set-aside records, by kind
 
     def collect(self) -> Iterator[Metric]:
         c = self.c
@@ -162,6 +167,14 @@ class PipelineCollector(Collector):
         for (topic, partition), n in sorted(self.lags().items()):
             lag.add_metric([topic, str(partition)], n)
         yield lag
+        if self.auth_failures is not None:
+            yield _labelled("memstream_auth_failures", "Failed key checks of the HTTP API, "
+                            "by reason (unknown_key; rate_limited: refused before the check)",
+                            "reason", self.auth_failures)
+        if self.key_records is not None:
+            yield _labelled("memstream_user_key_records_rejected", "Records of the user-keys "
+                            "topic set aside (malformed, not opening, not verifying: forged), "
+                            "by kind", "kind", self.key_records())
         if self.store is not None and self.store.value is not None:
             yield GaugeMetricFamily("memstream_store_records", "Memory version records in "
                                     "the store (cached count)", value=self.store.value)
@@ -229,7 +242,12 @@ def attach(app: web.Application, p: Any) -> MetricsDeps:
             found.update(loop.lags())
         return found
 
-    collector = PipelineCollector(p.counters, lags, store)
+    guard = app[DEPS].guard if DEPS in app else None
+    keys = p.user_keys
+    collector = PipelineCollector(p.counters, lags, store,
+                                  guard.counts if guard is not None else None,
+                                  (lambda: dict(keys.rejected_kinds)) if keys is not None
+                                  else None)
     key = p.settings.metrics_key
     deps = MetricsDeps(
         registry=registry_for(collector),

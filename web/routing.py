@@ -1,55 +1,99 @@
 """Any worker answers any request: a request for a user whose partition another worker owns
-is forwarded to that worker (the cluster map: :mod:`streams.cluster`), and answered from a
-warm standby shard here when the owner cannot be reached.
+is forwarded to that worker (the cluster map: :mod:`streams.cluster`, verified members
+only), and answered from a warm standby shard here when the owner cannot be reached.
 
-- **Forwarded**: method, path, query, body and the caller's ``Authorization`` go to the
-  owner's advertised URL with ``X-Memstream-Forwarded`` (a forwarded request is never
-  forwarded again: no loops, whatever two workers' maps say). The owner's answer is
-  returned as it is, with ``X-Memstream-Served-By`` naming the worker that answered.
+- **Checked first**: the key (401, under the failed-login limit: 429), the path ids (400)
+  and the tenant (403) are checked where the request arrives, before anything is sent
+  anywhere; a body is read to its end (chunked too) or refused at the limit (413).
+- **Forwarded** (only with the cluster secret): method, path, query and body go to the
+  owner's advertised URL without the caller's key: with ``X-Memstream-Forwarded`` (this
+  worker), ``X-Memstream-Principal`` (whom the key opened), the write's ``Idempotency-Key``
+  and an ``X-Memstream-Credential`` signed over all of them (:mod:`.forwarding`). A
+  forwarded request is never forwarded again. Only a JSON answer is relayed (with its
+  status, ``Retry-After`` and ``X-Memstream-Served-By``, the worker that answered); any
+  other answer, a 401 (the owner refused the credential) or 502-504 counts as the owner
+  not answering. The forward waits longer than the longest ``wait_s`` a write may ask for.
 - **Standby**: when the owner does not answer (connection refused, timeout, 502-504 as it
   restarts), a read (GET, search, context) of a partition this worker keeps a standby of is
   served from the standby shard, marked ``X-Memstream-Standby: 1``: its memories are the
   committed changes up to a second or so ago, and its context has no short-term window
   (the window lives with the owner's ingest stage). A worker without a standby of it asks
-  the standby workers the map names (``X-Memstream-Standby-Read``). Writes and tool calls
-  are never served from a standby: the caller gets 503 and retries (the client fails over).
+  the standby workers the map names (``X-Memstream-Standby-Read``, signed like any forward).
+  Writes and tool calls are never served from a standby: the caller gets 503 and retries
+  with the same ``Idempotency-Key`` (the client does), which the owner takes once.
 - Requests for the tenant as a whole, health, metrics and the inspector are served here.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from memstream.memory.shards import ShardNotHere, partition_of, standby_reads
 from memstream.streams.cluster import Cluster
+from memstream.web.forwarding import (
+    FORWARDED,
+    STANDBY_ASKED,
+    STANDBY_READ,
+    ForwardGate,
+    client_ssl,
+    outbound,
+)
 from memstream.web.http_base import DEPS
-from memstream.web.http_checks import BODY_READ
+from memstream.web.http_checks import FORWARDED_BY, identified, read_body
 from memstream.web.models import paths
+from memstream.web.models.api import Principal, ToolCallRequest
+from memstream.web.models.history import CorrectionRequest
+
+__all__ = ["FORWARDED", "SERVED_BY", "STANDBY", "STANDBY_READ", "Router", "cluster_status"]
 
 log = logging.getLogger(__name__)
-FORWARDED = "X-Memstream-Forwarded"
 SERVED_BY = "X-Memstream-Served-By"
 STANDBY = "X-Memstream-Standby"
-STANDBY_READ = "X-Memstream-Standby-Read"  # a forwarded read a standby shard may answer
-FORWARD_TIMEOUT_S = 30.0
+FORWARD_MARGIN_S = 10.0
 CONNECT_TIMEOUT_S = 2.0
 READS = {paths.SEARCH, paths.CONTEXT}  # POST routes that only read
-PASSED_HEADERS = ("Authorization", "X-API-Key", "Content-Type", "Accept")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class Router:
-    """Where each user's requests are served (see the module doc)."""
+def longest_wait_s() -> float:
+    """The longest ``wait_s`` a write may ask the owner to hold its answer (the models')."""
+    limits = [m.le for model in (ToolCallRequest, CorrectionRequest)
+              for m in model.model_fields["wait_s"].metadata if getattr(m, "le", None)]
+    return float(max(limits))
 
-    def __init__(self, cluster: Cluster, partitions: int, store: Any = None) -> None:
+
+FORWARD_TIMEOUT_S = longest_wait_s() + FORWARD_MARGIN_S
+
+
+def relayable(status: int, content_type: str) -> bool:
+    """Is the owner's answer one to hand the caller (else: the owner did not answer)?"""
+    return status not in (401, 502, 503, 504) and content_type == "application/json"
+
+
+class Router:
+    """Where each user's requests are served (see the module doc). Without ``secret`` (the
+    cluster secret) nothing is forwarded: every request is served here."""
+
+    def __init__(self, cluster: Cluster, partitions: int, store: Any = None, *,
+                 secret: str | None = None, ca: Path | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.cluster = cluster
         self.partitions = partitions
         self.store = store  # a memory.shards.PartitionedStore: its standby shards
+        self.secret = secret
+        self.gate = ForwardGate(secret, clock) if secret else None
+        self.ca = ca
+        self.clock = clock
+        self.timeout = aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S,
+                                             connect=CONNECT_TIMEOUT_S)
         self.session: aiohttp.ClientSession | None = None
         self.forwarded = 0
         self.standby_served = 0
@@ -59,7 +103,7 @@ class Router:
         """(partition, owner worker id, its URL); no owner: not known (served here)."""
         partition = partition_of(tenant, user, self.partitions)
         the_map = self.cluster.routing()
-        if the_map is None:
+        if the_map is None or not self.secret:
             return partition, None, None
         owner = the_map.owners.get(partition)
         return partition, owner, the_map.workers.get(owner) if owner else None
@@ -78,29 +122,26 @@ class Router:
         user = request.match_info.get("user")
         if tenant is None or user is None:
             return await handler(request)
-        partition, owner, url = self.owner(tenant, user)
-        if FORWARDED in request.headers:  # never forwarded again
-            if request.headers.get(STANDBY_READ) == "1" and self._is_read(request):
-                return await self._from_standby(request, handler, partition)
+        if FORWARDED_BY in request:  # verified by web.forwarding; never forwarded again
+            if request[STANDBY_ASKED] and self._is_read(request):
+                return await self._from_standby(request, handler, partition_of(
+                    tenant, user, self.partitions))
             return await handler(request)
+        principal, _ = identified(request, "tenant", "user")  # 401 / 400 / 403 here
+        partition, owner, url = self.owner(tenant, user)
         if owner is None or owner == self.cluster.me.worker_id or not url:
             response = await handler(request)
             response.headers[SERVED_BY] = self.cluster.me.worker_id
             return response
-        limit = request.app[DEPS].max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            return await handler(request)  # refused here: key first (401), then size (413)
-        request[BODY_READ] = await request.content.read(limit + 1)  # the handler's, too
-        if len(request[BODY_READ]) > limit:
-            return await handler(request)
-        answer = await self._forward(request, url, owner)
+        body = await read_body(request, request.app[DEPS].max_body_bytes)  # 413 here
+        answer = await self._forward(request, body, principal, url, owner)
         if answer is not None:
             return answer
         if self._is_read(request):
             if self.has_standby(partition):
                 return await self._from_standby(request, handler, partition)
             for worker, where in self._standbys(partition):  # a standby elsewhere
-                answer = await self._forward(request, where, worker, {STANDBY_READ: "1"})
+                answer = await self._forward(request, body, principal, where, worker, True)
                 if answer is not None:
                     return answer
         raise ShardNotHere(partition, f"owned by {owner}, which does not answer")
@@ -131,33 +172,38 @@ class Router:
         response.headers[SERVED_BY] = self.cluster.me.worker_id
         return response
 
-    async def _forward(self, request: web.Request, url: str, owner: str,
-                       extra: dict[str, str] | None = None) -> web.Response | None:
-        """The owner's answer, or None when it cannot give one now."""
+    def _session(self) -> aiohttp.ClientSession:
         if self.session is None:
-            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
-                total=FORWARD_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
-        headers = {h: request.headers[h] for h in PASSED_HEADERS if h in request.headers}
-        headers[FORWARDED] = self.cluster.me.worker_id
-        headers.update(extra or {})
-        body = request[BODY_READ]
+            connector = aiohttp.TCPConnector(ssl=client_ssl(self.ca))
+            self.session = aiohttp.ClientSession(timeout=self.timeout, connector=connector)
+        return self.session
+
+    async def _forward(self, request: web.Request, body: bytes, principal: Principal,
+                       url: str, owner: str, standby: bool = False) -> web.Response | None:
+        """The owner's answer, or None when it cannot give one now."""
+        assert self.secret is not None  # owner() names no owner without it
+        headers = outbound(self.secret, self.cluster.me.worker_id, request, body, principal,
+                           standby, self.clock())
         try:
-            async with self.session.request(request.method, url + str(request.rel_url),
-                                            headers=headers, data=body or None) as resp:
+            async with self._session().request(
+                    request.method, URL(url.rstrip("/") + request.raw_path, encoded=True),
+                    headers=headers, data=body or None, allow_redirects=False) as resp:
                 payload = await resp.read()
-                if resp.status in (502, 503, 504):
+                if not relayable(resp.status, resp.content_type):
                     self.failed += 1
+                    log.info("forwarding to %s: answer %d %s not relayed", owner,
+                             resp.status, resp.content_type)
                     return None
                 self.forwarded += 1
-                out = web.Response(status=resp.status, body=payload)
-                for name in ("Content-Type", "Retry-After", "WWW-Authenticate"):
-                    if name in resp.headers:
-                        out.headers[name] = resp.headers[name]
+                out = web.Response(status=resp.status, body=payload,
+                                   content_type="application/json")
+                if "Retry-After" in resp.headers:
+                    out.headers["Retry-After"] = resp.headers["Retry-After"]
                 out.headers[SERVED_BY] = resp.headers.get(SERVED_BY, owner)
                 if STANDBY in resp.headers:
                     out.headers[STANDBY] = resp.headers[STANDBY]
                 return out
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: its URL
             self.failed += 1
             log.info("forwarding to %s (%s) failed: %s", owner, url, type(exc).__name__)
             return None

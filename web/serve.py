@@ -4,7 +4,8 @@ One aiohttp server (:mod:`memstream.web.http`) in the worker's event loop, next 
 stages' loops: the embedded store, the window table and the tool waiters live in this process.
 Keys come from the keys topic (:class:`~memstream.web.keys_topic.KeyFollower`) plus the
 admin key of the settings; hits go out through the
-:class:`~memstream.streams.access.AccessRecorder`.
+:class:`~memstream.streams.access.AccessRecorder`. With ``web_tls_cert`` / ``web_tls_key``
+it serves HTTPS; requests are forwarded to other workers only with ``cluster_secret``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from memstream.streams.pipeline import Pipeline
 from memstream.web import prometheus as metrics
 from memstream.web.audit import AuditLog
 from memstream.web.backend import WorkerBackend
+from memstream.web.forwarding import server_ssl
 from memstream.web.http import HttpServer, build_http_app
 from memstream.web.keys import KeyRing
 from memstream.web.keys_topic import KeyFollower
@@ -36,12 +38,16 @@ def register(p: Pipeline) -> None:
     follower = KeyFollower.for_settings(s, ring)
     router = None
     if p.cluster is not None:  # requests for users other workers own go there
-        router = Router(p.cluster, s.partitions, p.services.store)
+        secret = s.cluster_secret.get_secret_value() if s.cluster_secret else None
+        router = Router(p.cluster, s.partitions, p.services.store, secret=secret,
+                        ca=s.web_tls_ca)
     http_app = build_http_app(backend, ring, max_body_bytes=s.http_max_body_bytes,
-                              router=router)
+                              router=router,
+                              login_failures_per_minute=s.login_failures_per_minute)
     deps = metrics.attach(http_app, p)  # /metrics and /v1/metrics/summary
     http_app[metrics.METRICS] = replace(deps, cluster=lambda: cluster_status(p, router))
-    server = HttpServer(http_app, s.web_host, s.web_port)
+    tls = server_ssl(s.web_tls_cert, s.web_tls_key) if s.web_tls_cert and s.web_tls_key else None
+    server = HttpServer(http_app, s.web_host, s.web_port, tls)
     p.api = backend
     audit = AuditLog(s, p.topics.memory_changes.name)
     backend.audit_log = audit
@@ -56,8 +62,8 @@ def register(p: Pipeline) -> None:
         await audit.start()
         await server.start()
         backend.started = True
-        log.info("HTTP API on http://%s:%d/v1 (OpenAPI: /v1/openapi.json)", s.web_host,
-                 server.port)
+        log.info("HTTP API on %s://%s:%d/v1 (OpenAPI: /v1/openapi.json)",
+                 "https" if tls else "http", s.web_host, server.port)
 
     @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def stop(app: Any, **_: Any) -> None:

@@ -11,7 +11,7 @@ import httpx
 
 from memstream.client import _gov_ops as gops
 from memstream.client import _ops as ops
-from memstream.client._base import ClientBase
+from memstream.client._base import ClientBase, Verify
 from memstream.client._errors import MemstreamConnectionError
 from memstream.client._produce import Messages, ProducerFactory
 from memstream.core.settings import Settings
@@ -29,10 +29,10 @@ class AsyncMemoryClient(ClientBase):
                  timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None,
                  producer_factory: ProducerFactory | None = None,
                  clock: Callable[[], datetime] | None = None,
-                 kafka: Settings | None = None) -> None:
+                 kafka: Settings | None = None, verify: Verify = True) -> None:
         super().__init__(base_url, api_key, tenant_id, bootstrap_servers, topic_prefix,
                          timeout, producer_factory, clock, kafka)
-        self._http = httpx.AsyncClient(transport=transport, **self._http_options())
+        self._http = httpx.AsyncClient(transport=transport, **self._http_options(verify))
 
     async def _run(self, op: ops.Op[T]) -> T:
         step = ops.advance(op, None, self._secret)

@@ -3,8 +3,10 @@ produce, no I/O; each client adds its own HTTP client and, for the sync one, a l
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,9 +28,18 @@ from memstream.core.errors import MemstreamError
 from memstream.core.settings import Settings
 from memstream.topics.schemas import SessionEvent
 
+Verify = bool | str | Path | ssl.SSLContext  # True: the system's CAs; a path: a CA file
+
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def ssl_verify(verify: Verify) -> bool | ssl.SSLContext:
+    """httpx's ``verify=``: a CA file (PEM) becomes a context trusting it alone."""
+    if isinstance(verify, (str, Path)):
+        return ssl.create_default_context(cafile=str(verify))
+    return verify
 
 
 class ClientBase:
@@ -65,10 +76,10 @@ class ClientBase:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r}, tenant_id={self.tenant_id!r})"
 
-    def _http_options(self) -> dict[str, Any]:
+    def _http_options(self, verify: Verify = True) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {self._api_key.get_secret_value()}",
                    "User-Agent": f"memstream-client/{__version__}"}
-        return {"headers": headers, "timeout": self._timeout}
+        return {"headers": headers, "timeout": self._timeout, "verify": ssl_verify(verify)}
 
     def _attempts(self, step: ops.Call) -> Iterator[tuple[int, dict[str, Any]]]:
         """Each worker to try for one call (the one that answered last first), with the

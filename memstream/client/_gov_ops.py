@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memstream.client._ops import Call, Op, check_id, parse, user_path
+from memstream.client._ops import Call, Op, check_id, new_key, parse, user_path
 from memstream.core.errors import MemstreamError
 from memstream.web.models import paths
 from memstream.web.models.api import MAX_PAGE
@@ -52,7 +52,7 @@ def changes_op(tenant: str, user: str, limit: int | None) -> Op[list[VersionOut]
 
 def _correction(method: str, path: str, body: CorrectionRequest) -> Op[CorrectionResult]:
     call = Call(method, path, json=body.model_dump(mode="json", exclude_defaults=False),
-                min_timeout=body.wait_s + 5.0)
+                min_timeout=body.wait_s + 5.0, idempotency_key=new_key())
     return parse((yield call), CorrectionResult)
 
 

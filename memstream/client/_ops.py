@@ -8,6 +8,7 @@ actually do I/O (their ``_run``, which meets the operations in :func:`advance`).
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
@@ -45,6 +46,14 @@ _STATUS_CODES = {401: ErrorCode.UNAUTHORIZED, 403: ErrorCode.FORBIDDEN,
                  500: ErrorCode.INTERNAL, 503: ErrorCode.UNAVAILABLE}
 
 
+IDEMPOTENCY_KEY = "Idempotency-Key"
+
+
+def new_key() -> str:
+    """A write's idempotency key: one per call, sent again on every retry of it."""
+    return uuid.uuid4().hex
+
+
 @dataclass(frozen=True)
 class Call:
     method: str
@@ -52,11 +61,14 @@ class Call:
     params: dict[str, str | int] | None = None
     json: dict[str, Any] | None = None
     min_timeout: float | None = None  # the server may hold this call this long (tool writes)
+    idempotency_key: str | None = None  # a write's: the same on every worker it is tried on
 
     def request_kwargs(self, timeout: float | None = None) -> dict[str, Any]:
         """Keyword arguments of ``httpx.Client.request`` and ``AsyncClient.request`` alike."""
         kwargs: dict[str, Any] = {"method": self.method, "url": self.path,
                                   "params": self.params, "json": self.json}
+        if self.idempotency_key is not None:
+            kwargs["headers"] = {IDEMPOTENCY_KEY: self.idempotency_key}
         if self.min_timeout is not None and timeout is not None:
             kwargs["timeout"] = max(timeout, self.min_timeout)
         return kwargs
@@ -184,13 +196,15 @@ def tools_op() -> Op[list[dict[str, Any]]]:
 
 def execute_tool_op(tenant: str, user: str, request: ToolCallRequest) -> Op[ToolResult]:
     path = user_path(paths.EXECUTE_TOOL, tenant, user)
-    call = Call("POST", path, json=_body(request), min_timeout=request.wait_s + 5.0)
+    call = Call("POST", path, json=_body(request), min_timeout=request.wait_s + 5.0,
+                idempotency_key=new_key())
     return parse((yield call), ToolResult)
 
 
 def feedback_op(tenant: str, user: str, request: FeedbackRequest) -> Op[Accepted]:
     path = user_path(paths.FEEDBACK, tenant, user)
-    return parse((yield Call("POST", path, json=_body(request))), Accepted)
+    call = Call("POST", path, json=_body(request), idempotency_key=new_key())
+    return parse((yield call), Accepted)
 
 
 def context_request(query: str, session_id: str | None, limit: int | None,

@@ -12,7 +12,7 @@ import httpx
 
 from memstream.client import _gov_ops as gops
 from memstream.client import _ops as ops
-from memstream.client._base import ClientBase
+from memstream.client._base import ClientBase, Verify
 from memstream.client._errors import MemstreamConnectionError
 from memstream.client._produce import LoopThread, Messages, ProducerFactory, Record
 from memstream.core.settings import Settings
@@ -25,7 +25,11 @@ T = TypeVar("T")
 class MemoryClient(ClientBase):
     """memstream for one tenant, synchronous. Thread-safe; close it (or use ``with``).
 
-    ``producer_factory`` and ``clock`` are seams for tests; ``transport`` too (httpx).
+    ``verify``: how the API's certificate is checked over HTTPS (True: the system's CAs;
+    a path: a CA file; an ``ssl.SSLContext``). Every write is sent with an
+    ``Idempotency-Key`` of its own, the same on each worker it is tried on (failover), so it
+    is taken once. ``producer_factory`` and ``clock`` are seams for tests; ``transport``
+    too (httpx).
     """
 
     def __init__(self, base_url: str | Sequence[str], api_key: str, *, tenant_id: str,
@@ -33,10 +37,10 @@ class MemoryClient(ClientBase):
                  timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
                  producer_factory: ProducerFactory | None = None,
                  clock: Callable[[], datetime] | None = None,
-                 kafka: Settings | None = None) -> None:
+                 kafka: Settings | None = None, verify: Verify = True) -> None:
         super().__init__(base_url, api_key, tenant_id, bootstrap_servers, topic_prefix,
                          timeout, producer_factory, clock, kafka)
-        self._http = httpx.Client(transport=transport, **self._http_options())
+        self._http = httpx.Client(transport=transport, **self._http_options(verify))
         self._loop_thread: LoopThread | None = None
         self._loop_lock = threading.Lock()
 

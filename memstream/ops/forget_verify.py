@@ -61,7 +61,7 @@ async def _scan(settings: Settings, tenant: str, user: str, needles: list[bytes]
         from memstream.memory.user_keys import UserKeys
 
         keys = UserKeys(settings, registry(settings).user_keys.name)
-        await keys.start()
+        await keys.start(write=False)  # looks, never writes
         if not await keys.wait_ready(30.0):
             await keys.stop()
             raise TimeoutError("the user-keys topic could not be read: cannot tell what opens")

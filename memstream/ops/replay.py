@@ -16,7 +16,6 @@ switch-over (``memstream rebuild``'s checksum compares stores).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -37,6 +36,8 @@ from memstream.memory.llm_record import Recorder
 from memstream.memory.model import Memory
 from memstream.memory.services import build_embedder, build_model
 from memstream.memory.store import MemoryStore, Scope
+from memstream.memory.user_key_records import FORGOTTEN, Keyring, parse_key
+from memstream.memory.user_key_view import KeyView
 from memstream.topics.codec import check_message, decode
 from memstream.topics.registry import registry
 from memstream.topics.schemas import ChatMessage, ExtractionJob, JobMessage, JobStatus, SessionEvent
@@ -117,17 +118,27 @@ async def _read(settings: Settings, topic: str) -> list[tuple[bytes | None, byte
     return out
 
 
-def _forgotten(records: Sequence[tuple[bytes | None, bytes | None]]) -> dict[tuple[str, str],
-                                                                               float]:
-    """Forget-me markers (``tenant/user/!forgotten`` on the user-keys topic; last wins)."""
-    out: dict[tuple[str, str], float] = {}
+def _forgotten(settings: Settings, records: Sequence[tuple[bytes | None, bytes | None]],
+               topic: str) -> dict[tuple[str, str], float]:
+    """Forget-me markers that verify (``tenant/user/!forgotten`` on the user-keys topic,
+    read through the same view a worker keeps: a forged or malformed one is set aside).
+    Without a master key there are no markers: forget-me writes them with the user keys."""
+    ring = Keyring.of(settings)
+    if not ring.master:
+        return {}
+    view = KeyView(ring, topic)
     for key, value in records:
-        parts = (key or b"").decode("utf-8", "replace").split("/")
-        if len(parts) == 3 and parts[2] == "!forgotten":
-            if value:
-                out[(parts[0], parts[1])] = float(json.loads(value)["at"])
-            else:
-                out.pop((parts[0], parts[1]), None)
+        view.take(key, value)
+    view.settle()
+    out = {}
+    for key, _ in records:
+        try:
+            tenant, user, name = parse_key(key)
+        except InvalidRecord:
+            continue
+        at = view.forgotten_at(tenant, user) if name == FORGOTTEN else None
+        if at is not None:
+            out[(tenant, user)] = at
     return out
 
 
@@ -139,7 +150,7 @@ async def load(settings: Settings, filters: pure.Filters,
     raw_msgs, raw_ends, raw_keys = await asyncio.gather(
         _read(b, topics.messages.name), _read(b, topics.session_events.name),
         _read(b, topics.user_keys.name))
-    forgotten_at = _forgotten(raw_keys)
+    forgotten_at = _forgotten(settings, raw_keys, topics.user_keys.name)
     invalid = forgotten = 0
     messages: list[ChatMessage] = []
     ends: list[SessionEvent] = []

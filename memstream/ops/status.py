@@ -1,9 +1,9 @@
 """``memstream status``: the cluster as the workers see it (``GET /v1/cluster`` of each).
 
 Asks every URL given (default: this machine's worker, ``Settings.api_url()``) with the
-metrics key or the admin key, and renders one table: the workers, each partition's owner
-and standbys, each worker's shards (serving, restoring x, standby) and lag, the last
-restores. A worker that does not answer is listed as such.
+admin key (over HTTPS verified with ``web_tls_ca`` when set), and renders one table: the
+workers, each partition's owner and standbys, each worker's shards (serving, restoring x,
+standby) and lag, the last restores. A worker that does not answer is listed as such.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from memstream.web.models import paths
 
 
 def key_of(settings: Settings) -> str:
-    for secret in (settings.metrics_key, settings.admin_key):
-        if secret is not None:
-            return secret.get_secret_value()
-    raise ConfigError("memstream status needs MEMSTREAM_METRICS_KEY or MEMSTREAM_ADMIN_KEY")
+    """The admin key: ``/v1/cluster`` names every worker's URL, which the metrics key (a
+    scraper's) does not open."""
+    if settings.admin_key is not None and settings.admin_key.get_secret_value():
+        return settings.admin_key.get_secret_value()
+    raise ConfigError("memstream status needs MEMSTREAM_ADMIN_KEY")
 
 
 def gather(settings: Settings, urls: Sequence[str], timeout: float = 5.0,
@@ -32,7 +33,9 @@ def gather(settings: Settings, urls: Sequence[str], timeout: float = 5.0,
     headers = {"Authorization": f"Bearer {key_of(settings)}"}
     found: dict[str, Any] = {}
     todo = [u.rstrip("/") for u in urls]
-    with httpx.Client(headers=headers, timeout=timeout, transport=transport) as http:
+    verify: Any = str(settings.web_tls_ca) if settings.web_tls_ca is not None else True
+    with httpx.Client(headers=headers, timeout=timeout, transport=transport,
+                      verify=verify) as http:
         while todo:
             url = todo.pop(0)
             if url in found:

@@ -8,11 +8,14 @@ Barriers only: the cluster map both workers report, job coverage, API answers.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
+from memstream.core.cluster_auth import CREDENTIAL_HEADER, forward_credential
 from memstream.dev.process import WorkerProcess
 from memstream.memory.shards import partition_of
 from memstream.ops.status import serves_what_it_owns
@@ -22,8 +25,19 @@ pytestmark = pytest.mark.integration
 ADMIN = "admin-key-scale-0123456789abcdef0123"
 CLUSTER_SECRET = "cluster-secret-scale-0123456789abcdef0123"  # two workers: required
 HEADERS = {"Authorization": f"Bearer {ADMIN}"}
-# what a worker that forwards a read asks of a standby: answered from the local standby
-STANDBY_READ = {"X-Memstream-Forwarded": "1", "X-Memstream-Standby-Read": "1"}
+ADMIN_PRINCIPAL = '{"key_id":"admin","tenant_id":null,"admin":true}'
+
+
+def standby_read(path: str) -> dict[str, str]:
+    """What a worker that forwards a read asks of a standby (answered from the local
+    standby): signed with the cluster secret, as a worker signs it (a client's
+    ``X-Memstream-*`` headers are dropped)."""
+    headers = {"X-Memstream-Forwarded": "wb", "X-Memstream-Principal": ADMIN_PRINCIPAL,
+               "X-Memstream-Standby-Read": "1", "Accept": "application/json"}
+    headers[CREDENTIAL_HEADER] = forward_credential(
+        CLUSTER_SECRET, worker="wb", method="GET", target=path, body=b"", headers=headers,
+        now=time.time())
+    return headers
 CITIES = ["Lisbon", "Porto", "Madrid", "Vienna", "Oslo", "Riga", "Quito", "Lima"]
 
 
@@ -41,10 +55,12 @@ async def get(url: str, path: str, headers: dict[str, str] | None = None) -> htt
 
 
 async def memories(url: str, tenant: str, user: str,
-                   headers: dict[str, str] | None = None) -> list[str] | None:
-    """The user's live memories as ``url`` answers (None: not answered now)."""
+                   headers: Callable[[str], dict[str, str]] | None = None) -> list[str] | None:
+    """The user's live memories as ``url`` answers (None: not answered now); ``headers``
+    made for the path at each call."""
+    path = f"/v1/tenants/{tenant}/users/{user}/memories"
     try:
-        r = await get(url, f"/v1/tenants/{tenant}/users/{user}/memories", headers)
+        r = await get(url, path, headers(path) if headers is not None else None)
     except httpx.HTTPError:
         return None
     if r.status_code != 200:
@@ -107,7 +123,7 @@ async def test_two_workers_answer_for_each_other_and_survive_the_owner_dying(
 
         b_users = [u for u in users if owner[u] == "wb"]
         for u in b_users:  # barrier: wa's standby of wb's partitions holds them too
-            assert await until(lambda u=u: memories(urls[0], tenant, u, STANDBY_READ),
+            assert await until(lambda u=u: memories(urls[0], tenant, u, standby_read),
                                f"{u} on wa's standby", timeout=60) == before[u]
         b.kill()  # SIGKILL: its partitions stay assigned to it until its session times out
         first = await get(urls[0], f"/v1/tenants/{tenant}/users/{b_users[0]}/memories")

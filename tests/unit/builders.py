@@ -242,6 +242,7 @@ class FakeBackend:
         self.calls: list[tuple[Any, ...]] = []
         self.is_ready = True
         self.fail: BaseException | None = None
+        self.idempotency_keys: list[str | None] = []  # of the writes, in order
 
     def ready(self) -> bool:
         return self.is_ready
@@ -280,7 +281,9 @@ class FakeBackend:
         return Accepted(id="f1")
 
     async def execute_tool(self, tenant: str, user: str, req: ToolCallRequest,
-                           principal: Principal) -> ToolResult:
+                           principal: Principal,
+                           idempotency_key: str | None = None) -> ToolResult:
+        self.idempotency_keys.append(idempotency_key)
         self._record("execute_tool", tenant, user, req, principal)
         return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="ok",
                           content="done")

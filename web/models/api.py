@@ -48,6 +48,7 @@ class ErrorCode(StrEnum):
     PAYLOAD_TOO_LARGE = "payload_too_large"  # 413
     METHOD_NOT_ALLOWED = "method_not_allowed"  # 405
     UNAVAILABLE = "unavailable"  # 503: the store or the broker is not ready
+    RATE_LIMITED = "rate_limited"  # 429: too many failed key checks (see Retry-After)
     INTERNAL = "internal"  # 500
 
 

@@ -97,3 +97,23 @@ def test_one_url_as_before_and_no_url_refused():
     assert workers.asked == ["w1"]
     with pytest.raises(ValueError):
         MemoryClient([], "key", tenant_id="acme")
+
+
+def test_a_write_keeps_its_idempotency_key_on_every_worker_it_is_tried_on():
+    keys: list[tuple[str, str | None]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        keys.append((request.url.host, request.headers.get("Idempotency-Key")))
+        if request.url.host == "w1":
+            return httpx.Response(503, json={"error": {"code": "unavailable", "message": "x"}})
+        return httpx.Response(200, json={"tool_call_id": None, "name": "memory_insert",
+                                         "status": "ok", "content": "done"})
+
+    with MemoryClient(URLS, "key", tenant_id="acme",
+                      transport=httpx.MockTransport(answer)) as c:
+        c.execute_tool("memory_insert", {"content": "tea"}, user_id="ana")
+        c.execute_tool("memory_insert", {"content": "tea"}, user_id="ana")
+    (h1, k1), (h2, k2), (h3, k3) = keys
+    assert (h1, h2, h3) == ("w1", "w2", "w2")
+    assert k1 and k1 == k2  # the failover sent the same key
+    assert k3 and k3 != k1  # a new call, a new key

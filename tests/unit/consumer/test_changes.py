@@ -283,6 +283,7 @@ class FakeKeys:
     """The user-keys view: t1/u1's keys (from the ``late``-th look on), when forgotten."""
 
     ready = True
+    rejected = 0
 
     def __init__(self, keys: dict[str, bytes], forgotten: float | None = None,
                  late: int = 0) -> None:
@@ -294,6 +295,12 @@ class FakeKeys:
 
     def forgotten_at(self, tenant: str, user: str) -> float | None:
         return self.forgotten
+
+    def opens(self, tenant: str) -> bool:
+        return True
+
+    def locked(self, tenant: str, user: str, key_id: str) -> bool:
+        return False
 
 
 def opener(keys: FakeKeys | None = None, require: bool = False) -> Opener:
@@ -327,6 +334,22 @@ async def test_a_held_key_opens_and_a_forgotten_users_events_are_shredded(monkey
         await opener(FakeKeys({})).open(sealed)
     late = FakeKeys({"k1": key}, forgotten=T0.timestamp() - 60, late=1)  # came back: new key
     assert await opener(late).open(sealed) == (event("a"), "opened")
+
+
+async def test_another_tenants_events_stay_sealed_with_read_keys_never_an_error(caplog):
+    class OtherTenant(FakeKeys):  # read keys for t1 only
+        def opens(self, tenant: str) -> bool:
+            return tenant == "t1"
+
+    key = crypto.new_data_key()
+    mine = crypto.seal_event(event("a"), "k1", key)
+    theirs = crypto.seal_event(event("b", tenant="t2"), "k9", crypto.new_data_key())
+    o = opener(OtherTenant({"k1": key}), require=True)
+    assert await o.open(mine) == (event("a"), "opened")
+    with caplog.at_level(logging.WARNING, logger="memstream.consumer.opening"):
+        assert await asyncio.wait_for(o.open(theirs), 1.0) == (theirs, "sealed")
+        assert await o.open(theirs) == (theirs, "sealed")
+    assert len(caplog.records) == 1 and "t2" in caplog.records[0].getMessage()
 
 
 # --- faults while reading: nothing lost, nothing stuck ----------------------------------
@@ -376,12 +399,10 @@ async def test_a_partition_whose_placing_failed_is_placed_at_the_next_call(monke
 
 async def test_a_master_key_that_does_not_unwrap_stops_the_reader_and_loses_nothing(
         monkeypatch):
-    from memstream.core.errors import InvalidRecord
+    class WrongKek(FakeKeys):  # every key record was set aside: none unwrapped here
+        rejected = 3
 
-    class WrongKek(FakeKeys):
-        def keys_of(self, tenant: str, user: str) -> dict[str, bytes]:
-            raise InvalidRecord("undecryptable", "sealed data does not open with this key")
-
+    monkeypatch.setattr(opening, "KEY_WAIT_S", 0.3)
     sealed = crypto.seal_event(event("a"), "k1", crypto.new_data_key()).dumps()
     reader, fake = await started(monkeypatch, {0: [sealed]})
     reader._opener = opener(WrongKek({}))

@@ -247,13 +247,30 @@ def test_a_resumed_run_skips_what_the_store_holds(tmp_path):
     assert len(contents) == 6
 
 
-def test_forget_me_markers_are_read_last_one_wins():
+def test_forget_me_markers_are_read_when_they_verify_and_never_deleted():
+    from pydantic import SecretStr
+
+    from memstream.core.settings import Settings
+    from memstream.memory import user_key_records as rec
+    from memstream.memory.user_key_view import kek_record
     from memstream.ops.replay import _forgotten
 
-    recs = [(b"t1/u1/!forgotten", b'{"at": 100.0, "request_id": "r", "actor": "a"}'),
+    settings = Settings(master_key=SecretStr("master-key-of-the-replay-test"))
+    kek_id, kek, (kek_key, kek_value) = kek_record(rec.Keyring.of(settings), "t1")
+
+    def signed(user: str, at: float) -> bytes:
+        return rec.dumps(rec.signed_marker(kek, kek_id, "t1", user, at=at, request_id="r",
+                                           actor="a", keys=[]))
+
+    recs = [(kek_key.encode(), kek_value),
+            (b"t1/u1/!forgotten", signed("u1", 100.0)),
             (b"t1/u1/k-1", b'{"wrapped": "..."}'), (b"~roll", None),
-            (b"t1/u2/!forgotten", b'{"at": 5.0}'), (b"t1/u2/!forgotten", None)]
-    assert _forgotten(recs) == {("t1", "u1"): 100.0}
+            (b"t1/u2/!forgotten", signed("u2", 5.0)),
+            (b"t1/u2/!forgotten", None),  # a marker is never deleted (a tombstone: forged)
+            (b"t1/u3/!forgotten", b'{"at": 1e12}'),  # forged: unsigned
+            (b"t1/u4/!forgotten", b"not json")]  # malformed: set aside, not a crash
+    assert _forgotten(settings, recs, "user-keys") == {("t1", "u1"): 100.0, ("t1", "u2"): 5.0}
+    assert _forgotten(Settings(), recs, "user-keys") == {}  # no master key: no markers
 
 
 def test_the_target_is_never_the_live_store(tmp_path):

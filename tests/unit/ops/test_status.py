@@ -25,12 +25,12 @@ def test_every_worker_is_asked_and_one_that_does_not_answer_is_listed():
 
     def answer(request: httpx.Request) -> httpx.Response:
         asked.append(request.url.host)
-        assert request.headers["Authorization"] == "Bearer mk"
+        assert request.headers["Authorization"] == f"Bearer {ADMIN}"
         if request.url.host == "w2":
             raise httpx.ConnectError("refused")
         return httpx.Response(200, json=W1)
 
-    settings = Settings(metrics_key=SecretStr("mk"))
+    settings = Settings(metrics_key=SecretStr("mk"), admin_key=SecretStr(ADMIN))
     found = gather(settings, ["http://w1:1/"], transport=httpx.MockTransport(answer))
     assert asked == ["w1", "w2"] and found["http://w1:1"] == W1
     assert found["http://w2:1"] == {"error": "ConnectError"}
@@ -40,9 +40,15 @@ def test_every_worker_is_asked_and_one_that_does_not_answer_is_listed():
     assert "0  w1  w2" in text and "1  w2  -" in text and "42 changes" in text
 
 
-def test_a_key_is_needed():
+ADMIN = "admin-key-status-0123456789abcdef0123"
+
+
+def test_the_admin_key_is_needed():
+    """``/v1/cluster`` names every worker's URL: the metrics key does not open it."""
     with pytest.raises(ConfigError):
         gather(Settings(), ["http://w1:1"])
+    with pytest.raises(ConfigError, match="MEMSTREAM_ADMIN_KEY"):
+        gather(Settings(metrics_key=SecretStr("mk")), ["http://w1:1"])
 
 
 def test_a_worker_serves_what_it_owns_only_once_every_owned_shard_is_serving():

@@ -55,12 +55,14 @@ class GovBackend(FakeBackend):
         return ChangePage(changes=[])
 
     async def correct(self, tenant: str, user: str, write: ToolWrite, req: CorrectionRequest,
-                      principal: Principal) -> CorrectionResult:
+                      principal: Principal,
+                      idempotency_key: str | None = None) -> CorrectionResult:
         self._record("correct", tenant, user, write.name, write.target_id, write.all_memories)
         return CorrectionResult(status="done", job_id="j1")
 
     async def forget(self, tenant: str, user: str, req: CorrectionRequest,
-                     principal: Principal) -> CorrectionResult:
+                     principal: Principal,
+                     idempotency_key: str | None = None) -> CorrectionResult:
         self._record("forget", tenant, user)
         return CorrectionResult(status="done", job_id="j1")
 

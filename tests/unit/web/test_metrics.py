@@ -224,6 +224,16 @@ def test_the_collector_exposes_the_counters():
     assert "memstream_store_records" not in fams  # never counted yet: absent, not 0
 
 
+def test_set_aside_user_key_records_are_counted_by_kind():
+    kinds = {"unsigned": 2, "undecryptable": 1}
+    collector = sm.PipelineCollector(Counters(), key_records=lambda: kinds)
+    text = generate_latest(sm.registry_for(collector)).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert value(fams, "memstream_user_key_records_rejected_total", kind="unsigned") == 2
+    assert value(fams, "memstream_user_key_records_rejected_total", kind="undecryptable") == 1
+    assert "memstream_user_key_records_rejected" not in scrape(Counters())  # no keys here
+
+
 def test_every_label_is_from_a_fixed_set_and_carries_no_id():
     fams = scrape(busy_counters(), {("it.memstream.messages", 0): 1})
     for family in fams.values():

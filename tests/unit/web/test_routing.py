@@ -5,6 +5,8 @@ that records which worker answered and whether it read from a standby."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -16,8 +18,10 @@ from aiohttp import web
 from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
+from memstream.core.cluster_auth import CREDENTIAL_HEADER, IDEMPOTENCY_KEY, forward_credential
 from memstream.memory.shards import _STANDBY, PartitionedStore, partition_of
 from memstream.streams.cluster import Cluster, ClusterMap, Worker
+from memstream.web.forwarding import PRINCIPAL_HEADER
 from memstream.web.http import ApiError, build_http_app
 from memstream.web.models import paths
 from memstream.web.models.api import (
@@ -34,7 +38,7 @@ from memstream.web.models.api import (
     ToolResult,
 )
 from memstream.web.prometheus import METRICS, MetricsDeps
-from memstream.web.routing import FORWARDED, SERVED_BY, STANDBY, Router
+from memstream.web.routing import FORWARDED, SERVED_BY, STANDBY, STANDBY_READ, Router
 from tests.unit.builders import (
     ADMIN_KEY,
     KEYS,
@@ -51,6 +55,7 @@ pytestmark = pytest.mark.unit
 
 PARTITIONS = 8
 TENANT = "acme"
+SECRET = "cluster-secret-0123456789abcdef-0123"
 
 
 def _user(prefix: str, taken: set[int]) -> str:
@@ -119,8 +124,9 @@ class WorkerBackend(FakeBackend):
         return Accepted(id=f"f-{self.name}")
 
     async def execute_tool(self, tenant: str, user: str, req: ToolCallRequest,
-                           principal: Principal) -> ToolResult:
-        done = await super().execute_tool(tenant, user, req, principal)
+                           principal: Principal,
+                           idempotency_key: str | None = None) -> ToolResult:
+        done = await super().execute_tool(tenant, user, req, principal, idempotency_key)
         return done.model_copy(update={"content": f"done by {self.name}"})
 
     def called(self) -> list[tuple[Any, ...]]:
@@ -182,7 +188,7 @@ async def pair(*, b_down: bool = False, standby: bool = False,
     b_router: Router | None = None
     if b_app is None:
         cluster_b = Cluster(Worker("B", "http://b.invalid"))
-        b_router = Router(cluster_b, PARTITIONS)
+        b_router = Router(cluster_b, PARTITIONS, secret=SECRET)
         b_app = build_http_app(b, FakeAuthoriser(KEYS), router=b_router)  # type: ignore[arg-type]
         with_cluster_route(b_app, "B")
 
@@ -197,7 +203,7 @@ async def pair(*, b_down: bool = False, standby: bool = False,
     if standby:
         store.standby[PB] = object()  # type: ignore[assignment]
     cluster = Cluster(Worker("A", "http://a.invalid"))
-    router = Router(cluster, PARTITIONS, store)
+    router = Router(cluster, PARTITIONS, store, secret=SECRET)
     app_a = build_http_app(a, FakeAuthoriser(KEYS), router=router)  # type: ignore[arg-type]
     with_cluster_route(app_a, "A")
     try:
@@ -215,6 +221,23 @@ async def pair(*, b_down: bool = False, standby: bool = False,
         if b_router is not None:
             await b_router.close()
         await b_server.close()
+
+
+def signed(method: str, target: str, body: bytes, principal: Principal, *, worker: str,
+           standby: bool = False, secret: str = SECRET, now: float | None = None,
+           idempotency_key: str | None = None) -> dict[str, str]:
+    """The headers of a request ``worker`` forwards (as web.forwarding.outbound makes them)."""
+    headers = {FORWARDED: worker, PRINCIPAL_HEADER: principal.model_dump_json()}
+    if body:
+        headers["Content-Type"] = "application/json"
+    if standby:
+        headers[STANDBY_READ] = "1"
+    if idempotency_key:
+        headers[IDEMPOTENCY_KEY] = idempotency_key
+    headers[CREDENTIAL_HEADER] = forward_credential(
+        secret, worker=worker, method=method, target=target, body=body, headers=headers,
+        now=time.time() if now is None else now)
+    return headers
 
 
 def counters(router: Router) -> tuple[int, int, int]:
@@ -244,18 +267,20 @@ async def test_a_request_for_the_owners_user_is_answered_by_the_owner(method, ro
     assert "B" in str(got)  # the body B's backend made (it names B)
 
 
-async def test_both_key_headers_reach_the_owner_unchanged():
+async def test_the_owner_gets_no_key_of_the_callers_only_a_credential():
     headers = {"Authorization": f"Bearer {TENANT_KEY}", "X-API-Key": "another-key",
                "Accept": "application/json"}
     async with pair() as p:
         resp = await p.client.post(at(paths.SEARCH), json={"query": "tea"}, headers=headers)
         assert resp.status == 200, await resp.text()
         [seen] = p.b_seen
-    assert seen["Authorization"] == f"Bearer {TENANT_KEY}"
-    assert seen["X-API-Key"] == "another-key"
+    assert "Authorization" not in seen and "X-API-Key" not in seen
+    assert TENANT_KEY not in str(seen)
     assert seen["Accept"] == "application/json"
     assert seen["Content-Type"] == "application/json"
     assert seen[FORWARDED] == "A"
+    assert seen[CREDENTIAL_HEADER].startswith("v1 ")
+    assert Principal.model_validate_json(seen[PRINCIPAL_HEADER]) == KEYS[TENANT_KEY]
 
 
 @pytest.mark.parametrize(("method", "route", "body", "call"), SCOPED, ids=SCOPED_IDS)
@@ -268,19 +293,18 @@ async def test_a_key_presented_only_as_x_api_key_works_through_the_forward(metho
         assert resp.headers[SERVED_BY] == "B"
         assert p.b.called() == [(call, TENANT, USER_B)]
         assert p.a.calls == []
-        assert "Authorization" not in p.b_seen[0]
-        assert p.b_seen[0]["X-API-Key"] == TENANT_KEY
+        assert "Authorization" not in p.b_seen[0] and "X-API-Key" not in p.b_seen[0]
 
 
-async def test_the_owners_401_comes_back_as_it_is():
+async def test_an_unknown_key_is_refused_where_it_arrives():
     async with pair() as p:
         resp = await p.client.post(at(paths.SEARCH), json={"query": "tea"},
                                    headers={"X-API-Key": "not-a-key"})
         await error_of(resp, 401, ErrorCode.UNAUTHORIZED)
         assert resp.headers["WWW-Authenticate"] == "Bearer"
-        assert resp.headers[SERVED_BY] == "B"
-        assert p.a.calls == [] and p.b.calls == [] and len(p.b_seen) == 1
-        assert counters(p.router) == (1, 0, 0)
+        assert SERVED_BY not in resp.headers
+        assert p.a.calls == [] and p.b.calls == [] and p.b_seen == []
+        assert counters(p.router) == (0, 0, 0)
 
 
 async def test_the_query_string_passes_unchanged():
@@ -384,8 +408,10 @@ async def test_the_apply_map_is_preferred_to_the_ingest_map():
 async def test_a_forwarded_request_is_served_here_whatever_the_map_says(method, route, body,
                                                                         call):
     async with pair() as p:
-        resp = await p.client.request(method, at(route), json=body,
-                                      headers={**bearer(), FORWARDED: "C"})
+        target = at(route)
+        raw = json.dumps(body).encode() if body is not None else b""
+        headers = signed(method, target, raw, KEYS[TENANT_KEY], worker="C")
+        resp = await p.client.request(method, target, data=raw or None, headers=headers)
         assert resp.status == 200, await resp.text()
         assert p.a.called() == [(call, TENANT, USER_B)]
         assert p.a.standby_flags == [False]
@@ -550,7 +576,8 @@ async def test_the_counters_follow_what_happened():
         ok = await p.client.get(at(paths.MEMORIES), headers=bearer())  # forwarded
         assert ok.status == 200 and counters(p.router) == (1, 0, 0)
         await p.client.get(at(paths.MEMORIES, user=USER_A), headers=bearer())  # here
-        await p.client.get(at(paths.MEMORIES), headers={**bearer(), FORWARDED: "B"})  # here
+        await p.client.get(at(paths.MEMORIES), headers=signed(  # B's forward: here
+            "GET", at(paths.MEMORIES), b"", KEYS[TENANT_KEY], worker="B"))
         await p.client.get(paths.HEALTH)
         assert counters(p.router) == (1, 0, 0)
         p.b.fail = ApiError(404, ErrorCode.NOT_FOUND, "gone")
@@ -578,7 +605,7 @@ async def test_a_worker_without_a_standby_asks_the_standby_worker_when_the_owner
     c_store = PartitionedStore(lambda t, u: partition_of(t, u, PARTITIONS))
     c_store.standby[PB] = object()  # type: ignore[assignment]
     cluster_c = Cluster(Worker("C", "http://c.invalid"))
-    c_router = Router(cluster_c, PARTITIONS, c_store)
+    c_router = Router(cluster_c, PARTITIONS, c_store, secret=SECRET)
     c_app = build_http_app(c_backend, FakeAuthoriser(KEYS), router=c_router)  # type: ignore[arg-type]
     c_server = TestServer(c_app)
     await c_server.start_server()
