@@ -143,10 +143,13 @@ def get(url: str, key: str | None = None) -> tuple[int, bytes]:
         return exc.code, b""
 
 
+ADMIN = "k-9-admin-0123456789abcdef01234567"
+
+
 async def test_the_worker_serves_only_memstream_views(harness):
     port = free_port()
     h = await harness(extract_enabled=True, embedder="hashing", web_enabled=True,
-                      web_port=port, admin_key=SecretStr("k-9-admin-0123456789abcdef01234567"))
+                      web_port=port, admin_key=SecretStr(ADMIN))
     h.worker()
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60  # the API starts once the worker's tables are restored
@@ -159,5 +162,5 @@ async def test_the_worker_serves_only_memstream_views(harness):
         assert status == 404, path
     ours = base + "/v1/tenants/acme/users/u1/memories"
     assert (await asyncio.to_thread(get, ours))[0] == 401
-    status, body = await asyncio.to_thread(get, ours, "k-9")
+    status, body = await asyncio.to_thread(get, ours, ADMIN)
     assert status == 200 and json.loads(body)["memories"] == []
