@@ -74,7 +74,6 @@ class _User:
     marker: bytes | None = None  # the last verified marker's value
     shredded: set[str] = field(default_factory=set)  # ids verified markers list
     tombstoned: set[str] = field(default_factory=set)
-    legacy_marker: rec.Marker | None = None  # the last marker, when unsigned
     held: set[str] = field(default_factory=set)  # tombstoned, no marker: kept, written back
     reshred: set[str] = field(default_factory=set)  # shredded ids written again
     held_marker: bool = False
@@ -87,7 +86,6 @@ class Rotation:
     records: list[Sent] = field(default_factory=list)
     keks: int = 0
     data_keys: int = 0
-    markers: int = 0
     new_keks: int = 0
 
 
@@ -149,7 +147,29 @@ class KeyView:
             self._reject(exc, key, value, where)
         except Exception as exc:  # a bug must not stop the view either
             self._reject(InvalidRecord("internal", type(exc).__name__), key, value, where)
+        self._hold(key)
         return False
+
+    def _hold(self, key: bytes | None) -> None:
+        """A record set aside over a key whose good record this view holds: compaction
+        keeps the last record of a key, so the good one is written back (by a writer), as
+        after a tombstone no verified forget explains."""
+        try:
+            tenant, user, name = rec.parse_key(key)
+        except InvalidRecord:
+            return
+        if user == KEK:
+            t = self._tenants.get(tenant)
+            if t is not None and name in t.values:
+                t.held.add(name)
+            return
+        u = self._users.get((tenant, user))
+        if u is None:
+            return
+        if name == FORGOTTEN:
+            u.held_marker = u.marker is not None
+        elif name in u.values and name not in u.shredded:
+            u.held.add(name)
 
     def settle(self) -> None:
         """The first read reached the end: take what waited, set aside what still does not
@@ -169,9 +189,11 @@ class KeyView:
                 except InvalidRecord as exc:
                     if last[key] == i:  # else replaced by a later record of its key
                         self._reject(exc, key, value, where)
+                        self._hold(key)
                 except Exception as exc:
                     self._reject(InvalidRecord("internal", type(exc).__name__), key, value,
                                  where)
+                    self._hold(key)
 
     def _reject(self, exc: InvalidRecord, key: bytes | None, value: bytes | None,
                 where: Any) -> None:
@@ -224,14 +246,13 @@ class KeyView:
             u.held_marker = u.marker is not None
             return
         m = rec.marker(value)
-        if m.sig is None:
-            u.legacy_marker = m  # re-signed by rotate-master
+        if m.sig is None:  # never signed afterwards either: anyone could have written it
             raise InvalidRecord("unsigned", "forget marker without a signature (legacy: "
                                 "`memstream keys rotate-master` signs it)")
         kek = self._tenants.get(tenant, _Tenant()).keks.get(m.kek or "")
         if kek is None or not rec.marker_verifies(kek, tenant, user, m):
             raise InvalidRecord("undecryptable", "forget marker signature does not verify")
-        u.forgotten_at, u.marker, u.legacy_marker, u.held_marker = m.at, value, None, False
+        u.forgotten_at, u.marker, u.held_marker = m.at, value, False
         u.shredded.update(m.keys)
         for key_id in m.keys:
             self._drop(tenant, user, key_id)
@@ -345,7 +366,8 @@ class KeyView:
     def rotation(self) -> Rotation:
         """The records that move this view under the current master version: tenant KEKs
         rewrapped, legacy data keys wrapped under their tenant's KEK (one made where the
-        tenant has none), legacy markers signed (listing the user's tombstoned key ids)."""
+        tenant has none). Unsigned (legacy) forget markers are not signed: any producer
+        could have written one, and a signature would make its fence real."""
         version = self._ring.version
         assert version is not None, "rotating needs MEMSTREAM_MASTER_KEY"
         out = Rotation()
@@ -355,7 +377,7 @@ class KeyView:
                 out.keks += 1
         made: dict[str, tuple[str, bytes]] = {}
         for (tenant, user), u in sorted(self._users.items()):
-            if not (u.legacy or u.legacy_marker):
+            if not u.legacy:
                 continue
             if tenant not in made:
                 made[tenant] = self._rotation_kek(tenant, out)
@@ -364,12 +386,6 @@ class KeyView:
                 out.records.append(data_key_record(kek_id, kek, self._plain[
                     (tenant, user, key_id)], tenant, user, key_id))
                 out.data_keys += 1
-            if (m := u.legacy_marker) is not None:
-                signed = rec.signed_marker(kek, kek_id, tenant, user, at=m.at,
-                                           request_id=m.request_id, actor=m.actor,
-                                           keys=(u.tombstoned - set(u.values)) | u.shredded)
-                out.records.append((f"{tenant}/{user}/{FORGOTTEN}", rec.dumps(signed)))
-                out.markers += 1
         return out
 
     def _rotation_kek(self, tenant: str, out: Rotation) -> tuple[str, bytes]:

@@ -353,7 +353,7 @@ def keys_rotate_master(settings: Settings) -> None:
 
     Give the new master as MEMSTREAM_MASTER_KEY (+ _VERSION) and the old one in
     MEMSTREAM_MASTER_KEY_PREVIOUS ("<version>:<key>"), as the workers have them; legacy
-    data keys are wrapped under their tenant's key and legacy forget markers signed.
+    data keys are wrapped under their tenant's key.
     Afterwards, with nothing failed, drop the old version from every process.
     """
     from memstream.core.errors import MemstreamError
@@ -364,8 +364,7 @@ def keys_rotate_master(settings: Settings) -> None:
     except MemstreamError as exc:
         raise _key_errors(exc) from exc
     click.echo(f"master version {report.version}: {report.keks} tenant key(s) rewrapped, "
-               f"{report.new_keks} made, {report.data_keys} legacy data key(s) rewrapped, "
-               f"{report.markers} legacy forget marker(s) signed")
+               f"{report.new_keks} made, {report.data_keys} legacy data key(s) rewrapped")
     other = {k: n for k, n in report.rejected.items() if k not in ("undecryptable",
                                                                      "unsigned")}
     if other:

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
 from memstream.core import kafka
-from memstream.core.errors import InvalidRecord, describe
+from memstream.core.errors import InvalidRecord, describe, trace
 from memstream.memory import coalescing as machine
 from memstream.memory import metrics
 from memstream.memory.ingest_state import UserState, overdue, restore, snapshot
@@ -159,8 +159,8 @@ def handle_record(p: Pipeline, batch: Batch, record: Any) -> None:
     try:
         handle_event(p, batch, decoded)
     except Exception as exc:  # a bug or an input the machine cannot take: set aside
-        log.exception("%s[%s]@%s: cannot be handled; set aside on the dead-letter topic",
-                      record.topic, record.partition, record.offset)
+        log.error("%s[%s]@%s: cannot be handled; set aside on the dead-letter topic\n%s",
+                  record.topic, record.partition, record.offset, trace(exc))
         p.counters.handler_failures += 1
         set_aside(p, batch, InvalidRecord("internal", describe(exc, 1000)),
                    record)

@@ -59,7 +59,7 @@ from aiokafka.errors import (
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from memstream.core import kafka
-from memstream.core.errors import describe
+from memstream.core.errors import describe, trace
 from memstream.core.retry import RetryPolicy, next_delay
 from memstream.core.settings import Settings
 from memstream.memory.shards import ShardNotHere
@@ -223,7 +223,7 @@ class OwnedLoop(Rebalancing):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("%s loop failed", self.stage.name)
+            log.error("%s loop failed\n%s", self.stage.name, trace(exc))
             self.on_fatal(f"{self.stage.name}: {describe(exc)}")
 
     # --- a batch -------------------------------------------------------------------------

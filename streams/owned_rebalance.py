@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from memstream.core import kafka
-from memstream.core.errors import describe
+from memstream.core.errors import describe, trace
 
 if TYPE_CHECKING:
     from memstream.core.settings import Settings
@@ -94,8 +94,8 @@ class Rebalancing:
             async with self.lock:
                 await self._assign(assigned)
         except Exception as exc:
-            log.exception("%s loop: taking partitions %s failed", self.stage.name,
-                          sorted(assigned))
+            log.error("%s loop: taking partitions %s failed\n%s", self.stage.name,
+                      sorted(assigned), trace(exc))
             self.on_fatal(f"partitions not taken: {describe(exc)}")
 
     async def _assign(self, assigned: set[TopicPartition]) -> None:
@@ -171,7 +171,7 @@ class Rebalancing:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("%s loop: taking a partition failed", self.stage.name)
+            log.error("%s loop: taking a partition failed\n%s", self.stage.name, trace(exc))
             self.on_fatal(f"partition not taken: {describe(exc)}")
         finally:  # no take outlives the taker (one would install a producer after stop())
             for task in inflight.values():

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from memstream.core.errors import InvalidRecord, describe
+from memstream.core.errors import InvalidRecord, describe, trace
 from memstream.core.retry import RetryPolicy, is_transient, next_delay
 from memstream.memory.shards import ShardNotHere
 from memstream.streams.ingest_tables import LoopTable
@@ -98,7 +98,8 @@ async def until_handled(record: Any, handle: Callable[[], Awaitable[Any]], *,
                             where, type(exc).__name__, attempt, delay)
                 await sleep(delay)
                 continue
-            log.exception("%s: cannot be handled; set aside on the dead-letter topic", where)
+            log.error("%s: cannot be handled; set aside on the dead-letter topic\n%s", where,
+                      trace(exc))
             if counters is not None:
                 counters.handler_failures += 1
             return InvalidRecord("internal", describe(exc, 1000))

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from memstream.core.errors import describe, trace
 from memstream.memory.store import MemoryStore
 from memstream.memory.store_edge import EdgeStore
 from memstream.memory.store_swap import SwappableStore
@@ -69,9 +70,9 @@ def register(p: Pipeline) -> None:
         try:
             result, later = await switch(s, store, request, open_store, s.embedder, opener)
         except Exception as exc:
-            log.exception("rebuild request %s failed", request.request_id)
+            log.error("rebuild request %s failed\n%s", request.request_id, trace(exc))
             result, later = SwitchResult(request_id=request.request_id, ok=False,
-                                         switched=False, message=f"failed: {exc}"), None
+                                         switched=False, message=f"failed: {describe(exc)}"), None
         if later is not None and not later[2]:
             # a rebuilt store nobody served (not switched to, not kept): deleted before the
             # answer, so the CLI never returns while that copy of the memories is still there

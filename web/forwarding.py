@@ -50,6 +50,7 @@ from memstream.web.models.api import ErrorCode, Principal
 FORWARDED = "X-Memstream-Forwarded"
 PRINCIPAL_HEADER = "X-Memstream-Principal"
 STANDBY_READ = "X-Memstream-Standby-Read"  # a forwarded read a standby shard may answer
+TO = "X-Memstream-To"  # the worker a forward is for: another worker refuses it (signed)
 STANDBY_ASKED = web.RequestKey("memstream_standby_read", bool)  # ingress sets it from that
 
 
@@ -58,6 +59,7 @@ class ForwardGate:
     """Checks the credential of forwarded requests (one per worker: the nonce cache)."""
 
     secret: str
+    me: str  # this worker's id: a forward for another worker is refused
     clock: Callable[[], float] = time.time
     seen: SeenNonces | None = None
 
@@ -67,6 +69,8 @@ class ForwardGate:
     def check(self, method: str, target: str, body: bytes,
               headers: CIMultiDict[str] | web.Request) -> bool:
         hdrs = headers.headers if isinstance(headers, web.Request) else headers
+        if hdrs.get(TO) != self.me:  # a capture replayed at another worker
+            return False
         return check_forward(self.secret, hdrs.get(CREDENTIAL_HEADER, ""),
                              worker=hdrs.get(FORWARDED, ""), method=method, target=target,
                              body=body, headers=hdrs, now=self.clock(), seen=self.seen)
@@ -134,10 +138,10 @@ def ingress(gate: ForwardGate | None, writes: Collection[str]) -> Middleware:
 
 
 def outbound(secret: str, me: str, request: web.Request, body: bytes, principal: Principal,
-             standby: bool, now: float) -> dict[str, str]:
-    """The headers of a forward of ``request``: no key of the caller's, only what the
-    credential signs (and the body's type)."""
-    headers = {"Accept": "application/json", FORWARDED: me,
+             standby: bool, now: float, to: str) -> dict[str, str]:
+    """The headers of a forward of ``request`` to worker ``to``: no key of the caller's,
+    only what the credential signs (and the body's type)."""
+    headers = {"Accept": "application/json", FORWARDED: me, TO: to,
                PRINCIPAL_HEADER: principal.model_dump_json()}
     if body:
         headers["Content-Type"] = request.headers.get("Content-Type", "application/json")

@@ -24,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from memstream.core.errors import trace
 from memstream.core.retry import is_transient
 from memstream.memory.shards import ShardNotHere
 from memstream.web.forwarding import ingress
@@ -107,7 +108,7 @@ async def _answer(request: web.Request,
         if is_transient(exc):  # a store / broker hiccup: the caller may retry
             log.warning("http %s: transient %s", route, type(exc).__name__)
             return _error(503, ErrorCode.UNAVAILABLE, "temporarily unavailable, retry later")
-        log.exception("http %s: unhandled error", route)
+        log.error("http %s: unhandled error\n%s", route, trace(exc))
         return _error(500, ErrorCode.INTERNAL, "internal error")
 
 

@@ -110,10 +110,12 @@ class Backend(Protocol):
 
 class LoginGuard:
     """Failed key checks per key prefix and per client address: at most ``per_minute`` of
-    either in the last minute, after which the next calls are refused (429) before their
-    key is looked at. Bounded: ``most`` prefixes and addresses (the least recently failed
-    forgotten first), each with at most ``per_minute`` times. ``counts``: the failures by
-    reason (``unknown_key``, ``rate_limited``), for ``memstream_auth_failures_total``."""
+    either in the last minute; past that, an address's calls are refused (429) before their
+    key is looked at, and a prefix's failing keys are answered 429 (its valid key still
+    opens: a key id is no secret). Bounded: ``most`` prefixes and addresses (the least
+    recently failed forgotten first), each with at most ``per_minute`` times. ``counts``:
+    the failures by reason (``unknown_key``, ``rate_limited``), for
+    ``memstream_auth_failures_total``."""
 
     WINDOW_S = 60.0
 

@@ -71,19 +71,24 @@ FORWARDED_BY = web.RequestKey("memstream_forwarded_by", str)  # the worker that 
 def check_key(request: web.Request, key: str,
               accept: Callable[[str], Principal | None]) -> Principal:
     """``accept(key)`` under the failed-login limit: 429 before the key is looked at when
-    its prefix or the caller's address failed too often this minute, else 401 (counted)."""
+    the caller's address failed too often this minute; a key that fails while its prefix
+    (its key id) failed too often is 429 too, but a valid key is never refused for its
+    prefix (a key id is no secret: anyone could lock a key out); else 401 (counted)."""
     guard = request.app[DEPS].guard
-    who = [f"addr:{request.remote or '?'}"] + ([f"key:{key_prefix(key)}"] if key else [])
-    wait = guard.retry_after(*who)
-    if wait is not None:
-        raise ApiError(429, ErrorCode.RATE_LIMITED, "too many failed key checks; retry later",
-                       {"Retry-After": str(math.ceil(wait))})
-    principal = accept(key) if key and len(key) <= MAX_KEY_CHARS else None
-    if principal is None:
-        if key:  # a missing key guesses nothing: not counted
-            guard.failed(*who)
-        raise ApiError(401, ErrorCode.UNAUTHORIZED, "missing or unknown API key")
-    return principal
+    address, prefix = f"addr:{request.remote or '?'}", f"key:{key_prefix(key)}"
+    wait = guard.retry_after(address)
+    if wait is None:
+        principal = accept(key) if key and len(key) <= MAX_KEY_CHARS else None
+        if principal is not None:
+            return principal
+        if not key:  # a missing key guesses nothing: not counted
+            raise ApiError(401, ErrorCode.UNAUTHORIZED, "missing or unknown API key")
+        wait = guard.retry_after(prefix)
+        guard.failed(address, prefix)
+        if wait is None:
+            raise ApiError(401, ErrorCode.UNAUTHORIZED, "missing or unknown API key")
+    raise ApiError(429, ErrorCode.RATE_LIMITED, "too many failed key checks; retry later",
+                   {"Retry-After": str(math.ceil(wait))})
 
 
 def authenticate(request: web.Request) -> Principal:

@@ -89,7 +89,7 @@ class Router:
         self.partitions = partitions
         self.store = store  # a memory.shards.PartitionedStore: its standby shards
         self.secret = secret
-        self.gate = ForwardGate(secret, clock) if secret else None
+        self.gate = ForwardGate(secret, cluster.me.worker_id, clock) if secret else None
         self.ca = ca
         self.clock = clock
         self.timeout = aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S,
@@ -183,7 +183,7 @@ class Router:
         """The owner's answer, or None when it cannot give one now."""
         assert self.secret is not None  # owner() names no owner without it
         headers = outbound(self.secret, self.cluster.me.worker_id, request, body, principal,
-                           standby, self.clock())
+                           standby, self.clock(), owner)
         try:
             async with self._session().request(
                     request.method, URL(url.rstrip("/") + request.raw_path, encoded=True),

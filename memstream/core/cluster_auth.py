@@ -12,6 +12,9 @@ Layout (for other implementations)::
 where each part is bytes (text as UTF-8); the length prefixes make the joined message
 unambiguous whatever the parts hold.
 
+The signed headers include ``X-Memstream-To``, the worker a forward is for, which checks
+it names itself: a captured forward cannot be played at another worker either.
+
 A forwarded request carries :func:`forward_credential`: the sending worker's id, the time
 it was made, a random nonce, and a signature over those, the method, the path with its
 query, the SHA-256 of the body and every signed header (``X-Memstream-*`` and
@@ -120,10 +123,11 @@ class SeenNonces:
         self._seen: OrderedDict[str, float] = OrderedDict()
 
     def first(self, nonce: str, now: float) -> bool:
-        while self._seen and (next(iter(self._seen.values())) < now - self._ttl
-                              or len(self._seen) >= self._most):
+        """True the first time ``nonce`` is seen; False again, and False for every new one
+        while ``most`` unexpired nonces are held (a flood is refused, never forgotten)."""
+        while self._seen and next(iter(self._seen.values())) < now - self._ttl:
             self._seen.popitem(last=False)
-        if nonce in self._seen:
+        if nonce in self._seen or len(self._seen) >= self._most:
             return False
         self._seen[nonce] = now
         return True

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 
 class MemstreamError(Exception):
     """Root of every error memstream raises on purpose."""
@@ -49,6 +52,18 @@ _OWN_TEXT = ("memstream.", "aiokafka.", "kafka.", "asyncio.")
 _PLAIN_TEXT = (OSError, TimeoutError, RuntimeError, AssertionError)
 
 
+def _path(error: Mapping[str, Any]) -> str:
+    """A validation error's location with the names a caller chose left out: a key that is
+    no declared field (``extra_forbidden``), a key of a mapping or anything that is not an
+    identifier becomes ``*`` (a model's or a client's text can be a key)."""
+    loc = list(error.get("loc", ()))
+    if error.get("type") == "extra_forbidden" and loc:
+        loc[-1] = "*"
+    parts = [str(p) if isinstance(p, int) or (isinstance(p, str) and p.isidentifier()
+                                                and len(p) <= 40) else "*" for p in loc]
+    return ".".join(parts) or "(root)"
+
+
 def describe(exc: BaseException, limit: int = 500) -> str:
     """``exc`` as text fit for a log line or an unsealed record: never a value it carries.
 
@@ -65,8 +80,7 @@ def describe(exc: BaseException, limit: int = 500) -> str:
             found = errors(include_input=False, include_url=False, include_context=False)
         except TypeError:
             found = []
-        where = sorted({f"{'.'.join(map(str, e.get('loc', ()))) or '(root)'}: {e.get('type')}"
-                        for e in found})
+        where = sorted({f"{_path(e)}: {e.get('type')}" for e in found})
         text = f"{name}: {exc.error_count()} error(s): {'; '.join(where[:5])}"
     elif isinstance(status := getattr(exc, "status_code", None), int):
         text = f"{name}: HTTP {status}"
@@ -75,3 +89,15 @@ def describe(exc: BaseException, limit: int = 500) -> str:
     else:
         text = name
     return text[:limit]
+
+
+def trace(exc: BaseException, limit: int = 30) -> str:
+    """A traceback fit for a log line: each frame's file, line, function and code, then
+    :func:`describe` of ``exc`` (never its message: ``log.exception`` would print it, and
+    with it whatever value the error quotes)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__, limit=-limit)
+    lines = [f'  File "{f.filename}", line {f.lineno}, in {f.name}'
+             + (f"\n    {f.line}" if f.line else "") for f in frames]
+    return "\n".join(["Traceback (most recent call last):", *lines, describe(exc)])

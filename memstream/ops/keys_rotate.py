@@ -9,7 +9,8 @@ Rotating the master key, while the workers run:
 2. run ``memstream keys rotate-master`` with the same settings: it reads the topic to its
    end and writes every tenant KEK not under N again, wrapped under N (the same KEK, so
    data keys, sealed events and read keys stay as they are), wraps every legacy data key
-   under its tenant's KEK and signs legacy forget markers;
+   under its tenant's KEK (legacy unsigned forget markers stay unsigned: anyone could
+   have written one);
 3. it reports the counts and fails when a record did not open (a master version missing
    from the settings): dropping the old version then would lose those tenants;
 4. once it reports no failure, remove ``MEMSTREAM_MASTER_KEY_PREVIOUS`` from the workers
@@ -35,7 +36,6 @@ class RotateReport:
     version: int
     keks: int  # tenant KEKs rewrapped under the new version
     data_keys: int  # legacy data keys wrapped under their tenant's KEK
-    markers: int  # legacy forget markers signed
     new_keks: int  # tenant KEKs made for tenants that had only legacy keys
     unopened: int  # records that did not open with these settings (not rotated)
     rejected: dict[str, int]  # every record set aside, by kind (unsigned: legacy markers)
@@ -63,7 +63,7 @@ async def rotate_master(settings: Settings) -> RotateReport:
     finally:
         await keys.stop()
     kinds = dict(keys.rejected_kinds)
-    return RotateReport(settings.master_key_version, plan.keks, plan.data_keys, plan.markers,
+    return RotateReport(settings.master_key_version, plan.keks, plan.data_keys,
                         plan.new_keks, kinds.get("undecryptable", 0), kinds)
 
 

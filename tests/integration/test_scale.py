@@ -32,8 +32,9 @@ def standby_read(path: str) -> dict[str, str]:
     """What a worker that forwards a read asks of a standby (answered from the local
     standby): signed with the cluster secret, as a worker signs it (a client's
     ``X-Memstream-*`` headers are dropped)."""
-    headers = {"X-Memstream-Forwarded": "wb", "X-Memstream-Principal": ADMIN_PRINCIPAL,
-               "X-Memstream-Standby-Read": "1", "Accept": "application/json"}
+    headers = {"X-Memstream-Forwarded": "wb", "X-Memstream-To": "wa",
+               "X-Memstream-Principal": ADMIN_PRINCIPAL, "X-Memstream-Standby-Read": "1",
+               "Accept": "application/json"}
     headers[CREDENTIAL_HEADER] = forward_credential(
         CLUSTER_SECRET, worker="wb", method="GET", target=path, body=b"", headers=headers,
         now=time.time())

@@ -19,6 +19,7 @@ API answers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -247,7 +248,9 @@ async def test_a_forwarded_write_answered_late_is_applied_once(two):
             "arguments": {"content": "The user keeps bees on the roof"}}
     key = {"Idempotency-Key": f"bees-{time.time_ns()}"}
     async with aiohttp.ClientSession(headers=auth()) as http:
-        with pytest.raises(asyncio.TimeoutError):  # the caller gives up at once
+        # the caller gives up after 50 ms (whether the answer was on its way or not: the
+        # write is applied once either way, which is what is checked)
+        with contextlib.suppress(asyncio.TimeoutError):
             async with http.post(url, json=call, headers=key,
                                  timeout=aiohttp.ClientTimeout(total=0.05)):
                 pass

@@ -62,3 +62,27 @@ def test_an_http_error_gives_its_status():
 def test_retries_exhausted_describes_its_last_error():
     exc = RetriesExhausted(3, _validation_error(), "the attempt limit is 3")
     assert SECRET not in str(exc) and "int_parsing" in str(exc)
+
+
+def test_keys_a_caller_chose_are_left_out_of_the_path():
+    class Strict(BaseModel):
+        model_config = {"extra": "forbid"}
+        tags: dict[str, int] = {}
+
+    with pytest.raises(ValidationError) as caught:
+        Strict.model_validate({"zqcanary": 1, "tags": {"I live in Berlin": "x"}})
+    text = describe(caught.value)
+    assert "zqcanary" not in text and "Berlin" not in text
+    assert "*: extra_forbidden" in text and "tags.*: int_parsing" in text
+
+
+def test_a_trace_names_the_frames_not_the_message():
+    from memstream.core.errors import trace
+
+    def deep() -> None:
+        Fact.model_validate({"text": SECRET, "importance": 1})
+
+    with pytest.raises(ValidationError) as caught:
+        deep()
+    text = trace(caught.value)
+    assert SECRET not in text and "in deep" in text and "text: string_too_long" in text

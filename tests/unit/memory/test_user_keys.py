@@ -125,6 +125,36 @@ async def test_a_forged_tombstone_does_not_drop_the_key_and_a_writer_writes_it_b
     assert opens(reader(log[:-1]), sealed(w, key))  # a reader keeps it too
 
 
+@pytest.mark.parametrize("junk", [b"{}", b"not json", json.dumps({"wrapped": "AAAA"}).encode()])
+async def test_a_bad_value_over_a_good_record_is_written_back(junk):
+    """Compaction keeps the last record of a key: a value that is set aside over a good
+    record (a data key, the tenant's key, a forget marker) must not become the only one."""
+    log: list = []
+    w = writer(log)
+    key = await w.key_for_write("t1", "u1")
+    await w.forget("t1", "u2", 50.0, "r", "a")
+    good = {k: v for k, v in log if v is not None}
+    for k in good:  # every good record overwritten by junk of the same key
+        log.append((k, junk))
+        assert not w.take(*log[-1])
+    await w.repair()
+    assert {k: v for k, v in log[-len(good):]} == good  # each written back, as it was
+    compacted = list({k: v for k, v in log}.items())  # what compaction keeps
+    fresh = reader(compacted)
+    assert opens(fresh, sealed(w, key)) and fresh.forgotten_at("t1", "u2") == 50.0
+
+
+async def test_rotation_never_signs_an_unsigned_marker():
+    log: list = []
+    w = writer(log)
+    key = await w.key_for_write("t1", "victim")
+    log.append((b"t1/victim/!forgotten", json.dumps({"at": 1e12}).encode()))  # forged
+    rot = writer(log, master_key=V2, master_key_version=2, master_key_previous=f"1:{V1}")
+    await rot.write(rot.rotation().records)
+    after = reader(log, master_key=V2, master_key_version=2)
+    assert after.forgotten_at("t1", "victim") is None and opens(after, sealed(w, key, "victim"))
+
+
 async def test_a_forget_shreds_and_a_key_written_again_is_shredded_anew():
     log: list = []
     w = writer(log)
@@ -171,12 +201,13 @@ async def test_rotating_the_master_rewraps_everything_under_the_new_version():
     both = dict(master_key=V2, master_key_version=2, master_key_previous=f"1:{V1}")
     rot = writer(log, **both)
     plan = rot.rotation()
-    assert (plan.keks, plan.data_keys, plan.markers, plan.new_keks) == (2, 1, 1, 1)
+    assert (plan.keks, plan.data_keys, plan.new_keks) == (2, 1, 1)
     await rot.write(plan.records)
     only_v2 = reader(log, master_key=V2, master_key_version=2)
     events = [sealed(w, k1), sealed(w, k2, "u2", "t2"), sealed(w, old, "u3", "t3")]
     assert all(opens(only_v2, e) for e in events)
-    assert only_v2.forgotten_at("t3", "u4") == 5.0  # the legacy marker, signed
+    assert only_v2.forgotten_at("t3", "u4") is None  # an unsigned marker: never signed
+    assert only_v2.keys_of("t3", "u4") == {}  # its user's legacy key: shredded all the same
     assert not opens(reader(log[:3], master_key=V2, master_key_version=2), events[0])
     assert only_v2.rotation().records == []  # nothing left under version 1
 

@@ -34,7 +34,7 @@ from memstream.streams.counters import Counters
 from memstream.topics.schemas import ToolWrite
 from memstream.web import backend as worker_backend
 from memstream.web import history
-from memstream.web.forwarding import PRINCIPAL_HEADER, server_ssl
+from memstream.web.forwarding import PRINCIPAL_HEADER, TO, server_ssl
 from memstream.web.http import HttpServer, build_http_app
 from memstream.web.http_base import DEPS, LoginGuard, key_prefix
 from memstream.web.models import paths
@@ -178,8 +178,9 @@ async def owner_b(backend: FakeBackend | None = None,
 
 def signed(method: str, target: str, body: bytes = b"", *, worker: str = "A",
            principal: Principal = KEYS[TENANT_KEY], secret: str = SECRET,
-           now: float | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
-    headers = {FORWARDED: worker, PRINCIPAL_HEADER: principal.model_dump_json(),
+           now: float | None = None, extra: dict[str, str] | None = None,
+           to: str = "B") -> dict[str, str]:
+    headers = {FORWARDED: worker, TO: to, PRINCIPAL_HEADER: principal.model_dump_json(),
                **(extra or {})}
     if body:
         headers["Content-Type"] = "application/json"
@@ -263,14 +264,20 @@ def _other_path(target: str) -> dict[str, str]:
     return signed("GET", at(paths.MEMORIES, user="someone-else"))
 
 
+def _for_another_worker(target: str) -> dict[str, str]:  # a capture played at B, made for C
+    return signed("GET", target, to="C")
+
+
 def _raised_principal(target: str) -> dict[str, str]:
     headers = signed("GET", target)
     headers[PRINCIPAL_HEADER] = Principal(key_id="k", admin=True).model_dump_json()
     return headers
 
 
-@pytest.mark.parametrize("make", [_forged, _expired, _other_path, _raised_principal],
-                         ids=["forged", "expired", "other-path", "edited-principal"])
+@pytest.mark.parametrize("make", [_forged, _expired, _other_path, _raised_principal,
+                                  _for_another_worker],
+                         ids=["forged", "expired", "other-path", "edited-principal",
+                              "for-another-worker"])
 async def test_the_owner_refuses_a_credential_that_does_not_verify(make):
     async with owner_b() as (client, b, _):
         target = at(paths.MEMORIES)
@@ -459,6 +466,34 @@ async def test_too_many_failed_key_checks_are_429_before_the_key_is_checked():
     text = generate_latest(registry).decode()
     assert 'memstream_auth_failures_total{reason="unknown_key"} 3.0' in text
     assert 'memstream_auth_failures_total{reason="rate_limited"} 1.0' in text
+
+
+def test_a_valid_key_is_never_locked_out_by_failures_of_its_key_id():
+    """A key id is no secret (it names the actor in lineage and audit): failures of other
+    callers under it answer their wrong keys 429, never the valid key."""
+    from unittest import mock
+
+    from aiohttp.test_utils import make_mocked_request
+
+    from memstream.web.http_base import ApiError
+    from memstream.web.http_checks import check_key
+
+    valid = "msk_0123456789abcdef_" + "v" * 40
+    owner = Principal(key_id="0123456789abcdef", tenant_id="acme")
+    app = build_http_app(FakeBackend(), FakeAuthoriser({valid: owner}),  # type: ignore[arg-type]
+                         login_failures_per_minute=3)
+
+    def check(key: str, address: str) -> Principal:
+        transport = mock.Mock()
+        transport.get_extra_info.return_value = (address, 40000)
+        request = make_mocked_request("GET", "/", app=app, transport=transport)
+        return check_key(request, key, app[DEPS].authoriser.authorise)
+
+    for n in range(5):  # other callers, other addresses, the victim's key id
+        with pytest.raises(ApiError) as refused:
+            check("msk_0123456789abcdef_" + f"guess{n}" * 5, f"10.0.0.{n}")
+        assert refused.value.status == (401 if n < 3 else 429)
+    assert check(valid, "10.0.0.99") == owner  # the key itself still opens
 
 
 def test_the_limit_counts_per_key_prefix_and_per_address_in_bounded_memory():

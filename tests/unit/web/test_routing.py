@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from memstream.core.cluster_auth import CREDENTIAL_HEADER, IDEMPOTENCY_KEY, forward_credential
 from memstream.memory.shards import _STANDBY, PartitionedStore, partition_of
 from memstream.streams.cluster import Cluster, ClusterMap, Worker
-from memstream.web.forwarding import PRINCIPAL_HEADER
+from memstream.web.forwarding import PRINCIPAL_HEADER, TO
 from memstream.web.http import ApiError, build_http_app
 from memstream.web.models import paths
 from memstream.web.models.api import (
@@ -225,9 +225,10 @@ async def pair(*, b_down: bool = False, standby: bool = False,
 
 def signed(method: str, target: str, body: bytes, principal: Principal, *, worker: str,
            standby: bool = False, secret: str = SECRET, now: float | None = None,
-           idempotency_key: str | None = None) -> dict[str, str]:
-    """The headers of a request ``worker`` forwards (as web.forwarding.outbound makes them)."""
-    headers = {FORWARDED: worker, PRINCIPAL_HEADER: principal.model_dump_json()}
+           idempotency_key: str | None = None, to: str = "A") -> dict[str, str]:
+    """The headers of a request ``worker`` forwards to ``to`` (as web.forwarding.outbound
+    makes them)."""
+    headers = {FORWARDED: worker, TO: to, PRINCIPAL_HEADER: principal.model_dump_json()}
     if body:
         headers["Content-Type"] = "application/json"
     if standby:
