@@ -63,7 +63,6 @@ import logging
 import random
 import secrets
 import socket
-import ssl
 import tempfile
 import time
 import urllib.request
@@ -95,6 +94,7 @@ from memstream.topics.registry import (
     registry,
 )
 from memstream.topics.schemas import ChatMessage, Event, MemoryChange, SessionEvent
+from memstream.web.forwarding import client_ssl
 
 TENANT = "chaos"
 
@@ -550,9 +550,7 @@ def api_open(settings: Settings, path: str, key: str, timeout: float) -> Any:
     scheme = "https" if settings.web_tls else "http"
     req = urllib.request.Request(f"{scheme}://127.0.0.1:{settings.web_port}{path}",
                                  headers={"X-API-Key": key})
-    context = None
-    if settings.web_tls:
-        context = ssl.create_default_context(cafile=str(settings.web_tls_ca))
+    context = client_ssl(settings.web_tls_ca) if settings.web_tls else None
     return urllib.request.urlopen(req, timeout=timeout, context=context)
 
 

@@ -15,6 +15,7 @@ kept by (tenant, user, key id).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -111,8 +112,7 @@ class KeyView:
                                              for t, k in ring.read.items()}
         self._users: dict[tuple[str, str], _User] = {}
         self._plain: dict[tuple[str, str, str], bytes] = {}  # (tenant, user, key id) -> key
-        self.rejected = 0  # records set aside: malformed, not unwrapping or not verifying
-        self.rejected_kinds: dict[str, int] = {}  # the same, by InvalidRecord.kind
+        self.rejected_kinds: dict[str, int] = {}  # records set aside, by InvalidRecord.kind
         self.dead_letters = False  # keep dead letters of set-aside records (a writer's)
         self.dead: list[tuple[bytes | None, bytes]] = []  # (key, dead letter) not yet sent
         self.settled = False  # the first read reached the end (settle)
@@ -147,17 +147,17 @@ class KeyView:
             self._reject(exc, key, value, where)
         except Exception as exc:  # a bug must not stop the view either
             self._reject(InvalidRecord("internal", type(exc).__name__), key, value, where)
-        self._hold(key)
         return False
 
-    def _hold(self, key: bytes | None) -> None:
-        """A record set aside over a key whose good record this view holds: compaction
-        keeps the last record of a key, so the good one is written back (by a writer), as
-        after a tombstone no verified forget explains."""
-        try:
-            tenant, user, name = rec.parse_key(key)
-        except InvalidRecord:
-            return
+    @property
+    def rejected(self) -> int:
+        """Records set aside: malformed, not unwrapping or not verifying."""
+        return sum(self.rejected_kinds.values())
+
+    def _keep(self, tenant: str, user: str, name: str) -> None:
+        """A record that would end the good one of its key (a tombstone no verified forget
+        explains, or a value set aside): compaction keeps the last record of a key, so a
+        writer writes the good one back (:meth:`repairs`)."""
         if user == KEK:
             t = self._tenants.get(tenant)
             if t is not None and name in t.values:
@@ -189,15 +189,12 @@ class KeyView:
                 except InvalidRecord as exc:
                     if last[key] == i:  # else replaced by a later record of its key
                         self._reject(exc, key, value, where)
-                        self._hold(key)
                 except Exception as exc:
                     self._reject(InvalidRecord("internal", type(exc).__name__), key, value,
                                  where)
-                    self._hold(key)
 
     def _reject(self, exc: InvalidRecord, key: bytes | None, value: bytes | None,
                 where: Any) -> None:
-        self.rejected += 1
         self.rejected_kinds[exc.kind] = self.rejected_kinds.get(exc.kind, 0) + 1
         offset = getattr(where, "offset", -1)
         name = (key or b"").rsplit(b"/", 1)[-1][:40].decode("ascii", "replace")
@@ -211,6 +208,8 @@ class KeyView:
                                  offset=offset, key=key, value=value, now=datetime.now(UTC))
             letter = letter.model_copy(update={"value_b64": "", "truncated": True})
             self.dead.append((key, letter.dumps()))  # no key material: its sha256 only
+        with contextlib.suppress(InvalidRecord):  # a key that names no record: nothing kept
+            self._keep(*rec.parse_key(key))
 
     def _apply(self, key: bytes | None, value: bytes | None) -> None:
         if key == ROLL.encode():
@@ -228,8 +227,7 @@ class KeyView:
     def _take_kek(self, tenant: str, kek_id: str, value: bytes | None) -> None:
         t = self._tenants.setdefault(tenant, _Tenant())
         if value is None:  # nothing deletes a tenant KEK: keep it, write it back
-            if kek_id in t.values:
-                t.held.add(kek_id)
+            self._keep(tenant, KEK, kek_id)
             return
         found = rec.kek_record(value)
         kek = self._ring.unwrap_kek(tenant, kek_id, found)
@@ -243,12 +241,12 @@ class KeyView:
     def _take_marker(self, tenant: str, user: str, value: bytes | None) -> None:
         u = self._users.setdefault((tenant, user), _User())
         if value is None:  # a marker is never deleted: keep it, write it back
-            u.held_marker = u.marker is not None
+            self._keep(tenant, user, FORGOTTEN)
             return
         m = rec.marker(value)
         if m.sig is None:  # never signed afterwards either: anyone could have written it
-            raise InvalidRecord("unsigned", "forget marker without a signature (legacy: "
-                                "`memstream keys rotate-master` signs it)")
+            raise InvalidRecord("unsigned", "forget marker without a signature (legacy, or "
+                                "forged: never honoured)")
         kek = self._tenants.get(tenant, _Tenant()).keks.get(m.kek or "")
         if kek is None or not rec.marker_verifies(kek, tenant, user, m):
             raise InvalidRecord("undecryptable", "forget marker signature does not verify")
@@ -271,8 +269,8 @@ class KeyView:
             u.tombstoned.add(key_id)
             if key_id in u.shredded or key_id in u.legacy or key_id in u.locked:
                 self._drop(tenant, user, key_id)  # a verified forget; a legacy key's rule
-            elif key_id in u.values:
-                u.held.add(key_id)  # no verified marker lists it: kept, written back
+            else:  # no verified marker lists it: kept, written back
+                self._keep(tenant, user, key_id)
             return
         found = rec.data_key_record(value)
         if key_id in u.shredded:

@@ -116,7 +116,7 @@ async def _verified(request: web.Request, gate: ForwardGate | None) -> web.Reque
 def ingress(gate: ForwardGate | None, writes: Collection[str]) -> Middleware:
     """The middleware of the module doc; ``writes``: the names of the write routes. The
     write's key is set on the request as it arrived too: the error middleware, outside
-    this one, puts it on error answers."""
+    this one, puts it on every answer to it."""
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -129,10 +129,8 @@ def ingress(gate: ForwardGate | None, writes: Collection[str]) -> Middleware:
             return await handler(request)
         if IDEMPOTENCY not in request:
             request[IDEMPOTENCY] = idempotency_key(request.headers.get(IDEMPOTENCY_KEY))
-        arrived[IDEMPOTENCY] = request[IDEMPOTENCY]
-        response = await handler(request)
-        response.headers[IDEMPOTENCY_KEY] = request[IDEMPOTENCY]
-        return response
+        arrived[IDEMPOTENCY] = request[IDEMPOTENCY]  # the error middleware answers with it
+        return await handler(request)
 
     return check
 

@@ -75,8 +75,9 @@ def _error(status: int, code: ErrorCode, message: str,
 async def _errors(request: web.Request,
                   handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
                   ) -> web.StreamResponse:
-    """Every failure leaves as an :class:`ErrorBody`; aiohttp's own 404/405/413 included
-    (a write's too, with its ``Idempotency-Key``: retry with it)."""
+    """Every failure leaves as an :class:`ErrorBody`; aiohttp's own 404/405/413 included.
+    Every answer to a write carries its ``Idempotency-Key`` (an error's too: retry with
+    it)."""
     response = await _answer(request, handler)
     if IDEMPOTENCY in request and IDEMPOTENCY_KEY not in response.headers:
         response.headers[IDEMPOTENCY_KEY] = request[IDEMPOTENCY]

@@ -144,6 +144,22 @@ async def test_a_bad_value_over_a_good_record_is_written_back(junk):
     assert opens(fresh, sealed(w, key)) and fresh.forgotten_at("t1", "u2") == 50.0
 
 
+async def test_a_bad_value_over_a_good_record_is_written_back_by_a_fresh_writer_too():
+    """The same, found by a writer that reads the topic from the start: a tenant key's
+    record that does not open waits for the end of the first read before it is set aside,
+    and its key's good record is written back then."""
+    log: list = []
+    w = writer(log)
+    key = await w.key_for_write("t1", "u1")
+    good = {k: v for k, v in log if v is not None}
+    junk = json.dumps({"wrapped": "AAAA", "master": 1, "kek": "x"}).encode()
+    log += [(k, junk) for k in good]
+    fresh = writer(log)  # reads it all, then settles
+    await fresh.repair()
+    assert dict(log[-len(good):]) == good
+    assert opens(reader(list(dict(log).items())), sealed(w, key))
+
+
 async def test_rotation_never_signs_an_unsigned_marker():
     log: list = []
     w = writer(log)
