@@ -117,6 +117,8 @@ BENCHMARKS: tuple[Bench, ...] = (
           headline=("ratios.msg_per_s", "ratios.search_p50_ms", "ratios.search_p99_ms",
                     "ratios.restart_health_s", "memories_as_expected"),
           timeout_s=240.0),
+    Bench("machine", keys=("examples", "steps", "passed"),
+          headline=("examples", "seconds", "passed"), timeout_s=300.0),
     Bench("jobs", keys=("params", "small.rounds.indexed_select_ms.p50", "large"),
           headline=("large.rounds.indexed_select_ms.p50", "large.decay.ms.p50")),
     Bench("llm_modes", keys=("messages", "jobs", "same_memories", "two_step", "combined"),

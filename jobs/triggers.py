@@ -68,7 +68,7 @@ def on_change(state: UserJobs, change: MemoryChange, now: float,
               policy: JobsPolicy) -> tuple[UserJobs, list[Command]]:
     """Count a new memory of the user; a reflection is due when the sum reaches the
     threshold."""
-    if change.lineage.kind not in USER_WRITES or change.op == "delete":
+    if change.lineage.kind not in USER_WRITES or change.op in ("delete", "restate"):
         return state, []
     if change.after.get("status", "active") != "active":  # a late fact kept as history
         return state, []

@@ -194,6 +194,38 @@ def kept_changes(store: MemoryStore, scope: Scope, cursor: Cursor | None) -> lis
     return [MemoryChange.model_validate_json(text) for text in kept]
 
 
+def _marks(op_id: str, records: list[Memory]) -> set[tuple[object, ...]]:
+    """What op ``op_id`` fixed in these records, which no later op changes: the versions it
+    opened, closed or restated."""
+    out: set[tuple[object, ...]] = set()
+    for m in records:
+        if m.source.op_id == op_id:
+            out.add(("opened", m.memory_id, m.version, m.content, m.created_at, m.valid_from,
+                     m.source))
+        if m.extra.get("closed_by") == op_id:
+            out.add(("closed", m.memory_id, m.version, m.valid_to))
+        if m.extra.get("restated_by") == op_id:
+            out.add(("restated", m.memory_id, m.version, m.extra.get("restated_ts")))
+    return out
+
+
+def overtaken_writes(store: MemoryStore, scope: Scope, decision: JobDecision,
+                     published: set[str]) -> list[MemoryChange]:
+    """The changes of ``decision`` (another decision of the cursor's job) whose records the
+    store holds although the cursor's decision did not publish them: this decision was
+    half-applied (killed between its writes) and then overtaken by another decision of
+    its job, decided against the half-applied store. Their records have no event unless
+    this decision publishes them now, with its own payloads: only changes whose records
+    in the store are this decision's (the same opening, or the same close) are."""
+    orphans = [c for c in decision.changes if c.op != "erase" and c.change_id not in published
+               and store.op_applied(scope, c.change_id)]
+    if not orphans:
+        return []
+    held = store.list(scope, statuses=None)
+    return [c for c in orphans if _marks(c.change_id, held) == _marks(
+        c.change_id, [Memory.from_payload(r) for r in c.records])]
+
+
 def apply_decision(store: MemoryStore, decision: JobDecision) -> Applied:
     """Apply one decision exactly once, in job order (see :mod:`memory.fencing`)."""
     scope = Scope(decision.tenant_id, decision.user_id)
@@ -205,7 +237,10 @@ def apply_decision(store: MemoryStore, decision: JobDecision) -> Applied:
                        error=f"job {decision.seq} fenced: the store holds job {held}")
     if found in (Verdict.DONE, Verdict.REPUBLISH):  # the job is in the store: its events
         status = decision.status if found == Verdict.REPUBLISH else JobStatus.DONE
-        return Applied(found, status, kept_changes(store, scope, cursor))
+        kept = kept_changes(store, scope, cursor)
+        if found == Verdict.DONE:
+            kept += overtaken_writes(store, scope, decision, {c.change_id for c in kept})
+        return Applied(found, status, kept)
     if decision.status in (JobStatus.FAILED, JobStatus.FENCED):
         return Applied(found, decision.status, applied_seq=decision.applied_seq,
                        error=decision.error)

@@ -12,7 +12,11 @@ Rules:
   covers everything that is due then;
 - ``explicit`` and ``session_end`` fire below the threshold, ``idle`` after a quiet period;
 - a job whose user messages are all trivial is resolved at once, without an LLM call;
-- a failed job leaves the watermark where it was and is retried with exponential backoff;
+- a failed job leaves the watermark where it was and is retried with exponential backoff as
+  the same job (id, seq and range), in flight meanwhile: another copy of it (a re-send, a
+  duplicate) may still be applied, and its result must close the loop (a retry under a new
+  seq would decide that range a second time). The user's other work waits, as behind any
+  job in flight;
 - a job that gets no result within ``job_timeout`` is re-sent under the same id and seq;
 - every job gets the user's next ``seq`` (strictly increasing, kept in the snapshot): the
   store fences on it (:mod:`memory.fencing`); a ``fenced`` result re-issues the range under a
@@ -309,7 +313,10 @@ def on_result(state: UserState, result: JobResult, now: float, policy: Policy) -
         delay = min(policy.retry_backoff_s * 2 ** (failures - 1), policy.retry_backoff_max_s)
         s = replace(s, failures=failures, retry_at=now + delay,
                     pending=_stronger(s.pending, flight.reason))
+        # this very job goes again, and stays in flight meanwhile: another copy of it (a
+        # re-send, a duplicate) may still be applied, and its result must find it
         state = _with_session(state, flight.session_id, s)
+        return Step(replace(state, in_flight=replace(flight, retry_at=now + delay)))
     else:
         s = replace(s, watermark=max(s.watermark, flight.to_seq), failures=0, retry_at=None)
         state = _close(state, flight.session_id, s, policy)
@@ -330,8 +337,8 @@ def _on_tool_result(state: UserState, flight: InFlight, result: JobResult, now: 
 def on_tick(state: UserState, now: float, policy: Policy) -> Step:
     """Timers: re-send an unanswered job, forget quiet sessions, flush idle ones, retry."""
     flight = state.in_flight
-    if flight is not None and now - flight.sent_at >= policy.job_timeout_s:
-        again = replace(flight, sent_at=now, attempt=flight.attempt + 1)
+    if flight is not None and now >= flight.resend_at(policy):
+        again = replace(flight, sent_at=now, attempt=flight.attempt + 1, retry_at=None)
         if flight.kind == "tool":
             if not state.tools:  # nothing left to re-send (a state restored half-way)
                 return pump(replace(state, in_flight=None), now, policy)
@@ -361,7 +368,7 @@ def on_tick(state: UserState, now: float, policy: Policy) -> Step:
 def next_deadline(state: UserState, policy: Policy) -> float | None:
     """The earliest time at which ``on_tick`` would do something, or None."""
     if state.in_flight is not None:
-        return state.in_flight.sent_at + policy.job_timeout_s
+        return state.in_flight.resend_at(policy)
     times: list[float] = []
     for s in state.sessions.values():
         if s.count <= s.watermark:

@@ -12,7 +12,10 @@ NOOP. :func:`resolve` turns that answer into planned ops with deterministic op i
   ``ts``, whatever order Kafka delivered them in) never replaces it. An UPDATE becomes
   history, a record of its own that is superseded from the start (``valid_to`` = the live
   version's ``valid_from``, ``extra.history_of`` = its memory); a retraction becomes a
-  NOOP (see :func:`older_than_live`).
+  NOOP (see :func:`older_than_live`);
+- a NOOP against a live version with a newer statement (a restatement) keeps the version
+  and stamps it with the statement's event time (RESTATE, :func:`_restated`): a late fact
+  older than the restatement then becomes history instead of replacing it.
 """
 
 from __future__ import annotations
@@ -132,9 +135,9 @@ class Context:
 
 def older_than_live(ctx: Context, target: Memory) -> bool:
     """Whether the job's messages are older than the ones that made ``target``, the live
-    version it would change. Unknown on either side (tool writes, windowed jobs, older
-    records): not older."""
-    theirs = target.source.event_ts
+    version it would change (made or restated: :attr:`Memory.stated_ts`). Unknown on
+    either side (tool writes, windowed jobs, older records): not older."""
+    theirs = target.stated_ts
     return ctx.event_ts is not None and theirs is not None and ctx.event_ts < theirs
 
 
@@ -150,6 +153,39 @@ def _history(c: Candidate, index: int, ctx: Context, target: Memory, reason: str
         slot=c.slot or target.slot, extra={"history_of": target.memory_id})
     return PlannedOp(oid, OpKind.ADD, mid, None, past, (past,),
                      f"older than the live version: kept as history ({reason})".strip())
+
+
+def _restated(index: int, shown: IdMap, d: Decision, ctx: Context) -> list[PlannedOp]:
+    """A restatement of a live version, newer than what made it (or last restated it): the
+    version rewritten in place with the statement's event time, its vector kept. Anything
+    else the NOOP says (no target, an unknown index, an older or undated statement):
+    nothing."""
+    if d.target is None or not 1 <= d.target <= len(shown.memories) or ctx.event_ts is None:
+        return []
+    target = shown.memories[d.target - 1]
+    stated = target.stated_ts
+    if not target.live or (stated is not None and ctx.event_ts <= stated):
+        return []
+    oid = op_id(ctx.job_id, index, OpKind.RESTATE, ctx.seq)
+    restated = target.evolve(updated_at=max(target.updated_at, ctx.now), extra={
+        **target.extra, "restated_ts": ctx.event_ts, "restated_by": oid})
+    return [PlannedOp(oid, OpKind.RESTATE, target.memory_id, target, restated, (restated,),
+                      d.reason or "restated")]
+
+
+def restamped(op: PlannedOp, stated: float) -> PlannedOp:
+    """``op`` with the live version it writes stamped as stated at ``stated`` (a later
+    statement of it in the same job)."""
+    after = op.after.evolve(extra={**op.after.extra, "restated_ts": stated})
+    writes = tuple(after if (w.memory_id, w.version) == (after.memory_id, after.version) else w
+                   for w in op.writes)
+    return replace(op, after=after, writes=writes)
+
+
+def opens_version(op: PlannedOp) -> bool:
+    """Whether ``op`` writes a version that needs its own vector (ADD, UPDATE, history);
+    a DELETE closes one and a RESTATE restamps one: the stored vector is kept."""
+    return op.kind not in (OpKind.DELETE, OpKind.RESTATE)
 
 
 def _expires(c: Candidate, now: float) -> float | None:
@@ -171,7 +207,7 @@ def resolve(c: Candidate, index: int, shown: IdMap, d: Decision, ctx: Context) -
     ctx = ctx.said(c)
     kind = d.op
     if kind == OpKind.NOOP:
-        return []
+        return _restated(index, shown, d, ctx)
     if kind == OpKind.DELETE and c.new_fact:
         kind = OpKind.UPDATE  # a contradiction: replace, never drop the new fact
     oid = op_id(ctx.job_id, index, kind, ctx.seq)

@@ -18,7 +18,16 @@ from typing import Protocol, runtime_checkable
 
 from memstream.core.retry import deadline_scope
 from memstream.memory import governance, rules, toolwrite
-from memstream.memory.decisions import Candidate, Context, Decision, IdMap, PlannedOp, resolve
+from memstream.memory.decisions import (
+    Candidate,
+    Context,
+    Decision,
+    IdMap,
+    PlannedOp,
+    opens_version,
+    resolve,
+    restamped,
+)
 from memstream.memory.embedding import Embedder, cosine
 from memstream.memory.model import Memory, MemoryType, OpKind
 from memstream.memory.outcome import Insight, JobOutcome, Usage
@@ -102,6 +111,7 @@ class _Overlay:
         self.store = store
         self.pending: dict[str, tuple[Memory, list[float]]] = {}  # memory_id -> live version
         self.gone: set[str] = set()  # memory ids this job closed
+        self.wrote: dict[str, int] = {}  # memory id -> the op (index) that wrote its live version
 
     def search(self, scope: Scope, vector: list[float], k: int) -> list[tuple[Memory, float]]:
         touched = self.gone | set(self.pending)
@@ -110,6 +120,24 @@ class _Overlay:
                 if m.memory_id not in touched]
         hits += [(m, cosine(v, vector)) for m, v in self.pending.values()]
         return sorted(hits, key=lambda h: -h[1])[:k]
+
+    def add(self, out: JobOutcome, op: PlannedOp, vector: list[float]) -> None:
+        """``op`` appended to the job's ops and seen by the candidates after it. A restatement
+        of a version this job wrote is folded into the op that wrote it (one record per
+        version and job: a later write of the job never overwrites an earlier one)."""
+        at = self.wrote.get(op.memory_id)
+        if op.kind == OpKind.RESTATE and at is not None:
+            earlier, kept = out.ops[at]
+            op = restamped(earlier, op.after.extra["restated_ts"])
+            out.ops[at] = (op, kept)
+            self.record(op, kept or vector)
+            return
+        if op.kind == OpKind.DELETE:
+            self.wrote.pop(op.memory_id, None)
+        elif op.after.live:
+            self.wrote[op.memory_id] = len(out.ops)
+        self.record(op, vector)
+        out.ops.append((op, vector if opens_version(op) else None))
 
     def record(self, op: PlannedOp, vector: list[float]) -> None:
         if not op.after.live and op.kind == OpKind.ADD:
@@ -187,8 +215,7 @@ class Extractor:
             out.usage += usage
             out.decisions[decision.op.value] += 1
             for op in resolve(cand, index, shown, decision, ctx):
-                view.record(op, vector)
-                out.ops.append((op, None if op.kind == OpKind.DELETE else vector))
+                view.add(out, op, vector)
         return out
 
     def _decide_tool(self, job: ExtractionJob, write: ToolWrite, now: float,
@@ -237,7 +264,9 @@ class Extractor:
             vec = next(vectors) if cand.text else None
             out.decisions[decision.op.value] += 1
             for op in resolve(cand, index, shown, decision, ctx):
-                entry = (op, None if op.kind == OpKind.DELETE else vec)
+                entry = (op, vec if opens_version(op) else None)
+                if op.kind == OpKind.RESTATE and op.memory_id in by_target:
+                    continue  # never in place of a change of the memory
                 if op.before is not None and op.memory_id in by_target:
                     out.ops[by_target[op.memory_id]] = entry
                     continue

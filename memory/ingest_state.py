@@ -68,6 +68,13 @@ class InFlight:
     sent_at: float
     attempt: int = 1
     kind: str = "extract"  # or "tool"
+    # the job failed: the same job goes again then (another copy may still be applied; its
+    # result must find the job in flight, see coalescing.on_result)
+    retry_at: float | None = None
+
+    def resend_at(self, policy: Policy) -> float:
+        """When this job is sent again unless its result arrives first."""
+        return self.retry_at if self.retry_at is not None else self.sent_at + policy.job_timeout_s
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,10 @@ class OpKind(StrEnum):
     UPDATE = "update"
     DELETE = "delete"
     NOOP = "noop"
+    # a NOOP whose statement is newer than what made the live version: the version is kept
+    # and stamped with the restatement's event time (``extra.restated_ts``), so a late fact
+    # older than the restatement cannot replace it (never a decision a model answers)
+    RESTATE = "restate"
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,14 @@ class Memory:
     @property
     def live(self) -> bool:
         return self.status == Status.ACTIVE
+
+    @property
+    def stated_ts(self) -> float | None:
+        """The event time of the newest statement of this version: the one that made it,
+        or a later restatement (None: unknown, a tool write or a windowed job's)."""
+        times = [t for t in (self.source.event_ts, self.extra.get("restated_ts"))
+                 if t is not None]
+        return max(float(t) for t in times) if times else None
 
     def to_payload(self) -> dict[str, Any]:
         data = asdict(self)

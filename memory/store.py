@@ -21,7 +21,7 @@ from memstream.memory.fencing import Cursor, Published
 from memstream.memory.model import GLOBAL_USER, Memory, version_point_id
 
 INDEXED_KEYWORDS = ("tenant_id", "user_id", "status", "memory_id", "slot", "type", "source.op_id",
-                    "extra.closed_by")
+                    "extra.closed_by", "extra.restated_by")
 
 
 CURSOR_STATUS = "cursor"  # the per-user fencing record; never matches a memory query

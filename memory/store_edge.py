@@ -35,6 +35,7 @@ from memstream.memory.store import (
 
 _DOC = "_doc"
 _TOP = tuple(k for k in INDEXED_KEYWORDS if "." not in k)
+_NESTED = tuple(tuple(k.split(".", 1)) for k in INDEXED_KEYWORDS if "." in k)
 
 
 class EdgeStore:
@@ -129,7 +130,7 @@ class EdgeStore:
 
     def op_applied(self, scope: Scope, op_id: str) -> bool:
         qe = self._qe
-        for key in ("source.op_id", "extra.closed_by"):
+        for key in ("source.op_id", "extra.closed_by", "extra.restated_by"):
             cond = qe.FieldCondition(key=key, match=qe.MatchValue(op_id))
             with self._lock:
                 n = self._shard.count(qe.CountRequest(filter=self._filter(scope, None, [cond])))
@@ -251,10 +252,10 @@ def pack(payload: dict[str, Any]) -> dict[str, Any]:
     JSON string. qdrant-edge-py converts a payload key by key (~4 us a key, most of a
     write's cost): 8 keys instead of ~25 make writes (and reads) 2-3x faster."""
     packed = {k: payload[k] for k in _TOP if payload.get(k) is not None}
-    for outer, inner in (("source", "op_id"), ("extra", "closed_by")):
+    for outer, inner in _NESTED:
         value = (payload.get(outer) or {}).get(inner)
         if value is not None:
-            packed[outer] = {inner: value}
+            packed.setdefault(outer, {})[inner] = value
     packed[_DOC] = _json(payload)
     return packed
 

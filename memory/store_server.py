@@ -115,7 +115,7 @@ class ServerStore:
 
     def op_applied(self, scope: Scope, op_id: str) -> bool:
         m = self._m
-        for key in ("source.op_id", "extra.closed_by"):
+        for key in ("source.op_id", "extra.closed_by", "extra.restated_by"):
             cond = m.FieldCondition(key=key, match=m.MatchValue(value=op_id))
             n = self._client.count(self.collection, count_filter=self._filter(
                 scope, None, [cond]), exact=True).count

@@ -106,7 +106,8 @@ async def publish(p: Pipeline, work: Work, key: bytes, decision: JobDecision,
     t = p.topics
     for change, event in wire:  # the changelog and downstream's event, one transaction
         work.out.append((t.memory_changes.name, key, change.dumps()))
-        work.out.append((t.memory_events.name, key, event.dumps()))
+        if event is not None:
+            work.out.append((t.memory_events.name, key, event.dumps()))
     if decision.user_id == GLOBAL_USER:  # every worker's copy (streams.standby.GlobalCopy)
         work.out += [(t.global_changes.name, key, change.dumps()) for change, _ in wire]
     result = JobResult.for_job(

@@ -56,11 +56,11 @@ def register(p: Pipeline) -> None:
 
 
 async def seal_all(p: Pipeline, changes: Sequence[MemoryChange]
-                   ) -> list[tuple[MemoryChange, MemoryEvent]]:
-    """The change events as published, each with its public event (``topics.events``):
-    both sealed with the user's data key (a forget-me's erase record stays plain: it holds
-    no content)."""
-    events = [(c, MemoryEvent.of(c)) for c in changes]
+                   ) -> list[tuple[MemoryChange, MemoryEvent | None]]:
+    """The change events as published, each with its public event (``topics.events``; None:
+    not a public one), both sealed with the user's data key (a forget-me's erase record
+    stays plain: it holds no content)."""
+    events = [(c, MemoryEvent.of(c) if MemoryEvent.is_public(c) else None) for c in changes]
     if p.user_keys is None:
         return events
     if not p.user_keys.ready and not await p.user_keys.wait_ready(READY_S):
@@ -72,7 +72,8 @@ async def seal_all(p: Pipeline, changes: Sequence[MemoryChange]
             out.append((c, e))
             continue
         key_id, key = await p.user_keys.key_for_write(c.tenant_id, c.user_id)
-        out.append((crypto.seal_change(c, key_id, key), crypto.seal_event(e, key_id, key)))
+        out.append((crypto.seal_change(c, key_id, key),
+                    None if e is None else crypto.seal_event(e, key_id, key)))
     return out
 
 

@@ -36,6 +36,12 @@ def _time(value: Any) -> datetime | None:
 _PUBLIC = ConfigDict(frozen=True, extra="ignore", json_schema_serialization_defaults_required=True)
 
 
+def _stated(record: dict[str, Any]) -> float | None:
+    times = [t for t in ((record.get("source") or {}).get("event_ts"),
+                         (record.get("extra") or {}).get("restated_ts")) if t is not None]
+    return max(times) if times else None
+
+
 class MemoryState(BaseModel):
     """One version of a memory as downstream sees it: its content and how it stands."""
 
@@ -60,6 +66,10 @@ class MemoryState(BaseModel):
     event_time: Timestamp | None = Field(
         None, description="Event time: the newest source message's timestamp (None for tool "
                           "writes and windowed jobs)")
+    stated_time: Timestamp | None = Field(
+        None, description="The event time of the newest statement of this version: "
+                          "event_time, or a later restatement's (op restate); None when "
+                          "neither is known")
 
     @classmethod
     def of(cls, record: dict[str, Any] | None) -> MemoryState | None:
@@ -73,7 +83,7 @@ class MemoryState(BaseModel):
             slot=record.get("slot"), created_at=_time(record["created_at"]),
             updated_at=_time(record["updated_at"]), valid_from=_time(record["valid_from"]),
             valid_to=_time(record.get("valid_to")), expires_at=_time(record.get("expires_at")),
-            event_time=_time(source.get("event_ts")),
+            event_time=_time(source.get("event_ts")), stated_time=_time(_stated(record)),
         )
 
 
@@ -127,6 +137,13 @@ class MemoryEvent(Event):
                                                           "were erased")
     sealed: str | None = Field(None, description="With a master key: before, after and reason, "
                                                  "sealed with the user's data key")
+
+    @staticmethod
+    def is_public(change: MemoryChange) -> bool:
+        """Whether ``change`` is an event downstream sees. A restatement is not: it changes
+        nothing a reader sees but a later version's ``stated_time`` (the memory-change topic
+        carries it for rebuilds), and the v1 contract's ops are closed."""
+        return change.op != "restate"
 
     @classmethod
     def of(cls, change: MemoryChange) -> MemoryEvent:

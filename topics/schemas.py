@@ -410,7 +410,9 @@ class MemoryChange(Event):
     """
 
     change_id: str  # the deterministic op id: downstream consumers deduplicate on it
-    op: Literal["add", "update", "delete", "erase"]  # erase: a forget-me (memory_id "*")
+    # erase: a forget-me (memory_id "*"); restate: a live version restamped by a newer
+    # statement of it (same version; not a public event: topics.events.is_public)
+    op: Literal["add", "update", "delete", "erase", "restate"]
     tenant_id: str
     user_id: str
     memory_id: str

@@ -215,6 +215,39 @@ def test_failure_keeps_watermark_and_retries_with_backoff():
     assert second.state.sessions["s1"].retry_at == 32.0  # 10 * 2
 
 
+def test_a_failed_copy_of_a_re_sent_job_keeps_it_in_flight_as_the_same_job():
+    """Another copy of the job (the re-send) may still be applied: its result must find the
+    job in flight, and the retry is that very job (same id, seq and range), never the range
+    under a new seq, which would decide it twice."""
+    state, jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x"])
+    resent = on_tick(state, 50.0, P)
+    [copy2] = resent.jobs
+    state = feed(resent.state, ["f5 x"], now=51.0)[0]  # more messages wait meanwhile
+    failed = on_result(state, result(jobs[0], JobStatus.FAILED), 52.0, P)
+    assert failed.jobs == [] and failed.state.in_flight is not None
+    assert failed.state.in_flight.retry_at == 62.0 and next_deadline(failed.state, P) == 62.0
+    assert on_tick(failed.state, 61.9, P).jobs == []
+    [again] = on_tick(failed.state, 62.0, P).jobs
+    assert (again.job_id, again.seq, again.from_seq, again.to_seq) == (
+        copy2.job_id, copy2.seq, 0, 4)
+    # the other copy's result closes it, however late
+    done = on_result(failed.state, result(copy2), 70.0, P)
+    assert not done.duplicate and done.state.sessions["s1"].watermark == 4
+    assert [(j.from_seq, j.to_seq) for j in done.jobs] == [(4, 5)]  # only what is new
+    assert restore(snapshot(failed.state)) == failed.state
+
+
+def test_a_failed_job_holds_the_user_until_it_goes_again():
+    """A duplicate of the job may be applied too: no other job of the user (another
+    session's) takes a seq before this one is closed."""
+    state, jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x"])
+    failed = on_result(state, result(jobs[0], JobStatus.FAILED), 1.0, P)
+    state, other, _ = feed(failed.state, ["g1 x", "g2 x", "g3 x", "g4 x"], session="s2",
+                           now=2.0)
+    assert other == [] and state.in_flight.job_id == jobs[0].job_id
+    assert on_result(state, result(jobs[0]), 3.0, P).jobs[0].session_id == "s2"
+
+
 def test_unanswered_job_is_resent_under_the_same_id():
     state, jobs, _ = feed(fresh(), ["f1 x", "f2 x", "f3 x", "f4 x"])
     assert on_tick(state, 49.0, P).jobs == []

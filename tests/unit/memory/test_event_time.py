@@ -168,3 +168,79 @@ def test_a_decision_killed_after_writing_its_history_record_is_completed_not_fen
     assert applied.verdict == Verdict.APPLY, applied.error
     assert [c.change_id for c in applied.publish] == [history.change_id]
     assert [m.content for m in everything(ex) if m.live] == ["Lives in Madrid"]
+
+
+# --- restatements ---------------------------------------------------------------------------
+
+
+def restate(event_ts: float | None, theirs: float | None, restated: float | None = None,
+            target: int | None = 1):
+    live = live_version(theirs)
+    if restated is not None:
+        live = live.evolve(extra={"restated_ts": restated})
+    shown, _ = IdMap.number([(live, 0.99)])
+    cand = Candidate("Lives in Madrid", slot="residence")
+    return resolve(cand, 0, shown, Decision(OpKind.NOOP, target, "already known"),
+                   ctx(event_ts))
+
+
+def test_a_newer_restatement_restamps_the_live_version_in_place():
+    [op] = restate(event_ts=30.0, theirs=20.0)
+    assert (op.kind, op.memory_id, op.before.version, op.after.version) == (
+        OpKind.RESTATE, "m-1", 1, 1)
+    assert op.writes == (op.after,) and op.after.live
+    assert op.after.extra == {"restated_ts": 30.0, "restated_by": op.op_id}
+    assert op.after.source == op.before.source  # its lineage stays the statement that made it
+    assert op.after.stated_ts == 30.0
+
+
+@pytest.mark.parametrize(("mine", "theirs", "restated", "target"), [
+    (20.0, 20.0, None, 1),  # as old as the statement that made it
+    (10.0, 20.0, None, 1),  # older
+    (25.0, 20.0, 30.0, 1),  # older than an earlier restatement
+    (None, 20.0, None, 1),  # undated (a tool write)
+    (30.0, 20.0, None, None),  # a NOOP naming no memory
+    (30.0, 20.0, None, 7),  # naming one it was not shown
+])
+def test_other_noops_change_nothing(mine, theirs, restated, target):
+    assert restate(mine, theirs, restated, target) == []
+
+
+def test_a_late_fact_older_than_a_restatement_is_history(ex):
+    """Lisbon said at minute 0 and again at 30; a move to Madrid written at 20 arrives
+    last: the newest statement (Lisbon, 30) stays live, the move is history."""
+    run(ex, job("a", [("I live in Lisbon", 0)]), now=100.0)
+    run(ex, job("b", [("I live in Lisbon", 30)], start=1, seq=2), now=200.0)
+    run(ex, job("c", [("We moved from Lisbon to Madrid last week.", 20)], start=2, seq=3),
+        now=300.0)
+    [live] = [m for m in everything(ex) if m.live]
+    assert (live.content, live.version) == ("Lives in Lisbon", 1)
+    assert live.stated_ts == (T0 + timedelta(minutes=30)).timestamp()
+    [late] = [m for m in everything(ex) if m.content == "Lives in Madrid"]
+    assert late.status == Status.SUPERSEDED and late.extra["history_of"] == live.memory_id
+
+
+def test_a_restatement_in_the_job_that_made_the_version_is_folded_into_it(ex):
+    """One record per version and job: the job's ADD carries the later statement's time,
+    with no second op that a replay could apply in the wrong order."""
+    j = job("a", [("I live in Lisbon", 0), ("I live in Lisbon", 5),
+                  ("We moved from Lisbon to Madrid last week.", 9)])
+    out = ex.decide(j, 100.0)
+    kinds = [op.kind for op, _ in out.ops]
+    assert kinds == [OpKind.ADD, OpKind.UPDATE]
+    added, update = out.ops[0][0], out.ops[1][0]
+    assert added.after.extra["restated_ts"] == (T0 + timedelta(minutes=5)).timestamp()
+    assert update.before == added.after
+
+
+def test_a_replayed_restatement_is_applied_once_and_never_undoes_a_later_close(ex, tmp_path):
+    run(ex, job("a", [("I live in Lisbon", 0)]), now=100.0)
+    j = job("b", [("I live in Lisbon", 30), ("We moved from Lisbon to Madrid last week.", 40)],
+            start=1, seq=2)
+    out = ex.decide(j, 200.0)
+    changes = [change_for(op, vec, j, out, ex.model, 200.0) for op, vec in out.ops]
+    assert [c.op for c in changes] == ["restate", "update"]
+    for c in changes:
+        apply_change(ex.store, c)
+    assert [apply_change(ex.store, c) for c in changes] == [False, False]  # seen before
+    assert [m.content for m in everything(ex) if m.live] == ["Lives in Madrid"]

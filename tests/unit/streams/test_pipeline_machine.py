@@ -41,9 +41,8 @@ Checked once everything is drained (every record delivered, every timeout passed
 - replaying the topic into an empty store (``apply_change`` in order) gives the same
   records as the store (checksums) and the same live memories.
 
-Three production issues this machine found are kept out of it (the ``ISSUE_*`` flags
-below, each with its diagnosis; the strict xfail tests at the bottom reproduce them
-minimally). Set a flag to False once its issue is fixed.
+Three production issues this machine found are fixed (below, each with its diagnosis; the
+tests at the bottom reproduce them minimally); it generates every fault combination.
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import os
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -104,34 +104,21 @@ from tests.unit.builders import make_store
 
 pytestmark = pytest.mark.unit
 
-# Known production issues. For 1 the machine still generates the inputs and leaves out
-# only the check it breaks; for 2 and 3 it does not generate the fault combination.
+# Production issues the machine found (each was a strict xfail until fixed):
 #
-# 1. A restatement does not refresh the live version's event time. "I live in Lisbon" at
-#    t=0, the same sentence again at t=30 (NOOP: "already known"), then a late "We moved
-#    ... to Madrid" written at t=20: the live version is still "made" at t=0, so the move
-#    replaces it although the newest statement (t=30) says Lisbon. No producer needs to
-#    reorder anything: with two sessions of one user, delivered in order, a session-a job
-#    restating Lisbon (newest message t=6) goes before session b's older move (t=5, the
-#    idle flush) and the move wins. I4 is not asserted for a slot where that happened (the
-#    plain model, which follows production, still is).
-ISSUE_1_RESTATEMENT = True
-# 2. A failed copy of a job makes its messages decided twice. Copy 1 of job seq s fails
-#    (its failed decision is applied while the cursor is below s: result FAILED), copy 2 (a
-#    re-send after the job timeout) is decided and applied (result DONE). The ingest stage
-#    takes FAILED first (it matches the job in flight), schedules a retry, drops DONE as
-#    stale, and the retry goes out under seq s+1 > cursor: the range is decided into the
-#    store a second time (I2). Modelled only without another copy (see ``fail``).
-ISSUE_2_FAILED_COPY = True
-# 3. A half-applied decision overtaken by another decision of its job loses its events.
-#    Decision D1 of job s is killed between its change writes and the cursor write; a copy
-#    of the job is decided against that half-applied store (D2: its memory already there,
-#    NOOP) and handed to the apply stage before D1 (as when Faust read the decisions and
-#    re-handed a dropped record late): D2 is applied (cursor = D2,
-#    kept events: none), D1 comes back DONE and only D2's kept events are published. The
-#    record D1 wrote has no event on the topic (I3); a rebuild loses it. The machine hands
-#    a half-applied decision over before any other decision of its partition.
-ISSUE_3_HALF_APPLIED_OVERTAKEN = True
+# 1. (fixed) A restatement did not refresh the live version's event time; now a NOOP
+#    against an older live version restates it (RESTATE: ``extra.restated_ts``), and the
+#    plain model below follows: a statement older than the newest statement of the live
+#    value becomes history.
+# 2. (fixed) A failed copy of a job made its messages decided twice: the ingest stage took
+#    copy 1's FAILED, retried the range under a new seq and dropped copy 2's DONE as stale.
+#    Now a failed job that was re-sent goes again as the same job and stays in flight, so
+#    any copy's result closes it; the machine fails any copy at any time.
+# 3. (fixed) A half-applied decision overtaken by another decision of its job lost its
+#    events: D1 killed between its writes, a copy decided against that store (D2) applied
+#    first, D1 back as DONE published only D2's kept events. Now D1, back, also publishes
+#    its own changes the store holds and D2 did not publish (memory.apply.overtaken_writes);
+#    the machine hands a half-applied decision over in any order.
 
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, the simulated clock's start (whole seconds)
 P = Policy(min_new_messages=3, context_messages=2, idle_timeout_s=100, job_timeout_s=300,
@@ -192,13 +179,12 @@ class Killable:
 @dataclass
 class Slot:
     """The plain model of one user's single-valued slot, following the production rules:
-    a fact's event time is its own message's; a statement older than the live version's
-    job becomes history; a restatement of the live value changes nothing."""
+    a fact's event time is its own message's; a statement older than the live value's newest
+    statement (its own or a restatement's) becomes history; a restatement moves that time."""
 
     value: str | None = None
     made: float = -math.inf  # event time of the statement that made the live version
     confirmed: float = -math.inf  # newest statement of the live value (restatements too)
-    restated_late: bool = False  # issue 1 happened to this slot
 
 
 @dataclass
@@ -303,8 +289,6 @@ class PipelineMachine(RuleBasedStateMachine):
     def apply(self, user: str, index: int, how: str, budget: int = 0) -> None:
         """The apply stage, one decision of the user's partition, as one transaction."""
         half = self.half_applied[user]
-        if ISSUE_3_HALF_APPLIED_OVERTAKEN and half is not None:  # it goes first
-            index = next(i for i, d in enumerate(self.decisions[user]) if d is half)
         decision = self.decisions[user][index]
         store = Killable(self.store, budget) if how == "killed_mid_write" else self.store
         try:
@@ -367,11 +351,9 @@ class PipelineMachine(RuleBasedStateMachine):
                 s.value, s.made, s.confirmed = value, event_time, event_time
             elif value == s.value:
                 s.confirmed = max(s.confirmed, event_time)
-            elif event_time < s.made:
-                pass  # kept as history, never live
+            elif event_time < s.confirmed:
+                pass  # older than the live value's newest statement: history, never live
             else:
-                if event_time < s.confirmed:
-                    s.restated_late = True  # issue 1: newer restatement overridden
                 s.value, s.made, s.confirmed = value, event_time, event_time
 
     def busy(self, user: str) -> bool:
@@ -448,21 +430,9 @@ class PipelineMachine(RuleBasedStateMachine):
             self.extract(job)
 
     def fail(self, job: ExtractionJob) -> None:
-        """The extraction fails (the model is unavailable until the job's deadline).
-
-        Issue 2 keeps this fault narrow: a failure is modelled only for a job with no other
-        copy anywhere, and its failed result reaches the ingest stage at once (before the
-        job can time out and be re-sent); otherwise the job is decided."""
-        user, key = job.user_id, (job.job_id, job.seq)
-        if ISSUE_2_FAILED_COPY:
-            others = [j for j in [*self.jobs, *self.deciding] if (j.job_id, j.seq) == key]
-            if others or self.decisions[user]:
-                self.extract(job)
-                return
+        """The extraction fails (the model is unavailable until the job's deadline), whatever
+        other copy of the job exists or is applied."""
         self.extract(job, fail=True)
-        if ISSUE_2_FAILED_COPY:
-            self.apply(user, 0, "commit")
-            self.take_result(self.results.pop())
 
     @precondition(lambda self: self.deciding)
     @rule(i=st.integers(0, 3))
@@ -589,8 +559,10 @@ class PipelineMachine(RuleBasedStateMachine):
             assert closed_by is None or closed_by in on_topic, f"{m.content}: close lost"
         assert len(self.payloads) == len(on_topic)
         # I3b: downstream's public events carry the same changes, in the same order
+        # (a restatement is not a public event)
         assert [e.change_id for e in self.events] == [
-            MemoryChange.model_validate_json(v).change_id for v in self.topic]
+            c.change_id for c in map(MemoryChange.model_validate_json, self.topic)
+            if c.op != "restate"]
 
         # the live values: the plain model (production rules), and I4 where promised
         live = self.check_slots(user)
@@ -635,9 +607,6 @@ class PipelineMachine(RuleBasedStateMachine):
         if any(when(j) > when(mine) for j in jobs if j is not mine):
             event("I4 not promised: a job mixed a late statement with newer messages")
             return
-        if ISSUE_1_RESTATEMENT and self.model[(user, slot)].restated_late:
-            event("I4 left out: issue 1 (a newer restatement overridden)")
-            return
         event(f"I4 checked ({'out of' if late else 'in'} event-time order)")
         expected = TEXTS[newest.content]
         assert expected is not None
@@ -670,12 +639,14 @@ def test_the_pipeline_through_faults(env: Env) -> None:
 
     run_state_machine_as_test(
         OnTheseStores,
-        settings=settings(max_examples=100, stateful_step_count=30, deadline=None,
+        # 100 x 30 in the test command; benchmarks/machine.py runs the nightly size
+        settings=settings(max_examples=int(os.environ.get("MEMSTREAM_MACHINE_EXAMPLES", "100")),
+                          stateful_step_count=int(os.environ.get("MEMSTREAM_MACHINE_STEPS", "30")),
+                          deadline=None,
                           suppress_health_check=[HealthCheck.too_slow]))
 
 
-# --- the known issues, minimal (strict xfail: each passes once its issue is fixed; then set
-# its flag above to False) ---------------------------------------------------------------------
+# --- the issues the machine found, minimal ------------------------------------------------------
 
 def _job(tenant: str, texts_at: list[tuple[str, float]], seq: int, start: int = 0
          ) -> ExtractionJob:
@@ -702,9 +673,7 @@ def _live(env: Env, tenant: str) -> list[str]:
     return sorted(m.content for m in env.live.list(Scope(tenant, "u1")))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 1: a restatement does not refresh the live event time")
-def test_known_issue_a_late_move_overrides_a_newer_restatement(env: Env) -> None:
+def test_a_late_move_older_than_a_restatement_is_history(env: Env) -> None:
     tenant = f"pm{next(_tenants)}"
     _decide_and_apply(env, _job(tenant, [("I live in Lisbon", 0)], 1), T0 + 100)
     _decide_and_apply(env, _job(tenant, [("I live in Lisbon", 30)], 2, 1), T0 + 200)  # NOOP
@@ -728,9 +697,7 @@ def test_a_late_job_with_two_old_statements_keeps_one_live_value(env: Env) -> No
     assert _live(env, tenant) == ["Lives in Madrid"]  # not also "Lives in Lisbon"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 2: a failed copy of a job makes its range decided twice")
-def test_known_issue_a_failed_copy_makes_the_range_decided_twice(env: Env) -> None:
+def test_a_failed_copy_of_a_re_sent_job_does_not_reopen_its_range(env: Env) -> None:
     tenant = f"pm{next(_tenants)}"
     state = UserState(tenant, "u1")
     texts = ["I live in Lisbon", "We moved from Lisbon to Madrid last week.", "ok"]
@@ -747,25 +714,25 @@ def test_known_issue_a_failed_copy_makes_the_range_decided_twice(env: Env) -> No
     failed = apply_decision(env.live, failed_decision(job, "model unavailable"))
     done = apply_decision(env.live, _decide(env, again, T0 + 410))
     assert (failed.status, done.status) == (JobStatus.FAILED, JobStatus.DONE)
-    # the results in that order: FAILED is taken (a retry later), DONE is dropped as stale
-    state = on_result(state, JobResult.for_job(job, JobStatus.FAILED,
-                                               datetime.fromtimestamp(T0 + 411, UTC)),
-                      T0 + 411, P).state
-    assert on_result(state, JobResult.for_job(again, JobStatus.DONE,
-                                              datetime.fromtimestamp(T0 + 412, UTC)),
-                     T0 + 412, P).duplicate
-    [retry] = on_tick(state, T0 + 430, P).jobs  # after the backoff, under a new seq
-    assert (retry.from_seq, retry.to_seq, retry.seq) == (0, 3, 2)
-    apply_decision(env.live, _decide(env, retry, T0 + 440))
+    # the results in that order: FAILED keeps the job in flight (the same job goes again
+    # after the backoff), so DONE still finds it and closes the range
+    step = on_result(state, JobResult.for_job(job, JobStatus.FAILED,
+                                              datetime.fromtimestamp(T0 + 411, UTC)), T0 + 411, P)
+    assert step.jobs == [] and step.state.in_flight is not None
+    [retry] = on_tick(step.state, T0 + 430, P).jobs  # were DONE slower: the same job again
+    assert (retry.job_id, retry.seq, retry.from_seq, retry.to_seq) == (job.job_id, 1, 0, 3)
+    assert apply_decision(env.live, _decide(env, retry, T0 + 431)).verdict == Verdict.DONE
+    step = on_result(step.state, JobResult.for_job(again, JobStatus.DONE,
+                                                   datetime.fromtimestamp(T0 + 432, UTC)),
+                     T0 + 432, P)
+    assert not step.duplicate and step.state.in_flight is None
+    assert step.state.sessions["s1"].watermark == 3 and on_tick(step.state, T0 + 500, P).jobs == []
     history = sorted((m.version, m.content) for m in env.live.list(
         Scope(tenant, "u1"), statuses=None))
-    # decided twice, the user moved Lisbon -> Madrid -> Lisbon -> Madrid (versions 1..4)
-    assert history == [(1, "Lives in Lisbon"), (2, "Lives in Madrid")]
+    assert history == [(1, "Lives in Lisbon"), (2, "Lives in Madrid")]  # decided once
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 3: a half-applied decision overtaken loses its events")
-def test_known_issue_a_half_applied_decision_overtaken_loses_its_events(env: Env) -> None:
+def test_a_half_applied_decision_overtaken_publishes_its_events(env: Env) -> None:
     tenant = f"pm{next(_tenants)}"
     job = _job(tenant, [("I live in Lisbon", 0)], 1)
     d1 = _decide(env, job, T0 + 100)  # ADD "Lives in Lisbon"
@@ -775,6 +742,7 @@ def test_known_issue_a_half_applied_decision_overtaken_loses_its_events(env: Env
     assert d2.changes == [] and d2.decision_id != d1.decision_id  # NOOP: "already known"
     published = apply_decision(env.live, d2).publish  # handed over before d1
     again = apply_decision(env.live, d1)  # d1 comes back: DONE, d2's kept events (none)
+    # and its own write, which d2 did not publish
     assert again.verdict == Verdict.DONE
     published += again.publish
     held = {m.source.op_id for m in env.live.list(Scope(tenant, "u1"), statuses=None)}
