@@ -18,8 +18,8 @@ Rows:
 - **Timer round** (the "sweep" selection, :mod:`jobs.agents`): a ``maintenance`` table of
   one ``UserJobs`` snapshot per user, next decay spread uniformly over a day (a fifth of the
   users also with a consolidation due), ticked every ``--tick`` s of simulated time for
-  ``--rounds`` rounds. Indexed: the real :func:`jobs.agents.due_users` over a
-  :class:`~jobs.agents.DueIndex` (its one-time build from the table is timed apart). Naive:
+  ``--rounds`` rounds. Indexed: the real :class:`~streams.jobs_fold.DueIndex`, built by
+  :func:`streams.jobs_fold.due_index` (its one-time build from the table is timed apart). Naive:
   every round scans every snapshot's due fields. Both then handle the due users alike
   (restore, ``on_tick``, write the snapshot; the indexed one re-pushes the next due time),
   and must pick the same users. The naive scan here reads a Python dict: a Faust table
@@ -68,7 +68,7 @@ from memstream.memory.extraction import Extractor, JobOutcome, RulesModel
 from memstream.memory.model import Memory, MemoryType, Source
 from memstream.memory.store import MemoryStore, Scope
 from memstream.memory.store_edge import EdgeStore
-from memstream.streams.jobs_fold import DueIndex, due_users
+from memstream.streams.jobs_fold import due_index
 from memstream.topics.schemas import ExtractionJob, ToolWrite, TriggerReason
 
 DIM = 512
@@ -243,17 +243,16 @@ def timer_rounds(users: int, now: float, rounds: int, tick: float, seed: int,
     policy = triggers.JobsPolicy()
     indexed = table_of(users, now, seed)
     naive = copy.deepcopy(indexed)
-    index = DueIndex()
     gc.collect()
     t = time.perf_counter()
-    due_users(indexed, index, now)  # the first call builds the heap from the table
+    index = due_index(indexed.items())  # built once from the table
     build_ms = (time.perf_counter() - t) * 1000
     sel_i, sel_n, hand_i, hand_n, due_counts = [], [], [], [], []
     same = True
     for r in range(1, rounds + 1):
         at = now + r * tick
         t = time.perf_counter()
-        picked = due_users(indexed, index, at)
+        picked = [tuple(k.decode().split("/", 1)) for k in index.pop_due(at)]
         sel_i.append((time.perf_counter() - t) * 1000)
         t = time.perf_counter()
         for tenant, user in picked:

@@ -1,6 +1,6 @@
 """When the windowed jobs run (SPEC §6), as a pure state machine per user.
 
-The maintenance agent (:mod:`jobs.agents`) folds the memory-change topic and a tick stream
+The maintenance fold (:mod:`streams.jobs_fold`) folds the memory-change topic and timer rounds
 into one :class:`UserJobs` per ``tenant/user`` and turns what is due into commands. A
 command is not the work: it becomes a write request of its own kind on the tool-requests
 topic, so the ingest stage runs it as a job of the user (serialised with extraction, fenced

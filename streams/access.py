@@ -146,6 +146,9 @@ class AccessStage:
     def assigned(self, partitions: set[int]) -> None:
         pass
 
+    async def punctuate(self, partition: int, now: float) -> Work | None:
+        return None  # no timers
+
     async def handle(self, partition: int, records: list[Any]) -> Work:
         p, work = self.p, Work()
         decoded: list[Any] = []  # the records that decoded (the rest are dead letters now)

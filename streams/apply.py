@@ -15,9 +15,10 @@ One decision per user per transaction: the store keeps the events of the user's 
 only, so a second decision of the user applied before the first's events are committed
 could leave them unpublished if that transaction aborted; the batch is cut before it.
 
-With the windowed jobs here (``jobs_enabled``), the loop also reads the maintenance ticks
-and owns the ``maintenance`` table: each change applied and each tick is folded into it
-(:class:`jobs.agents.MaintenanceFold`) in the same transaction. A process that runs only
+With the windowed jobs here (``jobs_enabled``), the loop also owns the ``maintenance``
+table: each change applied is folded into it (:class:`streams.jobs_fold.MaintenanceFold`)
+in the same transaction, and its timer round (``punctuate``) ticks the users whose jobs
+are due. A process that runs only
 the windowed jobs (``memstream jobs run``) reads the memory-change topic instead of the
 decisions (group ``{app_id}-jobs``).
 """
@@ -45,17 +46,19 @@ from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import Record, Work, until_handled
 from memstream.streams.waiters import Outcome
 from memstream.topics.codec import decode
-from memstream.topics.schemas import JobDecision, JobResult, JobStatus, MemoryChange, Tick
+from memstream.topics.schemas import JobDecision, JobResult, JobStatus, MemoryChange
 
 log = logging.getLogger(__name__)
 
 
 class Fold(Protocol):
-    """The windowed jobs' triggers (:class:`jobs.agents.MaintenanceFold`)."""
+    """The windowed jobs' triggers (:class:`streams.jobs_fold.MaintenanceFold`)."""
 
     table: LoopTable
 
-    def fold(self, event: Tick | MemoryChange) -> list[Record]: ...
+    def fold(self, change: MemoryChange) -> list[Record]: ...
+
+    def punctuate(self, partition: int, now: float) -> list[Record]: ...
 
     def assigned(self) -> None: ...
 
@@ -162,10 +165,9 @@ class ApplyStage:
         self.decisions = t.decisions.name if decisions else None
         self.name = "apply" if decisions else "jobs"
         self.inputs = [t.decisions.name if decisions else t.memory_changes.name]
-        if fold is not None:
-            self.inputs.append(t.maintenance_ticks.name)
         self.tables: tuple[LoopTable, ...] = (fold.table,) if fold is not None else ()
         self.max_records = p.settings.ingest_batch_records
+        self.rolls = privacy.RollSchedule(p.settings)
 
     def assigned(self, partitions: set[int]) -> None:
         if self.fold is not None:
@@ -191,6 +193,18 @@ class ApplyStage:
             await keeper.release(gone)
             await keeper.take(new)
 
+    async def punctuate(self, partition: int, now: float) -> Work | None:
+        """The windowed jobs due on ``partition`` (their tool requests), and the segment
+        roll of the maintenance table's changelog."""
+        if self.fold is None:
+            return None
+        work = Work()
+        with self.fold.table.writing(partition):
+            work.out += self.fold.punctuate(partition, now)
+            if self.rolls.due(partition, now):  # compaction drops erased data
+                privacy.roll_tables(self.fold.table)
+        return work
+
     async def handle(self, partition: int, records: list[Any]) -> Work:
         work, users = Work(), set()
         for n, record in enumerate(records):
@@ -201,7 +215,7 @@ class ApplyStage:
                 users.add(record.key)
                 step = self._decision
             else:
-                step = self._event
+                step = self._change
             mark = len(work.out), len(work.after)
 
             async def attempt(r: Any = record, step: Any = step,
@@ -235,27 +249,20 @@ class ApplyStage:
                 raise  # tried again in place; the store answers with its kept events
             raise Unpublished(f"job {decision.job_id}: {describe(exc)}") from exc
 
-    async def _event(self, partition: int, work: Work, record: Any) -> None:
-        """A maintenance tick, or (the jobs-only process) a published change."""
-        p = self.p
-        model: type[Tick] | type[MemoryChange] = (
-            Tick if record.topic == p.topics.maintenance_ticks.name else MemoryChange)
+    async def _change(self, partition: int, work: Work, record: Any) -> None:
+        """(The jobs-only process) a published change."""
         try:
-            event = decode(model, record.value, record.key, max_bytes=INTERNAL_MAX_BYTES)
+            change = decode(MemoryChange, record.value, record.key,
+                            max_bytes=INTERNAL_MAX_BYTES)
         except InvalidRecord as exc:
-            set_aside(p, work, exc, record)
+            set_aside(self.p, work, exc, record)
             return
-        assert self.fold is not None
-        if isinstance(event, Tick) and privacy.is_roll(event.tenant_id):
-            with self.fold.table.writing(partition):  # segments roll: compaction drops data
-                privacy.roll_tables(self.fold.table)
-            return
-        self._fold(partition, work, event)
+        self._fold(partition, work, change)
 
-    def _fold(self, partition: int, work: Work, event: Tick | MemoryChange) -> None:
+    def _fold(self, partition: int, work: Work, change: MemoryChange) -> None:
         assert self.fold is not None
         with self.fold.table.writing(partition):
-            work.out += self.fold.fold(event)
+            work.out += self.fold.fold(change)
 
 
 def register(p: Pipeline, fold: Fold | None, *, decisions: bool = True) -> None:

@@ -50,7 +50,7 @@ class Counters:
     feedback_used: int = 0
     feedback_not_useful: int = 0
     tool_calls: int = 0
-    # windowed jobs (jobs.agents): commands sent; consolidation merges (SPEC §8)
+    # windowed jobs (streams.jobs_fold): commands sent; consolidation merges (SPEC §8)
     jobs_commands: int = 0
     consolidation_merges: int = 0
     user_deletions: int = 0  # deletions answered to an API caller (streams.governance)

@@ -119,6 +119,9 @@ class ExtractStage:
     def assigned(self, partitions: set[int]) -> None:
         pass
 
+    async def punctuate(self, partition: int, now: float) -> Work | None:
+        return None  # no timers
+
     async def handle(self, partition: int, records: list[Any]) -> Work:
         work = Work()
         users: dict[str, list[tuple[Any, ExtractionJob]]] = {}

@@ -1,29 +1,27 @@
 """The ingest stage: a thin shell around :mod:`memory.coalescing`.
 
-The co-partitioned messages, session-event, job-result, tick and tool-request topics are
-read as one stream per partition by :mod:`streams.owned_loop`, so every event of a user
-is handled in order. Records come in batches; per record this module decodes (bad records
+The co-partitioned messages, session-event, job-result and tool-request topics are read
+as one stream per partition by :mod:`streams.owned_loop`, so every event of a user is
+handled in order. Records come in batches; per record this module decodes (bad records
 become dead letters), calls the pure machine with the user's state (loaded once per batch
 from the changelog-backed table) and collects the emitted jobs / trivial results; at the
 end of the batch each changed user's snapshot is written once. The loop sends all of it
-with the batch's input offsets in one transaction. A timer sends a tick for every user
-whose next deadline (idle flush, retry, job timeout) has passed; the tick travels through
-Kafka so the state is only ever changed inside the loop.
+with the batch's input offsets in one transaction. Its timer round (``punctuate``) ticks
+every user of the partition whose next deadline (idle flush, retry, job timeout) has
+passed, in a transaction of that partition too: the state only ever changes inside the
+loop.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from contextlib import ExitStack
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
-from memstream.core import kafka
 from memstream.core.errors import InvalidRecord, describe, trace
 from memstream.memory import coalescing as machine
 from memstream.memory import metrics
@@ -32,7 +30,7 @@ from memstream.streams import placement, privacy, window
 from memstream.streams.counters import add
 from memstream.streams.dead_letters import decode_input, set_aside
 from memstream.streams.ingest_tables import LoopTable
-from memstream.streams.owned_loop import OwnedLoop, quietly, run_with_app
+from memstream.streams.owned_loop import OwnedLoop, run_with_app
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import Work
 from memstream.topics.schemas import (
@@ -40,7 +38,6 @@ from memstream.topics.schemas import (
     JobResult,
     JobStatus,
     SessionEvent,
-    Tick,
     ToolRequest,
 )
 
@@ -78,8 +75,7 @@ def step_for(p: Pipeline, state: machine.UserState, event: BaseModel, now: float
         else:
             c.results_done += 1
         return step
-    c.ticks += 1
-    return machine.on_tick(state, now, policy)
+    raise TypeError(f"not an ingest input: {type(event).__name__}")
 
 
 @dataclass
@@ -123,6 +119,19 @@ def handle_event(p: Pipeline, batch: Batch, decoded: Any) -> None:
     elif isinstance(decoded, ChatMessage):
         seq = step.state.sessions[decoded.session_id].count - 1
         window.record(p.window, p.settings, decoded, seq)
+    _took(p, batch, kbytes, state, step)
+
+
+def tick(p: Pipeline, batch: Batch, key: bytes, snap: dict[str, Any], now: float) -> None:
+    """A user whose deadline passed: the machine's timers (idle flush, retry, re-send)."""
+    state = _user(p, batch, key, str(snap["tenant_id"]), str(snap["user_id"]))
+    p.counters.ticks += 1
+    _took(p, batch, key, state, machine.on_tick(state, now, p.policy))
+
+
+def _took(p: Pipeline, batch: Batch, kbytes: bytes, state: UserState,
+          step: machine.Step) -> None:
+    """A step's new state, its sessions forgotten, its jobs and trivial results."""
     for sid in set(state.sessions) - set(step.state.sessions):
         window.forget(p.window, p.settings, state.tenant_id, state.user_id, sid)
     raw, first, _ = batch.users[kbytes]
@@ -153,9 +162,6 @@ def handle_record(p: Pipeline, batch: Batch, record: Any) -> None:
     if placed is not None:
         batch.placed.append(placed)
         return
-    if isinstance(decoded, Tick) and privacy.is_roll(decoded.tenant_id):
-        privacy.roll_tables(p.state, p.window)  # segments roll: compaction drops erased data
-        return
     try:
         handle_event(p, batch, decoded)
     except Exception as exc:  # a bug or an input the machine cannot take: set aside
@@ -181,74 +187,6 @@ def finish(p: Pipeline, batch: Batch) -> None:
             p.restored.put(key, snap, state)
 
 
-class TickSender:
-    """Sends ticks with a plain (non-transactional) producer.
-
-    Under exactly-once, Faust wraps sends in the partition's open transaction, which is
-    only committed together with consumed offsets; a timer that fires while no input
-    arrives would leave its ticks invisible. Ticks are idempotent hints, so a plain
-    producer is right for them. ``due(now)`` names the users to tick.
-    """
-
-    def __init__(self, p: Pipeline, topic: str,
-                 due: Callable[[float], list[tuple[str, str]]],
-                 on_failed: Callable[[], None] | None = None) -> None:
-        self.p = p
-        self.topic = topic
-        self.due = due
-        self.on_failed = on_failed  # the users ``due`` named were not ticked
-        self.producer: AIOKafkaProducer | None = None
-
-    async def send_due(self) -> int:
-        """Send a tick for each user ``due`` names now. With the broker away the round is
-        dropped (logged, ``on_failed`` called) and the timer goes on: a timer that raises
-        would crash the Faust app."""
-        p = self.p
-        now = p.clock()
-        users = self.due(now)
-        if not users:
-            return 0
-        try:
-            if self.producer is None:
-                self.producer = kafka.producer(p.settings)
-                await self.producer.start()
-            stamp = datetime.fromtimestamp(now, UTC)
-            for tenant, user in users:
-                tick = Tick(tenant_id=tenant, user_id=user, now=stamp)
-                await self.producer.send(self.topic, key=tick.key().encode(),
-                                         value=tick.dumps())
-            await self.producer.flush()
-        except Exception as exc:
-            log.warning("%d ticks of %s not sent (%s: %s); next round", len(users), self.topic,
-                        type(exc).__name__, exc)
-            producer, self.producer = self.producer, None
-            if producer is not None:
-                await quietly(producer.stop())
-            if self.on_failed is not None:
-                self.on_failed()
-            return 0
-        return len(users)
-
-    async def close(self) -> None:
-        if self.producer is not None:
-            await self.producer.stop()
-            self.producer = None
-
-
-def due_users(p: Pipeline, now: float) -> list[tuple[str, str]]:
-    """Locally owned users whose ingest deadline (idle flush, retry, timeout) has passed;
-    counts the overdue messages on the way (the detector of a lost message)."""
-    due, late = [], 0
-    for _key, snap in p.state.items():
-        if not snap:
-            continue
-        if snap.get("deadline") is not None and snap["deadline"] <= now:
-            due.append((snap["tenant_id"], snap["user_id"]))
-        late += overdue(snap, now, p.policy, p.settings.tick_interval_s)
-    p.counters.messages_overdue = late
-    return due
-
-
 class IngestStage:
     """The ingest stage as its loop (:class:`streams.owned_loop.OwnedLoop`) runs it."""
 
@@ -260,19 +198,43 @@ class IngestStage:
         self.tables: tuple[LoopTable, ...] = (p.state, p.window)
         self.max_records = p.settings.ingest_batch_records
         self.taken_at: dict[int, float] = {}  # partition -> when this worker took it
+        self.overdue: dict[int, int] = {}  # partition -> messages overdue at its last round
+        self.rolls = privacy.RollSchedule(p.settings)
 
-    async def handle(self, partition: int, records: list[Any]) -> Work:
-        """The whole batch without an await: no other partition's batch runs meanwhile,
-        so the tables' pending writes go to this one."""
+    @contextmanager
+    def _batch(self, partition: int) -> Iterator[Batch]:
+        """A batch of ``partition``: the tables written there, each changed user's state
+        written once at the end. No await inside: no other partition's batch runs
+        meanwhile, so the tables' pending writes go to this one."""
         batch = Batch(since=self.taken_at.get(partition, 0.0))
         with ExitStack() as writing:
             for table in self.tables:
                 writing.enter_context(table.writing(partition))
+            yield batch
+            finish(self.p, batch)
+
+    async def handle(self, partition: int, records: list[Any]) -> Work:
+        with self._batch(partition) as batch:
             for record in records:
                 handle_record(self.p, batch, record)
-            finish(self.p, batch)
         if batch.placed:
             batch.after.append(self._count_rerouted(len(batch.placed)))
+        return batch
+
+    async def punctuate(self, partition: int, now: float) -> Work | None:
+        """Every user of the partition whose deadline (idle flush, retry, job timeout) has
+        passed, ticked; the overdue messages counted on the way (the detector of a lost
+        message); the tables' changelog segments rolled every half erasure bound."""
+        p, late = self.p, 0
+        with self._batch(partition) as batch:
+            for key, snap in self.p.state.items_of(partition):
+                if snap.get("deadline") is not None and snap["deadline"] <= now:
+                    tick(p, batch, key, snap, now)
+                late += overdue(snap, now, p.policy, p.settings.tick_interval_s)
+            if self.rolls.due(partition, now):  # compaction drops erased data
+                privacy.roll_tables(p.state, p.window)
+        self.overdue[partition] = late
+        p.counters.messages_overdue = sum(self.overdue.values())
         return batch
 
     def _count_rerouted(self, n: int) -> Callable[[], Awaitable[None]]:
@@ -283,6 +245,7 @@ class IngestStage:
     def assigned(self, partitions: set[int]) -> None:
         now = self.p.clock()
         self.taken_at = {n: self.taken_at.get(n, now) for n in partitions}
+        self.overdue = {n: v for n, v in self.overdue.items() if n in partitions}
         log.info("ingest: %d users restored", len(self.p.state))
 
 
@@ -291,17 +254,9 @@ def ingest_loop(p: Pipeline, **kwargs: Any) -> OwnedLoop:
 
 
 def register(p: Pipeline) -> None:
-    """Run the ingest loop (:mod:`streams.owned_loop`) in the worker, and its ticker."""
+    """Run the ingest loop (:mod:`streams.owned_loop`) in the worker."""
     run_with_app(p, IngestStage(p))
-    rolls = privacy.RollSchedule(p)
-    ticks = TickSender(p, p.topics.ticks.name,
-                       lambda now: due_users(p, now) + rolls.due(now), on_failed=rolls.again)
-
-    @p.app.timer(p.settings.tick_interval_s, name="ingest-ticker")
-    async def ticker() -> None:
-        await ticks.send_due()
 
     @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def on_shutdown(app: Any, **_: Any) -> None:
-        await ticks.close()
         log.info("ingest counters: %s", p.counters.as_dict())

@@ -36,6 +36,7 @@ class LoopTable:
         self.topic = topic
         self._data: dict[bytes, Any] = {}
         self._owner: dict[bytes, int] = {}  # key -> the partition whose changelog holds it
+        self._keys: dict[int, set[bytes]] = {}  # partition -> the keys its changelog holds
         self._pending: dict[int, dict[bytes, Any]] = {}  # partition -> key -> value | _GONE
         self.partition: int | None = None  # the partition being handled (writes go there)
 
@@ -60,6 +61,11 @@ class LoopTable:
     def items(self) -> Iterator[tuple[bytes, Any]]:
         """Committed entries (a snapshot: safe to hold across awaits)."""
         return iter(list(self._data.items()))
+
+    def items_of(self, partition: int) -> list[tuple[bytes, Any]]:
+        """Committed entries of one partition (a snapshot)."""
+        data = self._data
+        return [(k, data[k]) for k in self._keys.get(partition, ())]
 
     def __len__(self) -> int:
         return len(self._data)
@@ -101,6 +107,10 @@ class LoopTable:
     def discard(self, partition: int) -> None:
         self._pending.pop(partition, None)
 
+    def dirty(self, partition: int) -> bool:
+        """Whether ``partition`` has writes waiting for its transaction."""
+        return bool(self._pending.get(partition))
+
     # --- ownership ---------------------------------------------------------------------
 
     def restore(self, partition: int, key: bytes, raw: bytes | None) -> None:
@@ -109,18 +119,21 @@ class LoopTable:
 
     def drop(self, partitions: set[int]) -> None:
         """Forget what ``partitions`` hold (they moved to another worker)."""
-        for key in [k for k, p in self._owner.items() if p in partitions]:
-            del self._data[key], self._owner[key]
         for p in partitions:
+            for key in self._keys.pop(p, ()):
+                del self._data[key], self._owner[key]
             self._pending.pop(p, None)
 
     def _put(self, partition: int, key: bytes, value: Any) -> None:
+        was = self._owner.pop(key, None)
+        if was is not None:
+            self._keys[was].discard(key)
         if value is None:
             self._data.pop(key, None)
-            self._owner.pop(key, None)
         else:
             self._data[key] = value
             self._owner[key] = partition
+            self._keys.setdefault(partition, set()).add(key)
 
 
 async def restore(tables: Sequence[LoopTable], partitions: set[int], max_bytes: int,

@@ -1,9 +1,9 @@
 """A stage's own consume-process-produce loop: exactly once by Kafka transactions.
 
 Every stage of the pipeline that turns records into records runs in one of these loops:
-ingest (:mod:`streams.ingest`: messages, session events, results, ticks, tool writes ->
-jobs), extract (:mod:`streams.extract`: jobs -> decisions) and apply (:mod:`streams.apply`:
-decisions and maintenance ticks -> store, memory changes, results, tool requests). Run as
+ingest (:mod:`streams.ingest`: messages, session events, results, tool writes -> jobs),
+extract (:mod:`streams.extract`: jobs -> decisions) and apply (:mod:`streams.apply`:
+decisions -> store, memory changes, results, tool requests). Run as
 Faust agents, their effects depended on Faust delivering every record: it can drop fetched
 records around a recovery (faust-streaming #596), commit past a record still in progress
 (#606), and it groups the offsets of partition *p* of every input topic into one
@@ -31,6 +31,9 @@ owns what those depend on:
   from their changelogs up to their ends and the stage's state (a store shard), then the
   consumer seeks to the committed offsets, fetched again after the fence, and resumes it.
   Records fetched before that are dropped (read again).
+- **Timers** (:meth:`Stage.punctuate`, every ``tick_interval_s``, between batches, under
+  the loop's lock): what a partition's due timers emit and write is one transaction of that
+  partition, like a batch without input offsets.
 - **No record is skipped**: a record is handled only at or after the partition's next
   offset, and only handled records' offsets are committed. Anything the loop cannot
   handle ends the worker (exit 70; 75 for a transaction the broker refuses for good, such
@@ -45,6 +48,7 @@ import heapq
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -93,7 +97,7 @@ def run_with_app(p: Pipeline, stage: Stage) -> OwnedLoop:
         assignor = assignor_for(cluster.me, p.settings.store_standby_replicas,
                                 lambda the_map: cluster.update(stage.name, the_map),
                                 cluster.trust)
-    loop = OwnedLoop(p.settings, stage, assignor=assignor)
+    loop = OwnedLoop(p.settings, stage, assignor=assignor, clock=p.clock)
     p.loops.append(loop)
     faust_setup.start_with_app(p.app, loop.start)
 
@@ -128,8 +132,11 @@ class OwnedLoop(Rebalancing):
     """See the module docstring. ``start()`` / ``stop()`` from the worker's lifecycle."""
 
     def __init__(self, settings: Settings, stage: Stage, *,
-                 on_fatal: Callable[..., None] = halt, assignor: Any = None) -> None:
+                 on_fatal: Callable[..., None] = halt, assignor: Any = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
+        self.clock = clock
+        self.punctuated = 0.0  # time.monotonic() of the last timer round
         self.stage = stage
         self.inputs = list(stage.inputs)
         self.group = f"{settings.app_id}-{stage.name}"
@@ -218,6 +225,10 @@ class OwnedLoop(Rebalancing):
                         await self.process(batch)
                 else:
                     await self._note_caught_up()
+                if time.monotonic() - self.punctuated >= self.settings.tick_interval_s:
+                    self.punctuated = time.monotonic()
+                    async with self.lock:
+                        await self.punctuate()
                 if self.let_go:
                     await self._take_back()
         except asyncio.CancelledError:
@@ -255,6 +266,22 @@ class OwnedLoop(Rebalancing):
             for step in work.after:
                 await step()
 
+    async def punctuate(self) -> None:
+        """One timer round: each ready partition's due timers, each in a transaction of its
+        own (no input offsets: nothing is read again if it fails; the next round finds the
+        same timers due)."""
+        now = self.clock()
+        for n in sorted(self.ready):
+            work = await self.stage.punctuate(n, now)
+            if work is None or not (work.out or work.placed
+                                    or any(t.dirty(n) for t in self.tables)):
+                for table in self.tables:
+                    table.discard(n)
+                continue
+            if await self._commit(n, work, {}):
+                for step in work.after:
+                    await step()
+
     async def _commit(self, partition: int, work: Work,
                       offsets: dict[TopicPartition, int]) -> bool:
         producer = self.producers[partition]
@@ -263,7 +290,8 @@ class OwnedLoop(Rebalancing):
             written = await asyncio.wait_for(
                 self._transaction(producer, partition, work, offsets), TRANSACTION_TIMEOUT_S)
         except Exception as exc:
-            if not await self._recover(partition, exc) or not await self._landed(offsets):
+            if (not await self._recover(partition, exc) or not offsets
+                    or not await self._landed(offsets)):
                 for table in self.tables:
                     table.discard(partition)
                 self._seek(partition)
@@ -308,8 +336,9 @@ class OwnedLoop(Rebalancing):
             sent += [await producer.send(table.topic, key=key, value=value, partition=partition)
                      for key, value in table.changelog(partition)]
         delivered = await asyncio.gather(*sent)  # a record the broker refuses fails here
-        await producer.send_offsets_to_transaction(
-            {tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()}, self.group)
+        if offsets:  # (a timer round's transaction reads nothing)
+            await producer.send_offsets_to_transaction(
+                {tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()}, self.group)
         await producer.commit_transaction()
         written: dict[str, int] = {}
         for meta in delivered:

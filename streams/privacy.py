@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memstream.core.errors import InvalidRecord
+from memstream.core.settings import Settings
 from memstream.memory import crypto
 from memstream.memory.model import Memory
 from memstream.streams.pipeline import Pipeline
@@ -104,56 +105,31 @@ def visible(p: Pipeline, tenant: str, user: str, memories: Sequence[Memory]) -> 
 # Kafka compacts or deletes only closed segments, and a segment closes (rolls) on the next
 # append after segment.ms: a quiet partition would keep a forgotten user's overwritten
 # records in its open segment indefinitely. Every half bound, the worker appends to every
-# partition of the tables' changelogs (a roll tick, handled by the ingest and apply loops:
-# a value then a tombstone under a key no user has) and to the user-keys topic.
+# partition of the tables' changelogs (in the ingest and apply loops' timer rounds: a value
+# then a tombstone under a key no user has) and to the user-keys topic.
 
-ROLL_TENANT = "memstream-internal"
 ROLL_KEY = b"\x00roll"
 
 
-def roll_users(partitions: int) -> list[str]:
-    """One user id per partition whose ``tenant/user`` key lands on it (murmur2, as every
-    producer of a co-partitioned topic partitions)."""
-    from aiokafka.partitioner import DefaultPartitioner
-
-    part = DefaultPartitioner()
-    every = list(range(partitions))
-    found: dict[int, str] = {}
-    n = 0
-    while len(found) < partitions:
-        user = f"roll-{n}"
-        found.setdefault(part(f"{ROLL_TENANT}/{user}".encode(), every, every), user)
-        n += 1
-    return [found[p] for p in every]
-
-
-def is_roll(tenant: str) -> bool:
-    return tenant == ROLL_TENANT
-
-
 def roll_tables(*tables: Any) -> None:
-    """For a roll tick (in the ingest loop: its two tables; in the apply loop, or the
-    jobs-only worker's: the maintenance table): one append and its tombstone per table on
-    this partition; nothing stays in the tables."""
+    """A roll (in the ingest loop: its two tables; in the apply loop, or the jobs-only
+    worker's: the maintenance table): one append and its tombstone per table on the
+    partition being written; nothing stays in the tables."""
     for table in tables:
         table[ROLL_KEY] = 1
         del table[ROLL_KEY]
 
 
 class RollSchedule:
-    """Which roll ticks are due: one per partition every half erasure bound."""
+    """When a partition's table segments roll: every half erasure bound (first at the
+    first timer round of the partition here)."""
 
-    def __init__(self, p: Pipeline) -> None:
-        self.every = p.settings.erasure_bound_s / 2
-        self.users = roll_users(p.settings.partitions)
-        self.next = 0.0
+    def __init__(self, settings: Settings) -> None:
+        self.every = settings.erasure_bound_s / 2
+        self.next: dict[int, float] = {}
 
-    def due(self, now: float) -> list[tuple[str, str]]:
-        if now < self.next:
-            return []
-        self.next = now + self.every
-        return [(ROLL_TENANT, u) for u in self.users]
-
-    def again(self) -> None:
-        """The last round was not sent: due at the next one."""
-        self.next = 0.0
+    def due(self, partition: int, now: float) -> bool:
+        if now < self.next.get(partition, 0.0):
+            return False
+        self.next[partition] = now + self.every
+        return True

@@ -2,9 +2,10 @@
 
 A stage (ingest, extract, apply, access) names its co-partitioned input topics and the
 tables it owns, and turns one partition's batch of records into :class:`Work`: the records
-to send in the batch's transaction and what to do once it is committed. It never raises
-for one bad record: :func:`until_handled` retries a transient failure in place and turns
-anything else into the :class:`InvalidRecord` to set the record aside with.
+to send in the batch's transaction and what to do once it is committed. Its timers run the
+same way (:meth:`Stage.punctuate`): what they emit is a transaction of the partition. It
+never raises for one bad record: :func:`until_handled` retries a transient failure in place
+and turns anything else into the :class:`InvalidRecord` to set the record aside with.
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ class Stage(Protocol):
 
     async def handle(self, partition: int, records: list[Any]) -> Work:
         """The batch's outputs; a record it cannot handle is a dead letter in them."""
+        ...
+
+    async def punctuate(self, partition: int, now: float) -> Work | None:
+        """The partition's timers at ``now`` (Kafka Streams' punctuator: idle flushes, job
+        re-sends, due windowed jobs, segment rolls). What it returns is committed in a
+        transaction of the partition like a batch's outputs, table writes included; None:
+        nothing is due."""
         ...
 
     def assigned(self, partitions: set[int]) -> None:

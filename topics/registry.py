@@ -1,6 +1,6 @@
 """Every topic memstream owns: name, partitions, cleanup policy, retention, schema.
 
-The co-partitioned topics (messages, session events, job results, ticks) share one key
+The co-partitioned topics (messages, session events, job results, tool requests) share one key
 (``tenant/user``) and one partition count, so the ingest loop that owns a partition sees all
 of one user's events in order. :mod:`topics.layout` creates and checks them.
 """
@@ -23,7 +23,6 @@ from memstream.topics.schemas import (
     KeyRecord,
     MemoryChange,
     SessionEvent,
-    Tick,
     ToolRequest,
     UserKeyRecord,
 )
@@ -62,7 +61,6 @@ class Topics:
     session_events: TopicSpec
     jobs: TopicSpec
     job_results: TopicSpec
-    ticks: TopicSpec
     dead_letters: TopicSpec
     decisions: TopicSpec
     memory_changes: TopicSpec
@@ -70,22 +68,21 @@ class Topics:
     tool_requests: TopicSpec
     memory_access: TopicSpec
     api_keys: TopicSpec
-    maintenance_ticks: TopicSpec
     user_keys: TopicSpec
     global_changes: TopicSpec
     repartition: TopicSpec
 
     def all(self) -> list[TopicSpec]:
         return [
-            self.messages, self.session_events, self.jobs, self.job_results, self.ticks,
+            self.messages, self.session_events, self.jobs, self.job_results,
             self.dead_letters, self.decisions, self.memory_changes, self.memory_events,
-            self.tool_requests, self.memory_access, self.api_keys, self.maintenance_ticks,
+            self.tool_requests, self.memory_access, self.api_keys,
             self.user_keys, self.global_changes, self.repartition,
         ]
 
     def ingest_inputs(self) -> list[TopicSpec]:
         """What the ingest stage consumes, in one co-partitioned stream."""
-        return [self.messages, self.session_events, self.job_results, self.ticks,
+        return [self.messages, self.session_events, self.job_results,
                 self.tool_requests, self.repartition]
 
     def placed_by_producers(self) -> list[TopicSpec]:
@@ -122,10 +119,6 @@ def registry(settings: Settings) -> Topics:
             settings.topic("job-results"), JobResult, n, keep,
             doc="Completion of a job (done / trivial / failed): closes the coalescing loop.",
             extra_config=rolled,
-        ),
-        ticks=TopicSpec(
-            settings.topic("ticks"), Tick, n, DAY_MS,
-            doc="Internal timer events (idle flush, retries), one per due user.",
         ),
         dead_letters=TopicSpec(
             settings.topic("dead-letters"), DeadLetter, 1,
@@ -169,10 +162,6 @@ def registry(settings: Settings) -> Topics:
             co_partitioned=False,
             doc="API keys of the HTTP API, keyed by key id: SHA-256 only, and revocations "
                 "(the last record of a key id is its state)."),
-        maintenance_ticks=TopicSpec(
-            settings.topic("maintenance-ticks"), Tick, n, DAY_MS,
-            doc="Internal timer events of the windowed jobs (jobs.agents), one per due user.",
-        ),
         user_keys=TopicSpec(
             settings.topic("user-keys"), UserKeyRecord, 1, -1, cleanup_policy="compact",
             co_partitioned=False, extra_config=compaction_within(settings.erasure_bound_s),

@@ -324,14 +324,6 @@ class JobResult(JobRange):
                    llm_calls=llm_calls, applied_seq=applied_seq, finished_at=finished_at)
 
 
-class Tick(Event):
-    """Internal: asks the ingest stage to look at one user's timers (idle, retry, timeout)."""
-
-    tenant_id: str
-    user_id: str
-    now: datetime
-
-
 class DeadLetter(BaseModel):
     """A record set aside, with why, where it is, and enough of it to recognise it.
 

@@ -143,7 +143,9 @@ class Settings(BaseSettings):
     min_new_messages: int = Field(4, ge=1, description="New messages that trigger a job")
     context_messages: int = Field(4, ge=0, description="Earlier messages sent as context")
     idle_timeout_s: float = Field(1800.0, gt=0, description="Idle session flush after (s)")
-    tick_interval_s: float = Field(5.0, gt=0, description="How often idle/retry are checked")
+    tick_interval_s: float = Field(5.0, gt=0, description="How often each loop runs its "
+                                   "partitions' timers (idle flush, job re-send and retry, due "
+                                   "windowed jobs, changelog segment rolls)")
     job_timeout_s: float = Field(600.0, gt=0, description="Re-send an unanswered job after (s)")
     retry_backoff_s: float = Field(30.0, gt=0, description="First retry delay of a failed job")
     retry_backoff_max_s: float = Field(3600.0, gt=0, description="Cap of the retry delay")

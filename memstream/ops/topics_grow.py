@@ -16,7 +16,7 @@ memory-change topic, as after any partition move.
   records keep their order on their new partition.
 - **Not copied**: the inputs (messages, session-events: already read into the old set's
   state, and re-reading them would extract them again), the stages' topics (jobs,
-  decisions, results, ticks, tool requests, re-routed records: nothing in flight once
+  decisions, results, tool requests, re-routed records: nothing in flight once
   drained) and the loops' changelogs. A user's next job in the new set starts at seq 1:
   the store, whose cursor is higher, fences it and the ingest stage re-issues it above the
   cursor (memory.fencing), so nothing is lost but one round trip.

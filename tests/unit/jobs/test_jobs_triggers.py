@@ -1,4 +1,4 @@
-"""When the windowed jobs run (jobs.triggers, jobs.agents.DueIndex): pure, time injected."""
+"""When the windowed jobs run (jobs.triggers, streams.jobs_fold.DueIndex): pure, time injected."""
 
 from __future__ import annotations
 
@@ -117,8 +117,7 @@ def test_jobs_run_builds_a_triggers_only_worker(tmp_path):
     p = build_app(own)
     assert not p.app.agents  # no Faust agent: one owned loop
     loops = [(loop.group, loop.inputs) for loop in p.loops]
-    assert loops == [("memstream-jobs-jobs",
-                      [p.topics.memory_changes.name, p.topics.maintenance_ticks.name])]
+    assert loops == [("memstream-jobs-jobs", [p.topics.memory_changes.name])]
 
 
 def test_the_worker_runs_its_stages_in_owned_loops(tmp_path):
@@ -131,7 +130,7 @@ def test_the_worker_runs_its_stages_in_owned_loops(tmp_path):
     assert loops == {
         "memstream-ingest": [x.name for x in t.ingest_inputs()],
         "memstream-extract": [t.jobs.name],
-        "memstream-apply": [t.decisions.name, t.maintenance_ticks.name],
+        "memstream-apply": [t.decisions.name],
         "memstream-access": [t.memory_access.name]}
     agents = {a.name.rsplit(".", 1)[-1] for a in p.app.agents.values()}
     assert not agents & {"extract", "apply", "jobs", "ingest"}

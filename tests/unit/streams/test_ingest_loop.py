@@ -256,27 +256,65 @@ async def test_a_job_in_flight_is_timed_from_the_takeover(tmp_path):
     """The loops lose no record: a job sent before this worker took the partition is on
     its way (the partition had no owner for a while), so its timeout counts from the
     takeover, not from the send; a job that really is gone is still re-sent after it."""
-    from memstream.topics.schemas import Tick
-
     p, loop, _ = _loop(tmp_path)
     sent_at = T0.timestamp() + 10
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
     timeout = p.settings.job_timeout_s
     p.clock = lambda: sent_at + timeout - 5  # a restart after a long outage
     loop.stage.assigned({0})
-    ticks = p.topics.ticks.name
 
-    def tick(offset: int, at: float):
-        p.clock = lambda: at
-        event = Tick(tenant_id="acme", user_id="u1", now=datetime.fromtimestamp(at, UTC))
-        return _record(ticks, offset, event, int(at))
+    async def timers_at(at: float) -> None:
+        p.clock = loop.clock = lambda: at
+        await loop.punctuate()
 
-    await loop.process(_batch(tick(0, sent_at + timeout + 5)))  # due by the send, not yet
+    await timers_at(sent_at + timeout + 5)  # due by the send, not yet
     assert len(_sent(loop.producers[0], p.topics.jobs.name)) == 1  # not re-sent
-    await loop.process(_batch(tick(1, sent_at + 2 * timeout)))  # due since the takeover
+    await timers_at(sent_at + 2 * timeout)  # due since the takeover
     jobs = [ExtractionJob.model_validate_json(v[2])
             for v in _sent(loop.producers[0], p.topics.jobs.name)]
     assert len(jobs) == 2 and jobs[1].job_id == jobs[0].job_id and jobs[1].attempt == 2
+
+
+async def test_a_timer_round_is_a_transaction_of_its_partition_without_offsets(tmp_path):
+    """The idle flush: what the round emits (the job, the user's new state) is one
+    transaction of partition 0, with no input offsets; a round with nothing due sends
+    nothing; the changelog segments roll at the partition's first round."""
+    p, loop, _ = _loop(tmp_path)
+    await loop.process(_batch(_msg(p, 1, offset=0)))  # below the threshold: no job
+    producer = loop.producers[0]
+    loop.clock = lambda: T0.timestamp() + 10
+    await loop.punctuate()  # nothing due but the first roll
+    assert len(producer.committed) == 2 and producer.offsets == [
+        {TopicPartition(p.topics.messages.name, 0): 1}]  # the round sent no offsets
+    rolled = [r for r in producer.committed[1] if r[1] == b"\x00roll"]
+    assert {r[0] for r in rolled} == {p.state.topic, p.window.topic} and not rolled[0][2]
+    await loop.punctuate()  # nothing due, no roll: no transaction
+    assert len(producer.committed) == 2
+    loop.clock = lambda: T0.timestamp() + 10 + p.settings.idle_timeout_s + 1
+    await loop.punctuate()
+    assert len(producer.committed) == 3
+    (job,) = _sent(producer, p.topics.jobs.name)
+    assert ExtractionJob.model_validate_json(job[2]).reason.value == "idle"
+    assert p.state.get(b"acme/u1")["in_flight"] is not None  # the table took it
+
+
+async def test_a_timer_round_whose_transaction_fails_is_run_again(tmp_path):
+    """Nothing is read again for a round: its table writes are dropped, and the next round
+    finds the same user due and emits the job again."""
+    p, loop, _ = _loop(tmp_path)
+    await loop.process(_batch(_msg(p, 1, offset=0)))
+    loop.clock = lambda: T0.timestamp() + 10 + p.settings.idle_timeout_s + 1
+    loop.producers[0] = FakeProducer(fail=KafkaConnectionError())  # type: ignore[assignment]
+
+    async def renewed(n: int) -> FakeProducer:
+        return FakeProducer()
+
+    loop._producer = renewed  # type: ignore[method-assign]
+    await loop.punctuate()
+    assert p.state.get(b"acme/u1")["in_flight"] is None  # the write was dropped
+    await loop.punctuate()
+    assert len(_sent(loop.producers[0], p.topics.jobs.name)) == 1
+    assert p.state.get(b"acme/u1")["in_flight"] is not None
 
 
 async def test_a_partition_let_go_is_taken_back_when_no_rebalance_takes_it(tmp_path):

@@ -192,5 +192,5 @@ def test_only_producers_topics_are_checked_and_each_record_goes_to_its_keys_part
         topics.repartition.name, right)
     assert placed.headers[0] == ("h", b"1")  # the producer's own headers travel along
     assert placement.misplaced(topics, N, at(topics.messages.name, right)) is None
-    for ours in (topics.job_results, topics.ticks, topics.tool_requests, topics.repartition):
+    for ours in (topics.job_results, topics.tool_requests, topics.repartition):
         assert placement.misplaced(topics, N, at(ours.name, crc)) is None

@@ -21,7 +21,7 @@ from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.streams.app import Pipeline, build_app
 from memstream.streams.owned_loop import OwnedLoop
-from memstream.topics.schemas import JobDecision, JobResult, JobStatus, MemoryChange, Tick
+from memstream.topics.schemas import JobDecision, JobResult, JobStatus, MemoryChange
 from tests.unit.builders import FakeConsumer, FakeProducer, job
 
 pytestmark = pytest.mark.unit
@@ -184,32 +184,31 @@ async def test_the_maintenance_table_takes_folds_only_with_a_committed_transacti
     assert json.loads(state) == folded
     requests = [json.loads(v) for v in sent(loop.producers[0], p.topics.tool_requests.name)]
     assert requests and {r["write"]["name"] for r in requests} == {"reflect"}  # threshold 1
-    tick = Tick(tenant_id="t1", user_id="u1", now=folded_time())
-    ticks = p.topics.maintenance_ticks.name
-    await loop.process(batch(record(ticks, 0, b"t1/u1", tick.dumps(), ts=10**13)))
-    assert loop.next[TopicPartition(ticks, 0)] == 1
 
 
-def folded_time() -> Any:
-    from datetime import UTC, datetime
+async def test_the_apply_loops_timer_round_sends_the_due_windowed_jobs(p):
+    """The consolidation a change made due is sent by the partition's timer round, with the
+    user's new state, in one transaction without input offsets; not before it is due."""
+    (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo"]))
+    loop, _ = loop_of(p, "apply")
+    await loop.process(batch(rec))
+    producer = loop.producers[0]
+    loop.clock = lambda: NOW
+    await loop.punctuate()  # the first round rolls the table's segment, nothing is due
+    assert len(producer.committed) == 2 and len(producer.offsets) == 1
 
-    return datetime.fromtimestamp(NOW, UTC)
+    def requested() -> list[str]:
+        return [json.loads(v)["write"]["name"]
+                for v in sent(producer, p.topics.tool_requests.name)]
 
-
-async def test_a_tick_round_without_a_broker_is_dropped_and_the_timer_goes_on(tmp_path):
-    """A timer that raises crashes the Faust app: with the broker away the round's ticks
-    are not sent, the failure is reported, and the next round tries again."""
-    from memstream.streams.ingest import TickSender
-
-    settings = Settings(data_dir=tmp_path, embedder="hashing", web_enabled=False,
-                        bootstrap_servers="127.0.0.1:1", admin_key=ADMIN)
-    p = build_app(settings)
-    failed: list[int] = []
-    sender = TickSender(p, p.topics.ticks.name, lambda now: [("t1", "u1")],
-                        on_failed=lambda: failed.append(1))
-    assert await sender.send_due() == 0 and failed == [1] and sender.producer is None
-    assert await sender.send_due() == 0 and failed == [1, 1]
-    p.services.store.close()
+    assert "consolidate" not in requested()
+    loop.clock = lambda: NOW + p.settings.consolidation_interval_s + 1
+    await loop.punctuate()
+    assert requested().count("consolidate") == 1 and len(producer.offsets) == 1
+    assert json.loads([v for v in sent(producer, p.maintenance.topic) if v][-1])[
+        "consolidations"] == 1
+    await loop.punctuate()  # not due again
+    assert requested().count("consolidate") == 1
 
 
 async def test_a_commit_that_timed_out_but_landed_counts_as_committed(p):

@@ -26,7 +26,6 @@ from memstream.topics.schemas import (
     ExtractionJob,
     JobResult,
     SessionEvent,
-    Tick,
 )
 
 pytestmark = pytest.mark.unit
@@ -120,9 +119,6 @@ POISON = [
     ("job-message-ts-year-1", ExtractionJob,
      enc({**JOB, "messages": [{**JOB["messages"][0], "ts": "0001-01-01T00:00:00+01:00"}]}),
      KEY, "date"),
-    ("tick-year-1", Tick,
-     enc({"tenant_id": "acme", "user_id": "u-42", "now": "0001-01-01T00:00:00+01:00"}), KEY,
-     "date"),
     ("null-key", ChatMessage, enc(GOOD), None, "key"),
     ("null-key-session-end", SessionEvent,
      enc({"tenant_id": "acme", "user_id": "u-42", "session_id": "s1", "ts": GOOD["ts"]}),
@@ -258,7 +254,7 @@ def test_fuzz_one_field_of_a_good_message(field, replacement, depth):
 
 
 @settings(max_examples=300, deadline=None)
-@given(model=st.sampled_from([ChatMessage, SessionEvent, JobResult, ExtractionJob, Tick]),
+@given(model=st.sampled_from([ChatMessage, SessionEvent, JobResult, ExtractionJob]),
        value=json_values, key=st.one_of(st.none(), st.just(KEY), st.binary(max_size=12)))
 def test_fuzz_any_json_for_any_model(model, value, key):
     decodes_or_invalid(model, json.dumps(value, allow_nan=True).encode(), key)
