@@ -1,10 +1,9 @@
-"""Faust as memstream runs it: the app's lifecycle, timers and tasks, only our own views,
-quiet client logs.
+"""Faust as memstream runs it: the app's lifecycle, only our own views, quiet client logs.
 
-Faust reads no topic of the pipeline and holds no table: every stage runs in its own
-transactional loop (:mod:`memstream.streams.owned_loop`), started with the app
-(:func:`start_with_app`). Two things stock faust-streaming 0.15 does that memstream cannot
-live with:
+Faust reads no topic of the pipeline, holds no table and starts no Kafka client: every
+stage runs in its own transactional loop (:mod:`memstream.streams.owned_loop`), a part the
+app starts and stops (:mod:`memstream.streams.lifecycle`). Two things stock faust-streaming
+0.15 does that memstream cannot live with:
 
 - **Web.** Faust serves ``/router``, ``/table`` (table contents), ``/`` and, depending on
   settings, ``/stats`` ``/graph`` ``/performance`` without any authentication. Faust's web
@@ -29,6 +28,7 @@ from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
 from memstream.core.kafka import faust_credentials
 from memstream.core.settings import Settings
+from memstream.streams.lifecycle import Boot
 
 #: Loggers whose repeated messages are throttled: the Kafka client and Faust's driver for it.
 THROTTLED_LOGGERS = ("aiokafka", "faust.transport")
@@ -47,21 +47,13 @@ class OwnViewsWeb(AiohttpWeb):
 
 
 class App(faust.App):
-    """``faust.App`` that serves only memstream's own views, and starts the stages' loops
-    (``early``, :func:`start_with_app`) with the app."""
+    """``faust.App`` that serves only memstream's own views and starts no Kafka client of
+    its own (:class:`streams.lifecycle.Boot`)."""
+
+    BootStrategy = Boot
 
     def _new_web(self) -> OwnViewsWeb:
         return OwnViewsWeb(self)
-
-    async def on_start(self) -> None:
-        await super().on_start()
-        for task in getattr(self, "early", ()):
-            self.add_future(task())
-
-
-def start_with_app(app: Any, start: Callable[[], Any]) -> None:
-    """Run ``start()`` when ``app`` starts (see :class:`App`)."""
-    app.__dict__.setdefault("early", []).append(start)
 
 
 # --- logs --------------------------------------------------------------------------------

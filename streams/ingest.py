@@ -256,7 +256,3 @@ def ingest_loop(p: Pipeline, **kwargs: Any) -> OwnedLoop:
 def register(p: Pipeline) -> None:
     """Run the ingest loop (:mod:`streams.owned_loop`) in the worker."""
     run_with_app(p, IngestStage(p))
-
-    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
-    async def on_shutdown(app: Any, **_: Any) -> None:
-        log.info("ingest counters: %s", p.counters.as_dict())

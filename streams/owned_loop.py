@@ -67,7 +67,7 @@ from memstream.core.errors import describe, trace
 from memstream.core.retry import RetryPolicy, next_delay
 from memstream.core.settings import Settings
 from memstream.memory.shards import ShardNotHere
-from memstream.streams import faust_setup
+from memstream.streams import lifecycle
 from memstream.streams.cluster import assignor_for
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
 from memstream.streams.ingest_tables import restore
@@ -89,8 +89,8 @@ STOP_WAIT_S = 10.0  # one batch's transaction; past it, renewed and read again
 SHARD_WAIT_S = 0.5  # a batch whose shard is not here is read again after this
 
 def run_with_app(p: Pipeline, stage: Stage) -> OwnedLoop:
-    """Run ``stage`` in its loop in the worker: started with the app (not after Faust's
-    table recovery: the loop has its own tables), stopped before it, its lag reported."""
+    """Run ``stage`` in its loop in the worker: a part the app starts and stops
+    (:mod:`streams.lifecycle`), its lag reported."""
     assignor = None
     if p.cluster is not None:
         cluster = p.cluster
@@ -99,12 +99,7 @@ def run_with_app(p: Pipeline, stage: Stage) -> OwnedLoop:
                                 cluster.trust)
     loop = OwnedLoop(p.settings, stage, assignor=assignor, clock=p.clock)
     p.loops.append(loop)
-    faust_setup.start_with_app(p.app, loop.start)
-
-    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
-    async def on_shutdown(app: Any, **_: Any) -> None:
-        await loop.stop()
-
+    lifecycle.run(p.app, f"{stage.name}-loop", loop.start, loop.stop)
     return loop
 
 

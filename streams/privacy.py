@@ -22,6 +22,7 @@ from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
 from memstream.memory import crypto
 from memstream.memory.model import Memory
+from memstream.streams import lifecycle
 from memstream.streams.pipeline import Pipeline
 from memstream.topics.events import MemoryEvent
 from memstream.topics.schemas import MemoryChange
@@ -45,15 +46,12 @@ def register(p: Pipeline) -> None:
                     dead_letters=p.topics.dead_letters.name, on_reject=rejected)
     p.user_keys = keys
 
-    @p.app.task
     async def follow() -> None:
         await keys.start()
         if not await keys.wait_ready(READY_S):
             log.warning("user keys not read within %.0fs", READY_S)
 
-    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
-    async def stop(app: Any, **_: Any) -> None:
-        await keys.stop()
+    lifecycle.run(p.app, "user-keys", follow, keys.stop, background=True)
 
 
 async def seal_all(p: Pipeline, changes: Sequence[MemoryChange]

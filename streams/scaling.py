@@ -15,7 +15,7 @@ from typing import Any
 from memstream.core.settings import Settings
 from memstream.memory.shards import PartitionedStore
 from memstream.memory.store import MemoryStore
-from memstream.streams import faust_setup
+from memstream.streams import lifecycle
 from memstream.streams.cluster import Cluster, ClusterMap, Worker, must_leave, worker_of
 from memstream.streams.cluster_trust import Trust
 from memstream.streams.owned_loop import halt
@@ -69,17 +69,16 @@ def register(p: Pipeline) -> None:
     shared = GlobalCopy(s, store, open_shard, p.topics.global_changes.name, opener,
                         keeper.files, clock=p.clock)
     p.global_copy = shared
-    faust_setup.start_with_app(p.app, shared.start)
 
-    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
-    async def close_shards(app: Any, **_: Any) -> None:
-        """After the loops stopped: owned shards closed with a checkpoint (what each
-        holds: nothing of theirs is open), the standbys with theirs."""
-        for loop in p.loops:  # their batches done (each stops once; again is a no-op)
-            await loop.stop()
+    async def close_shards() -> None:
+        """After the loops stopped (they are parts added after this one: stopped before
+        it): owned shards closed with a checkpoint (what each holds: nothing of theirs is
+        open), the standbys with theirs."""
         await standbys.stop()
         await shared.stop()
         await keeper.close()
+
+    lifecycle.run(p.app, "store-shards", shared.start, close_shards)
 
 
 def trust_of(s: Settings, end: Callable[[str, int], None] = halt) -> Trust:

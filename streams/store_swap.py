@@ -23,6 +23,7 @@ from memstream.memory.store_switch import (
     switch,
     write_json,
 )
+from memstream.streams import lifecycle
 from memstream.streams.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -42,15 +43,13 @@ def register(p: Pipeline) -> None:
     def open_store(path: Path) -> MemoryStore:
         return EdgeStore(path, dim)
 
-    @p.app.task
     async def own() -> None:
         claim_ownership(s)
+        await lifecycle.every(1.0, take_requests)
 
-    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
-    async def disown(app: Any, **_: Any) -> None:
+    async def disown() -> None:
         release_ownership(s)
 
-    @p.app.timer(1.0)
     async def take_requests() -> None:
         if busy.locked() or not root.exists():
             return
@@ -93,3 +92,5 @@ def register(p: Pipeline) -> None:
         if served:
             await asyncio.sleep(CLOSE_AFTER_S)  # reads that started on it finish first
         await asyncio.to_thread(discard, old, path)
+
+    lifecycle.run(p.app, "store-swap", own, disown, background=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
 
+from memstream.streams import lifecycle
 from memstream.streams.access import AccessRecorder
 from memstream.streams.pipeline import Pipeline
 from memstream.web import prometheus as metrics
@@ -52,7 +52,6 @@ def register(p: Pipeline) -> None:
     audit = AuditLog(s, p.topics.memory_changes.name)
     backend.audit_log = audit
 
-    @p.app.task
     async def serve() -> None:
         await follower.start()
         if not await follower.wait_ready(KEYS_READY_S):
@@ -65,8 +64,7 @@ def register(p: Pipeline) -> None:
         log.info("HTTP API on %s://%s:%d/v1 (OpenAPI: /v1/openapi.json)",
                  "https" if tls else "http", s.web_host, server.port)
 
-    @p.app.on_before_shutdown.connect  # type: ignore[arg-type]
-    async def stop(app: Any, **_: Any) -> None:
+    async def stop() -> None:
         backend.started = False
         await server.stop()
         await recorder.close()
@@ -75,3 +73,6 @@ def register(p: Pipeline) -> None:
             await router.close()
         await follower.stop()
         await audit.stop()
+
+    # added after every other part: stops serving before the loops stop
+    lifecycle.run(p.app, "http-api", serve, stop, background=True)

@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     kafka_ssl_certfile: Path | None = Field(None, description="Client certificate (mutual TLS)")
     kafka_ssl_keyfile: Path | None = Field(None, description="Client certificate's private key")
     app_id: str = Field("memstream", description="App id: prefix of the stages' consumer "
-                        "groups, transactional ids and table changelogs (and Faust's group)")
+                        "groups, transactional ids and table changelogs")
     topic_prefix: str = Field("memstream", description="Prefix of every topic memstream owns")
     partitions: int = Field(
         4, ge=1, description="Partitions of the co-partitioned topics: they are created with "

@@ -3,13 +3,14 @@ calls them: an upgrade of Faust must fail here, loudly, rather than silently byp
 override (a renamed private method is never called again; a renamed parameter breaks a
 caller at run time).
 
-Faust reads no topic of the pipeline and holds no table any more (the stages run in their
-own loops, streams/owned_loop.py); what is left:
+Faust reads no topic of the pipeline, holds no table and starts no Kafka client (the stages
+run in their own loops, streams/owned_loop.py); what is left:
 
-- ``streams/faust_setup.py`` overrides ``Web._enabled_blueprints``, ``App._new_web``,
-  ``App.on_start`` (which starts what :func:`start_with_app` kept in the app's
-  ``__dict__`` under ``early``, through ``Service.add_future``) and
-  ``Worker.on_setup_root_logger``;
+- ``streams/faust_setup.py`` overrides ``Web._enabled_blueprints``, ``App._new_web`` and
+  ``Worker.on_setup_root_logger``, and sets ``App.BootStrategy`` (Faust's documented knob
+  ``enable_kafka``: ``streams/lifecycle.py``);
+- ``streams/lifecycle.py`` adds the worker's parts with ``Service.add_dependency`` (mode's
+  public API: started in order with the app, stopped in reverse);
 - ``memstream/cli.py`` builds ``Worker(app, **options)``.
 
 Every override was written against :data:`REVIEWED`. After an upgrade, re-read those files
@@ -36,11 +37,12 @@ from faust.transport.consumer import Consumer
 from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
 from memstream.core.settings import Settings
-from memstream.streams import faust_setup
+from memstream.streams import faust_setup, lifecycle
 
 pytestmark = pytest.mark.unit
 
 REVIEWED = "0.15.3"  # the faust-streaming the overrides were written and checked against
+REVIEWED_MODE = "0.7.1"  # its mode-streaming (Service.add_dependency, add_future)
 
 
 def names(fn: Callable[..., Any]) -> list[str]:
@@ -51,6 +53,12 @@ def names(fn: Callable[..., Any]) -> list[str]:
         return f"**{p.name}" if p.kind is p.VAR_KEYWORD else p.name
 
     return [shown(p) for p in inspect.signature(fn, follow_wrapped=False).parameters.values()]
+
+
+def test_the_installed_mode_is_the_one_pinned_with_faust():
+    assert metadata.version("mode-streaming") == REVIEWED_MODE, (
+        "mode-streaming changed: re-read streams/lifecycle.py against it, then update "
+        "REVIEWED_MODE and the pin in pyproject.toml")
 
 
 def test_the_installed_faust_is_the_one_the_overrides_were_reviewed_against():
@@ -67,7 +75,6 @@ OVERRIDDEN = [
     # (our class, Faust's class, method, parameters)
     (faust_setup.OwnViewsWeb, AiohttpWeb, "_enabled_blueprints", ["self"]),
     (faust_setup.App, faust.App, "_new_web", ["self"]),
-    (faust_setup.App, faust.App, "on_start", ["self"]),
     (faust_setup.Worker, faust.Worker, "on_setup_root_logger", ["self", "logger", "level"]),
 ]
 
@@ -86,7 +93,6 @@ def test_each_override_replaces_a_faust_method_of_the_same_signature(ours, their
 @pytest.mark.parametrize(("module", "hook"), [
     (faust.web.base, "_enabled_blueprints"),
     (faust.app.base, "_new_web"),
-    (mode.services, "on_start"),
     (mode.worker, "on_setup_root_logger"),
 ])
 def test_faust_still_calls_the_overridden_methods(module, hook):
@@ -100,7 +106,8 @@ def test_faust_still_calls_the_overridden_methods(module, hook):
 CALLED = [
     (Consumer.assignment, ["self"]),  # web/prometheus.py
     (Consumer.highwater, ["self", "tp"]),  # web/prometheus.py
-    (mode.Service.add_future, ["self", "coro"]),  # App.on_start
+    (mode.Service.add_dependency, ["self", "service"]),  # streams/lifecycle.py
+    (mode.Service.add_future, ["self", "coro"]),  # lifecycle.Part (background)
 ]
 
 
@@ -122,21 +129,36 @@ def make_app(tmp_path: Path) -> faust.App:
     return faust_setup.App(settings.app_id, **faust_setup.faust_kwargs(settings))
 
 
-async def test_what_starts_with_the_app_runs_when_it_starts(tmp_path):
+def test_faust_starts_no_kafka_client_of_its_own(tmp_path):
+    """No consumer (so no group, no leader assignor and no assignor topic), no producer,
+    no conductor, no table manager: through the boot strategy's documented switch."""
     app = make_app(tmp_path)
-    assert "early" not in dir(faust.App)  # the app's own __dict__ holds it, nothing shadows
+    assert app.BootStrategy is lifecycle.Boot and lifecycle.Boot.enable_kafka is False
+    started = list(app.boot_strategy.server())
+    assert [type(s).__name__ for s in started] == ["AgentManager"]  # (no agent in it)
+
+
+async def test_the_parts_start_in_order_with_the_app_and_stop_in_reverse(tmp_path):
+    app = make_app(tmp_path)
     ran: list[str] = []
 
-    async def first() -> None:
-        ran.append("first")
+    def step(name: str) -> Callable[[], Any]:
+        async def run() -> None:
+            ran.append(name)
+        return run
 
-    async def second() -> None:
-        ran.append("second")
+    lifecycle.run(app, "first", step("start first"), step("stop first"))
+    lifecycle.run(app, "second", step("start second"), step("stop second"))
+    ticks = asyncio.Event()
+    lifecycle.run(app, "timer", lambda: lifecycle.every(0.01, _set(ticks)), background=True)
+    await app.start()
+    assert ran == ["start first", "start second"]
+    await asyncio.wait_for(ticks.wait(), 5)
+    await app.stop()
+    assert ran[2:] == ["stop second", "stop first"]
 
-    faust_setup.start_with_app(app, first)
-    faust_setup.start_with_app(app, second)
-    assert app.__dict__["early"] == [first, second]
-    await app.on_start()
-    for _ in range(5):  # add_future: run as the app's own tasks
-        await asyncio.sleep(0)
-    assert ran == ["first", "second"]
+
+def _set(event: asyncio.Event) -> Callable[[], Any]:
+    async def step() -> None:
+        event.set()
+    return step

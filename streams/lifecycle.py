@@ -1,0 +1,88 @@
+"""The worker's parts as ``mode.Service``\\ s the Faust app starts and stops.
+
+Faust runs the worker's lifecycle through its public API only: each part (a stage loop, the
+store shards and standbys, the user-keys follower, the rebuild swapper, the HTTP API) is a
+:class:`Part` added with ``app.add_dependency`` when the app is built. The app starts its
+dependencies in the order they were added and stops them in the reverse order, after its
+own ``on_stop``: so the API (added last) stops serving first, then the loops finish their
+batches, and the store shards (added first) close last, with nothing of theirs open.
+
+Faust itself starts no Kafka client (:class:`Boot`): every stage runs in its own
+transactional loop with its own consumer and producers (:mod:`streams.owned_loop`), so
+Faust's consumer, its group, its leader assignor (and the assignor's topic) and its
+producer would only join groups and hold connections for nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import mode
+from faust.app.base import BootStrategy
+
+log = logging.getLogger(__name__)
+
+
+class Boot(BootStrategy):
+    """Faust's documented way to leave out its Kafka clients (``enable_kafka``): sensors,
+    the agent manager (no agent) and, when enabled, the web server are all it starts."""
+
+    enable_kafka = False
+
+
+class Part(mode.Service):
+    """One part of the worker: ``start`` awaited when the app starts (``background``: run
+    as a task of the part, cancelled when it stops), ``stop`` awaited when it stops."""
+
+    def __init__(self, name: str, start: Callable[[], Awaitable[Any]] | None = None,
+                 stop: Callable[[], Awaitable[Any]] | None = None, *,
+                 background: bool = False) -> None:
+        super().__init__()
+        self.part = name
+        self._start = start
+        self._stop = stop
+        self._background = background
+
+    @property
+    def shortlabel(self) -> str:
+        return self.part
+
+    @property
+    def label(self) -> str:
+        return f"Part: {self.part}"
+
+    async def on_start(self) -> None:
+        if self._start is None:
+            return
+        if self._background:
+            self.add_future(self._start())
+        else:
+            await self._start()
+
+    async def on_stop(self) -> None:
+        if self._stop is not None:
+            await self._stop()
+
+
+def run(app: Any, name: str, start: Callable[[], Awaitable[Any]] | None = None,
+        stop: Callable[[], Awaitable[Any]] | None = None, *, background: bool = False) -> Part:
+    """Start ``start`` with ``app`` and ``stop`` when it stops (see the module docstring)."""
+    part = Part(name, start, stop, background=background)
+    app.add_dependency(part)
+    return part
+
+
+async def every(seconds: float, step: Callable[[], Awaitable[Any]]) -> None:
+    """``step`` every ``seconds`` until cancelled (a part's background timer); a step that
+    fails is logged and the timer goes on."""
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("timer step failed (%s)", type(exc).__name__)
