@@ -107,7 +107,7 @@ def recall(store: MemoryStore, embedder: Embedder, q: Query, now: float, weights
 
 
 def memory_dict(m: Memory) -> dict[str, Any]:
-    """A memory as the API shows it (topics.api.MemoryOut)."""
+    """A memory as the API shows it (web.models.api.MemoryOut)."""
     return {"memory_id": m.memory_id, "version": m.version, "type": m.type.value,
             "content": m.content, "importance": m.importance, "status": m.status.value,
             "scope": "global" if m.user_id == GLOBAL_USER else "user", "slot": m.slot,

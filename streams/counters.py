@@ -1,4 +1,4 @@
-"""Worker-local counters (exported as Prometheus metrics by :mod:`streams.metrics`, logged on
+"""Worker-local counters (exported as Prometheus metrics by :mod:`web.prometheus`, logged on
 shutdown): the one source of truth of what this process counted since it started.
 
 Plain ints and dicts updated in the event loop; labelled counts are dicts keyed by bounded
@@ -40,7 +40,7 @@ class Counters:
     # stage.until_handled: transient failures retried in place, records set aside as internal
     handler_retries: int = 0
     handler_failures: int = 0
-    # retrieval (streams.api): queries served, hits recorded / folded, feedback, tool calls
+    # retrieval (web.backend): queries served, hits recorded / folded, feedback, tool calls
     tool_requests: int = 0
     tool_requests_refused: int = 0
     searches: int = 0
@@ -53,13 +53,13 @@ class Counters:
     # windowed jobs (streams.jobs_fold): commands sent; consolidation merges (SPEC §8)
     jobs_commands: int = 0
     consolidation_merges: int = 0
-    user_deletions: int = 0  # deletions answered to an API caller (streams.governance)
+    user_deletions: int = 0  # deletions answered to an API caller (web.history)
     forget_requests: int = 0  # forget-me (right to erasure) requests
     # LLM spend of the decisions made here (streams.extract)
     llm_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    # labelled (streams.metrics): (op, lineage kind) of applied changes, jobs by trigger
+    # labelled (web.prometheus): (op, lineage kind) of applied changes, jobs by trigger
     # reason (first attempts), dead letters by reason class
     changes: dict[tuple[str, str], int] = field(default_factory=dict)
     jobs_by_trigger: dict[str, int] = field(default_factory=dict)

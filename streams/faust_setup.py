@@ -145,7 +145,7 @@ def faust_kwargs(settings: Settings) -> dict[str, Any]:
         # session_timeout_s).
         "consumer_group_instance_id": instance or None,
         # Faust's own views (/router, /table, /stats, ...) have no authentication; only
-        # memstream's views (streams/web.py, behind X-API-Key) are served.
+        # memstream's views (web/http.py, behind X-API-Key) are served.
         "web_router_enabled": False,
         "web_tables_enabled": False,
         "web_stats_enabled": False,
@@ -161,7 +161,7 @@ def faust_kwargs(settings: Settings) -> dict[str, Any]:
         # loop (streams.owned_loop); Faust's consumer only takes part in its group.
         "processing_guarantee": "at_least_once",
         "datadir": str(settings.data_dir / "faust"),
-        # Faust's own web server stays off: the API is memstream's (streams.serve).
+        # Faust's own web server stays off: the API is memstream's (web.serve).
         "web_enabled": False,
         "table_standby_replicas": 0,
         "broker_session_timeout": settings.session_timeout_s,

@@ -403,7 +403,7 @@ class MemoryChange(Event):
 
     change_id: str  # the deterministic op id: downstream consumers deduplicate on it
     # erase: a forget-me (memory_id "*"); restate: a live version restamped by a newer
-    # statement of it (same version; not a public event: topics.events.is_public)
+    # statement of it (same version; not a public event: topics.events.MemoryEvent.is_public)
     op: Literal["add", "update", "delete", "erase", "restate"]
     tenant_id: str
     user_id: str

@@ -79,7 +79,7 @@ class WorkerBackend(ReadBackend):
         super().__init__(p, recorder)
         self._producer: AIOKafkaProducer | None = None
         self._producer_lock = asyncio.Lock()
-        self.audit_log: Any = None  # memstream.web.audit.AuditLog, started by streams.serve
+        self.audit_log: Any = None  # memstream.web.audit.AuditLog, started by web.serve
 
     # --- tools ---------------------------------------------------------------------------
 
@@ -185,7 +185,7 @@ class WorkerBackend(ReadBackend):
         await self._producer.send_and_wait(self.p.topics.tool_requests.name,
                                            key=request.key().encode(), value=request.dumps())
 
-    # --- history and corrections (streams.governance) ------------------------------------
+    # --- history and corrections (web.history) ------------------------------------
 
     async def history(self, tenant: str, user: str, memory_id: str) -> HistoryResponse:
         return await history.history(self.p, tenant, user, memory_id)

@@ -3,7 +3,7 @@
 plus the consumer lag and the store size, and the JSON summary of SPEC §8.
 
 Served by :mod:`memstream.web.http_metrics` on the worker's own HTTP server
-(``/metrics``, ``/v1/metrics/summary``); :func:`attach` wires them in :mod:`streams.serve`.
+(``/metrics``, ``/v1/metrics/summary``); :func:`attach` wires them in :mod:`web.serve`.
 Label values come from fixed sets (:func:`memory.metrics.bounded`) or are topic names and
 partition numbers: never a tenant, a user or content.
 """
@@ -232,7 +232,7 @@ def registry_for(collector: PipelineCollector) -> CollectorRegistry:
 
 
 def attach(app: web.Application, p: Any) -> MetricsDeps:
-    """Serve the pipeline's metrics on ``app`` (built by ``streams.http.build_http_app``)."""
+    """Serve the pipeline's metrics on ``app`` (built by ``web.http.build_http_app``)."""
     # looked up at each count: follows a store the worker switched to (a rebuild)
     store = StoreSize(lambda: p.services.store.count(), p.settings.metrics_store_count_s)
 
