@@ -1,5 +1,5 @@
 """A synthetic memory-change log, made by the real decision code (memory.decisions.resolve
-and memory.apply.change_for): per user a stream of jobs whose candidates ADD new facts,
+and memory.applying.change_for): per user a stream of jobs whose candidates ADD new facts,
 UPDATE or DELETE live ones; optional duplicates (a re-published decision) and forget-mes.
 Used by benchmarks/rebuild.py and the rebuild unit tests.
 """
@@ -10,7 +10,7 @@ import random
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
-from memstream.memory.apply import change_for, erase_change
+from memstream.memory.applying import change_for, erase_change
 from memstream.memory.decisions import Candidate, Context, Decision, IdMap, resolve
 from memstream.memory.extraction import JobOutcome, RulesModel
 from memstream.memory.model import Memory, OpKind

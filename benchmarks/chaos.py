@@ -84,7 +84,7 @@ from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
 from memstream.dev.tls import write_dev_tls
-from memstream.memory.shards import partition_of_key
+from memstream.memory.store.partitioned import partition_of_key
 from memstream.ops.status import serves_what_it_owns
 from memstream.topics.layout import prepare
 from memstream.topics.registry import (
@@ -1140,9 +1140,9 @@ def replay(changes: Sequence[MemoryChange]) -> tuple[dict[str, list[str]], list[
 
     from qdrant_client import QdrantClient
 
-    from memstream.memory.apply import apply_change
+    from memstream.memory.applying import apply_change
     from memstream.memory.store import Scope
-    from memstream.memory.store_server import ServerStore
+    from memstream.memory.store.server import ServerStore
 
     warnings.filterwarnings("ignore", message="Payload indexes have no effect")
     client = QdrantClient(":memory:")

@@ -7,7 +7,7 @@ One synthetic change log (benchmarks/changegen.py: the real decision code, 512-d
 vectors, ~25% updates, ~7% deletes), measured side by side in one run:
 
 - ``bytes``: the changelog event (``MemoryChange``) against the public ``MemoryEvent`` made
-  of it (``MemoryEvent.of``), plain and sealed (``memory.crypto``), for adds and updates:
+  of it (``MemoryEvent.of``), plain and sealed (``memory.crypto.envelope``), for adds and updates:
   median bytes of ``--micro`` changes each, event / change;
 - ``produce``: per change, what the apply stage serialises: the changelog event alone
   (sealed: ``seal_change``) against the changelog event and its public event (built,
@@ -50,8 +50,8 @@ from memstream.consumer import MemoryChanges
 from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
-from memstream.memory import crypto
-from memstream.memory.user_keys import UserKeys
+from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto.user_keys import UserKeys
 from memstream.topics.events import MemoryEvent
 from memstream.topics.layout import create_topics
 from memstream.topics.registry import delete_topics, registry

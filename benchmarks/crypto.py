@@ -25,10 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 from benchmarks import smoke
-from memstream.memory import crypto
-from memstream.memory.apply import apply_change
+from memstream.memory.applying import apply_change
+from memstream.memory.crypto import envelope as crypto
 from memstream.memory.model import Memory, MemoryType, Source
-from memstream.memory.store_edge import EdgeStore
+from memstream.memory.store.edge import EdgeStore
 from memstream.topics.schemas import Lineage, MemoryChange
 
 DIM = 512

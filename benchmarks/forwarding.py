@@ -78,7 +78,7 @@ from memstream.core.settings import Settings
 from memstream.dev.tls import write_dev_tls
 from memstream.memory.extraction import Extractor, RulesModel
 from memstream.memory.services import Services, build_embedder
-from memstream.memory.store_edge import EdgeStore
+from memstream.memory.store.edge import EdgeStore
 from memstream.streams.access import AccessRecorder
 from memstream.streams.cluster import Cluster, ClusterMap, Worker
 from memstream.streams.pipeline import Pipeline

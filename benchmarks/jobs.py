@@ -62,12 +62,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 from benchmarks import smoke
 from memstream.jobs import triggers
 from memstream.jobs.work import decide_job
-from memstream.memory.access import AccessStats
+from memstream.memory.access_stats import AccessStats
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, JobOutcome, RulesModel
 from memstream.memory.model import Memory, MemoryType, Source
 from memstream.memory.store import MemoryStore, Scope
-from memstream.memory.store_edge import EdgeStore
+from memstream.memory.store.edge import EdgeStore
 from memstream.streams.jobs_fold import due_index
 from memstream.topics.schemas import ExtractionJob, ToolWrite, TriggerReason
 

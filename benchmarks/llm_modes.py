@@ -28,12 +28,12 @@ from memstream.dev.demo import load_samples
 from memstream.dev.openai_stub import OpenAITestServer, Reply, chat_json
 from memstream.memory import coalescing as machine
 from memstream.memory import rules
-from memstream.memory.apply import apply_change, change_for
+from memstream.memory.applying import apply_change, change_for
 from memstream.memory.embedding import UseEmbedder
 from memstream.memory.extraction import Extractor
-from memstream.memory.llm import OpenAIModel
+from memstream.memory.llm.openai_model import OpenAIModel
 from memstream.memory.store import Scope
-from memstream.memory.store_edge import EdgeStore
+from memstream.memory.store.edge import EdgeStore
 from memstream.topics.schemas import ChatMessage, ExtractionJob, JobResult, JobStatus, SessionEvent
 
 

@@ -13,18 +13,18 @@ fresh embedded Qdrant Edge store (flushed and closed: part of the cost):
 - ``parse``: the serialized events to ``MemoryChange`` objects. Today:
   ``model_validate_json`` with the vector typed ``list[float]`` (pydantic-core, float by
   float); new: ``topics.codec.decode_own`` (the same validation, the vector unpacked);
-- ``fold``: ``memory.rebuild.Fold`` on parsed changes. Today: records packed for Edge with
-  ``json.dumps``, a flush per forget-me; new: pydantic-core JSON, forget-mes erased with
+- ``fold``: ``memory.store.rebuild_fold.Fold`` on parsed changes. Today: records packed for
+  Edge with ``json.dumps``, a flush per forget-me; new: pydantic-core JSON, forget-mes erased with
   the batch, unflushed;
 - ``parse + fold``: both, from the bytes;
 - ``from Kafka`` (with ``--bootstrap``): each form produced to a fresh topic first, then
   what ``memstream rebuild`` runs: read (read_committed) + parse + fold + finish. Today:
   the loop as it was (parse and fold in the event loop); new: ``rebuild_into``.
 - ``one by one`` (with ``--one-by-one``): every change through
-  ``memory.apply.apply_change`` (the live path's store calls per change), for reference.
+  ``memory.applying.apply_change`` (the live path's store calls per change), for reference.
 
 Prints a table (changes/s, medians of ``--repeats``, new / today) and one JSON line. The
-per-user checksums (memory.checksum) of the stores built both ways are compared: they must
+per-user checksums (memory.store.checksum) of the stores built both ways are compared: they must
 be equal (today's float64 vectors and the packed float32 ones end as the same float32).
 ``--smoke``: tiny sizes (seconds), to check it still runs (``from Kafka`` still only with
 ``--bootstrap``, a running broker).
@@ -50,11 +50,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 from benchmarks import smoke
 from benchmarks.changegen import changes
-from memstream.memory import checksum, store_edge
-from memstream.memory.apply import apply_change
-from memstream.memory.rebuild import rebuild
-from memstream.memory.store import Scope
-from memstream.memory.store_edge import EdgeStore
+from memstream.memory.applying import apply_change
+from memstream.memory.store import Scope, checksum
+from memstream.memory.store import edge as store_edge
+from memstream.memory.store.edge import EdgeStore
+from memstream.memory.store.rebuild_fold import rebuild
 from memstream.topics.codec import decode_own
 from memstream.topics.schemas import MemoryChange
 
@@ -172,7 +172,7 @@ async def rebuild_today(settings: Any, store: EdgeStore) -> int:
     """``memstream rebuild`` as it ran until 2026-12-02: parse and fold in the event loop,
     the vector parsed float by float (the access topic is empty here)."""
     from memstream.core.topic_reader import Record, end_offsets, read_range
-    from memstream.memory.rebuild import Fold
+    from memstream.memory.store.rebuild_fold import Fold
     from memstream.topics.registry import registry
 
     topic = registry(settings).memory_changes.name
@@ -191,7 +191,7 @@ async def rebuild_today(settings: Any, store: EdgeStore) -> int:
 
 
 async def rebuild_new(settings: Any, store: EdgeStore) -> int:
-    from memstream.memory.rebuild_topics import rebuild_into
+    from memstream.memory.store.rebuild_topics import rebuild_into
 
     done = await rebuild_into(settings, store, embedder="bench", dim=DIM)
     return done.changes + done.skipped

@@ -71,14 +71,14 @@ import numpy as np
 from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.memory import retrieval
-from memstream.memory.access import AccessStats
+from memstream.memory.access_stats import AccessStats
 from memstream.memory.embedding import Embedder
 from memstream.memory.extraction import Extractor, RulesModel
 from memstream.memory.model import GLOBAL_USER, Memory, MemoryType, Source, Status
 from memstream.memory.services import Services, build_embedder, weights
 from memstream.memory.store import MemoryStore, Scope
-from memstream.memory.store_edge import EdgeStore
-from memstream.memory.store_server import ServerStore
+from memstream.memory.store.edge import EdgeStore
+from memstream.memory.store.server import ServerStore
 from memstream.memory.toolwrite import core_slot
 from memstream.streams.access import AccessRecorder
 from memstream.streams.counters import Counters

@@ -105,7 +105,7 @@ from memstream.core.kafka_io import start_producer
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
-from memstream.memory.shards import partition_of
+from memstream.memory.store.partitioned import partition_of
 from memstream.ops.status import serves_what_it_owns
 from memstream.topics.layout import create_topics
 from memstream.topics.registry import all_topic_names, delete_topics, registry

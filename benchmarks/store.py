@@ -26,8 +26,8 @@ from benchmarks import smoke
 from memstream.memory.embedding import UseEmbedder
 from memstream.memory.model import Memory, MemoryType, Source
 from memstream.memory.store import MemoryStore, Scope
-from memstream.memory.store_edge import EdgeStore
-from memstream.memory.store_server import ServerStore
+from memstream.memory.store.edge import EdgeStore
+from memstream.memory.store.server import ServerStore
 
 DIM = 512
 SMOKE = {"memories": 200, "users": 5, "queries": 20}  # --smoke: defaults for seconds

@@ -2,7 +2,7 @@
 memories, each resting on the memories it cites.
 
 A model with a reflection step (the OpenAI-compatible one: its prompt pair is
-:mod:`memory.llm_reflect`) answers insights with the numbers of the memories they rest on
+:mod:`memory.llm.reflect_step`) answers insights with the numbers of the memories they rest on
 ("... (because of 1, 5, 3)"); each becomes a reflection memory with its evidence ids. The
 offline rules model has none: the honest deterministic reflection is a profile summary by
 slot and type (:func:`profile_reflection`). Pure: the caller gives the memories and the time.

@@ -48,7 +48,7 @@ from memstream.memory.ingest_state import (
     Step,
     UserState,
 )
-from memstream.memory.triggers import is_explicit, is_trivial
+from memstream.memory.trigger_rules import is_explicit, is_trivial
 from memstream.topics.schemas import (
     ChatMessage,
     ExtractionJob,

@@ -6,7 +6,7 @@ of the same job sees an earlier one's effect). Applying is idempotent: an op who
 already left a record is skipped, so a replayed or re-sent job changes nothing twice.
 
 The model is one protocol (:class:`MemoryModel`) with a rules implementation here and an
-OpenAI-compatible one in :mod:`memory.llm`.
+OpenAI-compatible one in :mod:`memory.llm.openai_model`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from memstream.memory.embedding import Embedder, cosine
 from memstream.memory.model import Memory, MemoryType, OpKind
 from memstream.memory.outcome import Insight, JobOutcome, Usage
 from memstream.memory.store import MemoryStore, Scope
-from memstream.memory.triggers import is_trivial
+from memstream.memory.trigger_rules import is_trivial
 from memstream.topics.schemas import ExtractionJob, JobMessage, Role, ToolWrite
 
 __all__ = ["CombinedModel", "Extractor", "Insight", "JobOutcome", "MemoryModel", "RulesModel",
@@ -164,7 +164,7 @@ class WindowedJobs(Protocol):
 
 @dataclass(frozen=True)
 class Extractor:
-    """Decides one job against the store; applying is :func:`memory.apply.apply_change`."""
+    """Decides one job against the store; applying is :func:`memory.applying.apply_change`."""
 
     model: MemoryModel
     embedder: Embedder

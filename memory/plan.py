@@ -14,7 +14,7 @@ no clock.
 - A revised version keeps ``updated_at`` unless told otherwise: it is the time the fact was
   last asserted, which decay measures idleness from; the time of the change is
   ``valid_from``.
-- Version records never carry hit statistics (they live beside them, :mod:`memory.access`):
+- Version records never carry hit statistics (they live beside them, :mod:`memory.access_stats`):
   the joined ``last_accessed_at`` / ``access_count`` are dropped from every record written.
 - Core-memory blocks (slot ``core:*``) are the agent's own: never touched by a plan.
 """

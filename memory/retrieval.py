@@ -10,7 +10,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memstream.memory.access import AccessStats
+from memstream.memory.access_stats import AccessStats
 from memstream.memory.embedding import Embedder
 from memstream.memory.model import GLOBAL_USER, Memory, MemoryType
 from memstream.memory.scoring import Scored, Weights, rank, visible

@@ -13,7 +13,7 @@ from memstream.memory.scoring import Weights
 from memstream.memory.store import MemoryStore
 
 if TYPE_CHECKING:
-    from memstream.memory.llm_record import Recorder
+    from memstream.memory.llm.recorded import Recorder
 
 
 @dataclass(frozen=True)
@@ -50,17 +50,17 @@ def build_store(settings: Settings, dim: int, *, offline: bool = False) -> Memor
     layout, every partition's shard under ``data_dir/store`` (its global copy too) instead
     of an empty set the worker fills as partitions come."""
     if settings.store == "server":
-        from memstream.memory.store_server import ServerStore
+        from memstream.memory.store.server import ServerStore
 
         if not settings.qdrant_url:
             raise ConfigError("store=server needs MEMSTREAM_QDRANT_URL")
         key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
         return ServerStore.connect(settings.qdrant_url, key, settings.qdrant_collection, dim)
-    from memstream.memory.store_edge import EdgeStore
-    from memstream.memory.store_swap import SwappableStore
+    from memstream.memory.store.edge import EdgeStore
+    from memstream.memory.store.swappable import SwappableStore
 
     if settings.store_partitioned:  # shards opened as partitions come (streams.shards)
-        from memstream.memory.shards import SHARDS_DIR, PartitionedStore, partition_of
+        from memstream.memory.store.partitioned import SHARDS_DIR, PartitionedStore, partition_of
 
         n = settings.partitions
         store = PartitionedStore(lambda tenant, user: partition_of(tenant, user, n))
@@ -70,9 +70,9 @@ def build_store(settings: Settings, dim: int, *, offline: bool = False) -> Memor
             if (root / "global").is_dir():
                 store.global_shard = EdgeStore(root / "global", dim)
         return store
-    from memstream.memory.store_switch import current_store_path
+    from memstream.memory.store.switch import current_store_path
 
-    # the worker's store can be switched to a rebuilt one (memstream.memory.store_switch)
+    # the worker's store can be switched to a rebuilt one (memstream.memory.store.switch)
     return SwappableStore(EdgeStore(current_store_path(settings), dim))
 
 
@@ -80,7 +80,7 @@ def build_model(settings: Settings, recorder: Recorder | None = None) -> MemoryM
     """``recorder``: recorded answers around every LLM call (``memstream replay``); an
     offline one needs no endpoint (it never calls)."""
     if settings.llm == "openai":
-        from memstream.memory.llm import OpenAIModel
+        from memstream.memory.llm.openai_model import OpenAIModel
 
         offline = recorder is not None and recorder.offline
         if not settings.llm_base_url and settings.llm_api_key is None and not offline:
@@ -106,7 +106,7 @@ def build_services(settings: Settings, windowed: WindowedJobs | None = None) -> 
     store = build_store(settings, embedder.dim)
     recorder = None
     if settings.llm == "openai" and settings.llm_record is not None:
-        from memstream.memory.llm_record import Recorder
+        from memstream.memory.llm.recorded import Recorder
 
         recorder = Recorder(settings.llm_record, settings.llm_record_mode)
     model = build_model(settings, recorder)

@@ -8,7 +8,7 @@ ranking signal, not a ledger, and reads must not fail for them).
 
 The access loop (:class:`AccessStage`) consumes the memory-access topic and folds each event
 into the
-statistics records of :mod:`memory.access` (idempotent by event id), so the store's hit
+statistics records of :mod:`memory.access_stats` (idempotent by event id), so the store's hit
 counts are a function of the topic: a rebuild folds it again.
 """
 
@@ -26,7 +26,7 @@ from aiokafka import AIOKafkaProducer
 from memstream.core import kafka
 from memstream.core.errors import InvalidRecord, describe
 from memstream.core.settings import Settings
-from memstream.memory.rebuild import fold_access
+from memstream.memory.store.rebuild_fold import fold_access
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.ingest_tables import LoopTable
 from memstream.streams.owned_loop import run_with_app

@@ -1,5 +1,5 @@
 """The apply stage: decisions -> store, memory changes, job results (and the windowed jobs'
-triggers), a thin shell around :mod:`memory.apply`.
+triggers), a thin shell around :mod:`memory.applying`.
 
 It runs in its own loop (:class:`streams.owned_loop.OwnedLoop`, group ``{app_id}-apply``).
 Each decision of a partition's batch is applied to the store in order (idempotent and
@@ -32,10 +32,11 @@ from typing import Any, Protocol
 
 from memstream.core.errors import InvalidRecord, describe
 from memstream.core.retry import is_transient, retry_async
-from memstream.memory import fencing, metrics
-from memstream.memory.apply import Applied, apply_decision
+from memstream.memory import fencing
+from memstream.memory import governance_metrics as metrics
+from memstream.memory.applying import Applied, apply_decision
 from memstream.memory.model import GLOBAL_USER
-from memstream.memory.shards import ShardNotHere
+from memstream.memory.store.partitioned import ShardNotHere
 from memstream.streams import privacy
 from memstream.streams.counters import Counters, add
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside

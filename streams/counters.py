@@ -2,7 +2,7 @@
 shutdown): the one source of truth of what this process counted since it started.
 
 Plain ints and dicts updated in the event loop; labelled counts are dicts keyed by bounded
-label values only (``memory.metrics.bounded``): never a tenant, a user or content.
+label values only (``memory.governance_metrics.bounded``): never a tenant, a user or content.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
-from memstream.memory.metrics import LAG_BUCKETS, LATENCY_BUCKETS, Buckets
+from memstream.memory.governance_metrics import LAG_BUCKETS, LATENCY_BUCKETS, Buckets
 
 K = TypeVar("K")
 
@@ -53,7 +53,7 @@ class Counters:
     # windowed jobs (streams.jobs_fold): commands sent; consolidation merges (SPEC §8)
     jobs_commands: int = 0
     consolidation_merges: int = 0
-    user_deletions: int = 0  # deletions answered to an API caller (web.history)
+    user_deletions: int = 0  # deletions answered to an API caller (web.backend_history)
     forget_requests: int = 0  # forget-me (right to erasure) requests
     # LLM spend of the decisions made here (streams.extract)
     llm_calls: int = 0

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from memstream.core.errors import InvalidRecord
-from memstream.memory.metrics import DEAD_LETTER_CLASSES, bounded
+from memstream.memory.governance_metrics import DEAD_LETTER_CLASSES, bounded
 from memstream.streams.counters import add
 from memstream.streams.pipeline import Pipeline
 from memstream.topics.codec import DEAD_LETTER_KEY_BYTES, check_message, dead_letter, decode

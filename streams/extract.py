@@ -21,9 +21,9 @@ from memstream.core.errors import InvalidRecord, describe
 from memstream.core.retry import RetryPolicy, retry_async
 from memstream.core.settings import Settings
 from memstream.memory import fencing
-from memstream.memory.apply import build_decision
-from memstream.memory.shards import ShardNotHere
+from memstream.memory.applying import build_decision
 from memstream.memory.store import Scope
+from memstream.memory.store.partitioned import ShardNotHere
 from memstream.streams.counters import Counters
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.ingest_tables import LoopTable

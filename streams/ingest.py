@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from memstream.core.errors import InvalidRecord, describe, trace
 from memstream.memory import coalescing as machine
-from memstream.memory import metrics
+from memstream.memory import governance_metrics as metrics
 from memstream.memory.ingest_state import UserState, overdue, restore, snapshot
 from memstream.streams import placement, privacy, window
 from memstream.streams.counters import add

@@ -66,7 +66,7 @@ from memstream.core import kafka
 from memstream.core.errors import describe, trace
 from memstream.core.retry import RetryPolicy, next_delay
 from memstream.core.settings import Settings
-from memstream.memory.shards import ShardNotHere
+from memstream.memory.store.partitioned import ShardNotHere
 from memstream.streams import lifecycle
 from memstream.streams.cluster import assignor_for
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE

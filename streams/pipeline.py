@@ -82,7 +82,7 @@ class Pipeline:
     restored: RestoredStates = field(default_factory=RestoredStates)
     waiters: Waiters = field(default_factory=Waiters)  # API callers waiting for tool jobs
     api: Any = None  # the HTTP API's backend when web_enabled (web.backend.WorkerBackend)
-    # per-user data keys when MEMSTREAM_MASTER_KEY is set (memstream.memory.user_keys)
+    # per-user data keys when MEMSTREAM_MASTER_KEY is set (memstream.memory.crypto.user_keys)
     user_keys: Any = None
     # the cluster map of each stage's group (streams.cluster); the shards' keeper and
     # standbys with store_partitioned (streams.shards, streams.standby)

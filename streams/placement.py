@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memstream.memory.shards import partition_of_key
+from memstream.memory.store.partitioned import partition_of_key
 from memstream.streams.stage import Placed
 from memstream.topics.registry import Topics
 

@@ -1,8 +1,8 @@
 """Forget-me in the worker (SPEC §7): sealing change events, the read fence, the erasure.
 
 With ``MEMSTREAM_MASTER_KEY`` set, the worker follows the user-keys topic
-(:class:`memstream.memory.user_keys.UserKeys`); the apply stage seals every change event with the
-user's data key before publishing it, and its public event with the same key
+(:class:`memstream.memory.crypto.user_keys.UserKeys`); the apply stage seals every change
+event with the user's data key before publishing it, and its public event with the same key
 (:func:`seal_all`). A forget-me request
 first sets the user's signed marker and shreds the user's keys (from then on no read
 returns a memory of the user created before it, on any worker following the topic), then
@@ -20,7 +20,7 @@ from typing import Any
 
 from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
-from memstream.memory import crypto
+from memstream.memory.crypto import envelope as crypto
 from memstream.memory.model import Memory
 from memstream.streams import lifecycle
 from memstream.streams.pipeline import Pipeline
@@ -35,8 +35,8 @@ def register(p: Pipeline) -> None:
     """Follow the user-keys topic when a master key is configured."""
     if p.settings.master_key is None:
         return
-    from memstream.memory.metrics import DEAD_LETTER_CLASSES, bounded
-    from memstream.memory.user_keys import UserKeys
+    from memstream.memory.crypto.user_keys import UserKeys
+    from memstream.memory.governance_metrics import DEAD_LETTER_CLASSES, bounded
     from memstream.streams.counters import add
 
     def rejected(exc: InvalidRecord) -> None:  # a record set aside: a dead letter's count

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memstream.memory.shards import partition_of
+from memstream.memory.store.partitioned import partition_of
 from memstream.streams.pipeline import Pipeline
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from memstream.core.settings import Settings
-from memstream.memory.shards import PartitionedStore
 from memstream.memory.store import MemoryStore
+from memstream.memory.store.partitioned import PartitionedStore
 from memstream.streams import lifecycle
 from memstream.streams.cluster import Cluster, ClusterMap, Worker, must_leave, worker_of
 from memstream.streams.cluster_trust import Trust
@@ -36,7 +36,7 @@ def register(p: Pipeline) -> None:
     store = p.services.store
     if not isinstance(store, PartitionedStore):
         return
-    from memstream.memory.store_edge import EdgeStore
+    from memstream.memory.store.edge import EdgeStore
 
     dim = p.services.embedder.dim
 

@@ -5,8 +5,8 @@ their changelog, as Kafka Streams and Faust tables keep their state.
   any record of it is handled): a standby copy is caught up and promoted; a shard this worker
   left cleanly is caught up from its checkpoint (the topics' offsets it holds, written when
   it was closed); anything else is wiped and restored from the beginning. A restore folds,
-  for the partition, the memory-change topic (:class:`memory.rebuild.Fold` into an empty
-  shard, :func:`memory.apply.apply_change` onto a caught-up one), then the job results (the
+  for the partition, the memory-change topic (:class:`memory.store.rebuild_fold.Fold` into an empty
+  shard, :func:`memory.applying.apply_change` onto a caught-up one), then the job results (the
   user's cursor: a job that changed nothing leaves no change event, yet fences its seq), then
   the hit statistics of the memory-access topic, all ``read_committed`` to the ends as they
   are after the fence.
@@ -35,11 +35,11 @@ from typing import Any
 from aiokafka.structs import TopicPartition
 
 from memstream.core.topic_reader import Record, end_offsets, read_ranges
-from memstream.memory.apply import apply_change
+from memstream.memory.applying import apply_change
 from memstream.memory.fencing import Cursor
-from memstream.memory.rebuild import Fold, Opener, fold_access
-from memstream.memory.shards import SHARDS_DIR, PartitionedStore
 from memstream.memory.store import MemoryStore, Scope
+from memstream.memory.store.partitioned import SHARDS_DIR, PartitionedStore
+from memstream.memory.store.rebuild_fold import Fold, Opener, fold_access
 from memstream.topics.schemas import AccessEvent, JobResult, JobStatus, MemoryChange
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from memstream.core.errors import InvalidRecord, describe, trace
 from memstream.core.retry import RetryPolicy, is_transient, next_delay
-from memstream.memory.shards import ShardNotHere
+from memstream.memory.store.partitioned import ShardNotHere
 from memstream.streams.ingest_tables import LoopTable
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ its checkpoint, written every few seconds, is always a clean one). When the part
 to this worker, :meth:`Standbys.hand_over` gives the shard and its offsets to the
 :class:`~streams.shards.ShardKeeper`, which folds the tail and serves it: a failover costs
 the tail, not a full restore. Standby shards answer reads only when the owner is
-unreachable (:func:`memory.shards.standby_reads`).
+unreachable (:func:`memory.store.partitioned.standby_reads`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from aiokafka.structs import TopicPartition
 
 from memstream.core.topic_reader import Record, follow
 from memstream.memory.fencing import Cursor
-from memstream.memory.shards import PartitionedStore
 from memstream.memory.store import MemoryStore
+from memstream.memory.store.partitioned import PartitionedStore
 from memstream.streams.shards import (
     Offsets,
     OpenShard,

@@ -1,4 +1,4 @@
-"""The worker's side of ``memstream rebuild --verify / --swap`` (memstream.memory.store_switch): a
+"""The worker's side of ``memstream rebuild --verify / --swap`` (memstream.memory.store.switch): a
 timer that takes requests from ``data_dir/rebuild`` and answers them. Only a worker that
 owns an embedded store (store=edge, extract on) takes them."""
 
@@ -11,9 +11,9 @@ from typing import Any
 
 from memstream.core.errors import describe, trace
 from memstream.memory.store import MemoryStore
-from memstream.memory.store_edge import EdgeStore
-from memstream.memory.store_swap import SwappableStore
-from memstream.memory.store_switch import (
+from memstream.memory.store.edge import EdgeStore
+from memstream.memory.store.swappable import SwappableStore
+from memstream.memory.store.switch import (
     SwitchRequest,
     SwitchResult,
     claim_ownership,

@@ -1,4 +1,4 @@
-"""The short-term window table (see :mod:`memory.window`), written by the ingest stage.
+"""The short-term window table (see :mod:`memory.short_term`), written by the ingest stage.
 
 Keys: ``tenant/user/session`` holds the session's message count (the head), and
 ``tenant/user/session#n`` its chunks. Written in the ingest loop, next to the ingest state,
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from memstream.core.settings import Settings
-from memstream.memory import window
+from memstream.memory import short_term as window
 from memstream.topics.schemas import ChatMessage
 
 

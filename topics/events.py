@@ -9,7 +9,7 @@ same changes in the same order. Its fields are a contract (``docs/consuming.md``
 they do not know.
 
 With a master key, ``before``, ``after`` and ``reason`` travel sealed with the user's data
-key, the same key that seals the change event (:mod:`memory.crypto`): a forget-me shreds
+key, the same key that seals the change event (:mod:`memory.crypto.envelope`): a forget-me shreds
 it, and every copy of the user's content on both topics stops opening at once.
 
 Pure: no I/O.

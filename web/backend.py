@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaProducer
 
 from memstream.core import kafka
 from memstream.memory import retrieval
-from memstream.memory import window as windows
+from memstream.memory import short_term as windows
 from memstream.memory.coalescing import tool_job_id
 from memstream.memory.store import Scope
 from memstream.memory.tools import ToolError, parse_arguments, replace_core
@@ -32,7 +32,7 @@ from memstream.streams.access import AccessRecorder
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.waiters import Outcome
 from memstream.topics.schemas import ID_PATTERN, ToolRequest, ToolWrite
-from memstream.web import history
+from memstream.web import backend_history as history
 from memstream.web.backend_reads import (
     LIST_MAX,
     ReadBackend,
@@ -185,7 +185,7 @@ class WorkerBackend(ReadBackend):
         await self._producer.send_and_wait(self.p.topics.tool_requests.name,
                                            key=request.key().encode(), value=request.dumps())
 
-    # --- history and corrections (web.history) ------------------------------------
+    # --- history and corrections (web.backend_history) ------------------------------------
 
     async def history(self, tenant: str, user: str, memory_id: str) -> HistoryResponse:
         return await history.history(self.p, tenant, user, memory_id)

@@ -16,7 +16,7 @@ import uuid
 from typing import Any
 
 from memstream.memory import retrieval
-from memstream.memory import window as windows
+from memstream.memory import short_term as windows
 from memstream.memory.model import Memory, MemoryType
 from memstream.memory.prompt_block import prompt_block
 from memstream.memory.scoring import Scored

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from memstream.core.errors import trace
 from memstream.core.retry import is_transient
-from memstream.memory.shards import ShardNotHere
+from memstream.memory.store.partitioned import ShardNotHere
 from memstream.web.forwarding import ingress
 from memstream.web.http_base import (
     DEPS,

@@ -4,7 +4,7 @@ plus the consumer lag and the store size, and the JSON summary of SPEC §8.
 
 Served by :mod:`memstream.web.http_metrics` on the worker's own HTTP server
 (``/metrics``, ``/v1/metrics/summary``); :func:`attach` wires them in :mod:`web.serve`.
-Label values come from fixed sets (:func:`memory.metrics.bounded`) or are topic names and
+Label values come from fixed sets (:func:`memory.governance_metrics.bounded`) or are topic names and
 partition numbers: never a tenant, a user or content.
 """
 
@@ -30,7 +30,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from memstream.memory import metrics as m
+from memstream.memory import governance_metrics as m
 from memstream.streams.counters import Counters
 from memstream.web.http_base import DEPS
 from memstream.web.models.metrics import GovernanceMetrics, MetricsSummary, Quantiles, RawCounts

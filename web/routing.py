@@ -36,7 +36,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from memstream.memory.shards import ShardNotHere, partition_of, standby_reads
+from memstream.memory.store.partitioned import ShardNotHere, partition_of, standby_reads
 from memstream.streams.cluster import Cluster
 from memstream.web.forwarding import (
     FORWARDED,
@@ -87,7 +87,7 @@ class Router:
                  clock: Callable[[], float] = time.time) -> None:
         self.cluster = cluster
         self.partitions = partitions
-        self.store = store  # a memory.shards.PartitionedStore: its standby shards
+        self.store = store  # a memory.store.partitioned.PartitionedStore: its standby shards
         self.secret = secret
         self.gate = ForwardGate(secret, cluster.me.worker_id, clock) if secret else None
         self.ca = ca

@@ -18,8 +18,8 @@ from typing import Literal
 
 from memstream.core.errors import MemstreamError
 from memstream.core.settings import Settings
-from memstream.memory import crypto
-from memstream.memory.user_keys import UserKeys
+from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto.user_keys import UserKeys
 from memstream.topics.events import MemoryEvent
 
 log = logging.getLogger(__name__)

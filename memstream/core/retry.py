@@ -124,7 +124,7 @@ def _grpc(exc: BaseException) -> bool | None:
 
 
 def _ours(exc: BaseException) -> bool | None:
-    llm = _mod("memstream.memory.llm")
+    llm = _mod("memstream.memory.llm.openai_model")
     if llm is not None and isinstance(exc, llm.InvalidReply):
         return True  # the model may answer validly next time
     decisions = _mod("memstream.memory.decisions")

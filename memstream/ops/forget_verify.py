@@ -58,7 +58,7 @@ async def _scan(settings: Settings, tenant: str, user: str, needles: list[bytes]
         topics.memory_changes.name: MemoryChange, topics.memory_events.name: MemoryEvent}
     opener = None
     if settings.master_key is not None:
-        from memstream.memory.user_keys import UserKeys
+        from memstream.memory.crypto.user_keys import UserKeys
 
         keys = UserKeys(settings, registry(settings).user_keys.name)
         await keys.start(write=False)  # looks, never writes

@@ -1,5 +1,5 @@
 """``memstream keys rotate-master`` and ``memstream keys create --read-events``: the master
-key's side of the user-keys topic (:mod:`memstream.memory.user_keys`).
+key's side of the user-keys topic (:mod:`memstream.memory.crypto.user_keys`).
 
 Rotating the master key, while the workers run:
 
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from memstream.core.errors import ConfigError
 from memstream.core.settings import Settings
-from memstream.memory import user_key_records as rec
-from memstream.memory.user_keys import UserKeys
+from memstream.memory.crypto import key_records as rec
+from memstream.memory.crypto.user_keys import UserKeys
 from memstream.topics.layout import create_topics
 from memstream.topics.registry import registry
 from memstream.topics.schemas import ID_PATTERN

@@ -26,7 +26,7 @@ def _reembedder(settings: Settings, name: str | None) -> tuple[str, Any]:
 
 
 def _ask_worker(settings: Settings, path: Path, swap: bool, force: bool, keep: bool) -> Any:
-    from memstream.memory.store_switch import SwitchRequest, SwitchResult, rebuild_dir, write_json
+    from memstream.memory.store.switch import SwitchRequest, SwitchResult, rebuild_dir, write_json
 
     rid = uuid.uuid4().hex[:12]
     root = rebuild_dir(settings)
@@ -49,9 +49,9 @@ def _offline(settings: Settings, path: Path, manifest: Any, swap: bool, force: b
              keep: bool) -> tuple[bool, bool, str]:
     """No worker runs: open the live store here. Returns (ok, switched, message)."""
     from memstream.memory.store import StoreError
-    from memstream.memory.store_edge import EdgeStore
-    from memstream.memory.store_swap import copy_cursors, copy_user
-    from memstream.memory.store_switch import (
+    from memstream.memory.store.edge import EdgeStore
+    from memstream.memory.store.swappable import copy_cursors, copy_user
+    from memstream.memory.store.switch import (
         current_store_path,
         discard,
         set_current_store_path,
@@ -163,9 +163,9 @@ def run_rebuild(settings: Settings, into: Path | None = None, *, tenant: str | N
                 batch: int = 4096, progress: bool = True) -> bool:
     """Rebuild, then verify / switch (see :func:`rebuild`); prints what it did. Returns
     whether the new store verified equal (True when not verified)."""
-    from memstream.memory.rebuild_topics import UnreadableChange, rebuild_into
-    from memstream.memory.store_edge import EdgeStore
-    from memstream.memory.store_switch import owner_pid
+    from memstream.memory.store.edge import EdgeStore
+    from memstream.memory.store.rebuild_topics import UnreadableChange, rebuild_into
+    from memstream.memory.store.switch import owner_pid
 
     name, emb = _reembedder(settings, embedder)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")

@@ -32,10 +32,9 @@ from pathlib import Path
 import click
 
 from memstream.core.settings import Settings
-from memstream.memory import checksum
-from memstream.memory.rebuild import Opener
-from memstream.memory.shards import SHARDS_DIR
-from memstream.memory.store import MemoryStore, StoreError
+from memstream.memory.store import MemoryStore, StoreError, checksum
+from memstream.memory.store.partitioned import SHARDS_DIR
+from memstream.memory.store.rebuild_fold import Opener
 
 RUNNING = ("the shards under {root} are open in a running worker ({error}): a shard is "
            "rebuilt with its worker stopped — stop it and run `memstream rebuild` again (a "
@@ -55,7 +54,7 @@ class Rebuilt:
 
 
 def _open(path: Path, dim: int) -> MemoryStore:
-    from memstream.memory.store_edge import EdgeStore
+    from memstream.memory.store.edge import EdgeStore
 
     return EdgeStore(path, dim)
 
@@ -76,7 +75,7 @@ def _verify(live: MemoryStore, new: MemoryStore) -> checksum.Verification:
 
 async def _rebuild_all(settings: Settings, into: Path, dim: int,
                        ) -> tuple[list[Rebuilt], list[MemoryStore]]:
-    from memstream.memory.rebuild_topics import opener_for
+    from memstream.memory.store.rebuild_topics import opener_for
     from memstream.topics.registry import registry
 
     reg = registry(settings)

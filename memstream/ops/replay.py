@@ -3,12 +3,12 @@
 Reads the messages and session-events topics up to their ends at start (read_committed;
 records that do not decode are counted and skipped, as the live stage dead-letters them;
 messages of a user written before their forget-me marker are skipped too), forms the jobs
-with the live trigger machine (:mod:`memory.replay`), and decides each job with the
+with the live trigger machine (:mod:`memory.reextraction`), and decides each job with the
 configured model (``MEMSTREAM_LLM``, ``_LLM_MODEL``, ``_LLM_MODE``; rules by default)
 through the live :class:`~memory.extraction.Extractor`, applying it through the live
-fenced path (:func:`memory.apply.apply_decision`) into a new store: an Edge path or a
+fenced path (:func:`memory.applying.apply_decision`) into a new store: an Edge path or a
 server collection, never the live one. Time comes from the messages, so two runs with the
-same answers give identical stores; recorded answers (:mod:`memory.llm_record`) make that
+same answers give identical stores; recorded answers (:mod:`memory.llm.recorded`) make that
 hold offline. No change events are published: the new store is for comparison or a
 switch-over (``memstream rebuild``'s checksum compares stores).
 """
@@ -27,17 +27,17 @@ from memstream.core.errors import ConfigError, InvalidRecord, MemstreamError
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import end_offsets, read_range
 from memstream.memory import fencing
-from memstream.memory import replay as pure
-from memstream.memory.apply import apply_decision, build_decision
+from memstream.memory import reextraction as pure
+from memstream.memory.applying import apply_decision, build_decision
+from memstream.memory.crypto.key_records import FORGOTTEN, Keyring, parse_key
+from memstream.memory.crypto.key_view import KeyView
 from memstream.memory.decisions import Candidate
 from memstream.memory.extraction import Extractor, Insight, MemoryModel, Usage
-from memstream.memory.llm_record import Mode as RecordMode
-from memstream.memory.llm_record import Recorder
+from memstream.memory.llm.recorded import Mode as RecordMode
+from memstream.memory.llm.recorded import Recorder
 from memstream.memory.model import Memory
 from memstream.memory.services import build_embedder, build_model
 from memstream.memory.store import MemoryStore, Scope
-from memstream.memory.user_key_records import FORGOTTEN, Keyring, parse_key
-from memstream.memory.user_key_view import KeyView
 from memstream.topics.codec import check_message, decode
 from memstream.topics.registry import registry
 from memstream.topics.schemas import ChatMessage, ExtractionJob, JobMessage, JobStatus, SessionEvent
@@ -185,8 +185,8 @@ def open_target(settings: Settings, options: Options, dim: int) -> MemoryStore:
     if (options.into is None) == (options.collection is None):
         raise ConfigError("give exactly one target: --into PATH or --collection NAME")
     if options.into is not None:
-        from memstream.memory.store_edge import EdgeStore
-        from memstream.memory.store_switch import current_store_path
+        from memstream.memory.store.edge import EdgeStore
+        from memstream.memory.store.switch import current_store_path
 
         path = options.into.resolve()
         for live in {(settings.data_dir / "qdrant").resolve(),
@@ -198,7 +198,7 @@ def open_target(settings: Settings, options: Options, dim: int) -> MemoryStore:
             raise ConfigError(f"{options.into} is not empty (use --resume to continue an "
                               "earlier replay with the same options)")
         return EdgeStore(path, dim)
-    from memstream.memory.store_server import ServerStore
+    from memstream.memory.store.server import ServerStore
 
     if settings.store != "server" or not settings.qdrant_url:
         raise ConfigError("--collection needs MEMSTREAM_STORE=server and MEMSTREAM_QDRANT_URL")

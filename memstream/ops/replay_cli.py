@@ -11,7 +11,7 @@ import click
 
 from memstream.core.errors import MemstreamError
 from memstream.core.settings import Settings
-from memstream.memory.replay import Filters
+from memstream.memory.reextraction import Filters
 from memstream.ops.replay import STOPPED_EXIT, Options, Report, run
 
 

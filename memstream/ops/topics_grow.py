@@ -42,7 +42,7 @@ from typing import Any
 from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import Record, end_offsets, read_range
-from memstream.memory.shards import partition_of_key
+from memstream.memory.store.partitioned import partition_of_key
 from memstream.topics.layout import LayoutError, prepare
 from memstream.topics.registry import Topics, TopicSpec, changelog_name, registry
 

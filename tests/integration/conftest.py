@@ -31,8 +31,8 @@ from memstream.core.kafka_io import TopicReader, send_events, send_raw, start_pr
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
-from memstream.memory.apply import apply_change
-from memstream.memory.store_server import ServerStore
+from memstream.memory.applying import apply_change
+from memstream.memory.store.server import ServerStore
 from memstream.topics.layout import create_topics
 from memstream.topics.registry import all_topic_names, delete_topics, registry
 from memstream.topics.schemas import (

@@ -19,10 +19,10 @@ import pytest_asyncio
 
 from memstream.client import AsyncMemoryClient
 from memstream.core.kafka_io import TopicReader
-from memstream.memory.rebuild import rebuild
+from memstream.memory.crypto.user_keys import UserKeys
 from memstream.memory.store import Scope
-from memstream.memory.store_server import ServerStore
-from memstream.memory.user_keys import UserKeys
+from memstream.memory.store.rebuild_fold import rebuild
+from memstream.memory.store.server import ServerStore
 from memstream.ops.forget_verify import verify
 from memstream.topics.schemas import MemoryChange
 from tests.integration.conftest import free_port, remembered, running, until

@@ -13,8 +13,8 @@ from aiokafka import AIOKafkaProducer
 
 from memstream.consumer.opening import Opener
 from memstream.core.settings import Settings
-from memstream.memory import crypto
-from memstream.memory.user_keys import UserKeys
+from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto.user_keys import UserKeys
 from memstream.ops.keys_rotate import read_key, rotate_master
 from memstream.topics.events import EventLineage, MemoryEvent, MemoryState
 from memstream.topics.layout import create_topics

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from memstream.core.settings import Settings
-from memstream.memory.llm import LLMError, OpenAIModel
+from memstream.memory.llm.openai_model import LLMError, OpenAIModel
 from memstream.memory.services import build_model
 from memstream.topics.schemas import DeadLetter, JobMessage
 from tests.integration.conftest import chat, end, free_port, running

@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 
 from memstream.client import AsyncMemoryClient
 from memstream.core.kafka_io import TopicReader
-from memstream.memory.shards import partition_of
+from memstream.memory.store.partitioned import partition_of
 from memstream.topics.schemas import ChatMessage, SessionEvent
 from tests.integration.conftest import free_port, running, wait_covered
 

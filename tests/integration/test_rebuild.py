@@ -16,9 +16,9 @@ import pytest
 import pytest_asyncio
 
 from memstream.dev.process import settings_env
-from memstream.memory.rebuild_topics import Manifest
-from memstream.memory.store_edge import EdgeStore
-from memstream.memory.store_switch import current_store_path
+from memstream.memory.store.edge import EdgeStore
+from memstream.memory.store.rebuild_topics import Manifest
+from memstream.memory.store.switch import current_store_path
 from memstream.ops.rebuild import _ask_worker
 from tests.integration.conftest import run_conversations, running, until
 

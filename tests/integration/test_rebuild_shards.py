@@ -16,9 +16,9 @@ import pytest_asyncio
 
 from memstream.client import AsyncMemoryClient
 from memstream.dev.process import settings_env
-from memstream.memory.shards import SHARDS_DIR, partition_of
 from memstream.memory.store import Scope
-from memstream.memory.store_edge import EdgeStore
+from memstream.memory.store.edge import EdgeStore
+from memstream.memory.store.partitioned import SHARDS_DIR, partition_of
 from tests.integration.conftest import free_port, run_conversations, running, until
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ from memstream.dev.openai_stub import OpenAITestServer, Reply, chat_json
 from memstream.memory import rules
 from memstream.memory.embedding import UseEmbedder
 from memstream.memory.store import Scope
-from memstream.memory.store_edge import EdgeStore
+from memstream.memory.store.edge import EdgeStore
 from memstream.topics.schemas import ChatMessage, SessionEvent
 
 pytestmark = pytest.mark.integration

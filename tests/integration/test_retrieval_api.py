@@ -17,9 +17,9 @@ import pytest_asyncio
 from memstream.client import AsyncMemoryClient, MemstreamAPIError
 from memstream.core.kafka_io import TopicReader
 from memstream.core.settings import Settings
-from memstream.memory.rebuild import rebuild
 from memstream.memory.store import Scope
-from memstream.memory.store_edge import EdgeStore
+from memstream.memory.store.edge import EdgeStore
+from memstream.memory.store.rebuild_fold import rebuild
 from memstream.topics.schemas import AccessEvent, MemoryChange
 from memstream.web.keys_topic import create_key
 from tests.integration.conftest import free_port, remembered, running, until, wait_covered

@@ -17,7 +17,7 @@ import pytest
 
 from memstream.core.cluster_auth import CREDENTIAL_HEADER, forward_credential
 from memstream.dev.process import WorkerProcess
-from memstream.memory.shards import partition_of
+from memstream.memory.store.partitioned import partition_of
 from memstream.ops.status import serves_what_it_owns
 from tests.integration.conftest import free_port, remembered, until
 

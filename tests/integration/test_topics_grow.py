@@ -15,7 +15,7 @@ import pytest
 
 from memstream.client import AsyncMemoryClient
 from memstream.dev.process import settings_env
-from memstream.memory.shards import partition_of
+from memstream.memory.store.partitioned import partition_of
 from tests.integration.conftest import Harness, free_port, run_conversations, until
 
 pytestmark = pytest.mark.integration

@@ -36,7 +36,7 @@ from memstream.core import kafka
 from memstream.core.kafka_io import TopicReader
 from memstream.core.settings import Settings
 from memstream.dev.process import WorkerProcess
-from memstream.memory.shards import partition_of
+from memstream.memory.store.partitioned import partition_of
 from memstream.ops.keys_rotate import read_key, rotate_master
 from memstream.ops.status import serves_what_it_owns
 from memstream.streams.cluster import Worker, assignor_for

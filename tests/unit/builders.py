@@ -70,12 +70,12 @@ def result(job, status: JobStatus = JobStatus.DONE, now: float = 0.0) -> JobResu
 def make_store(kind: str, tmp_path, dim: int):
     """An empty store of either backend: ``"edge"`` (on disk) or ``"server"`` (in memory)."""
     if kind == "edge":
-        from memstream.memory.store_edge import EdgeStore
+        from memstream.memory.store.edge import EdgeStore
 
         return EdgeStore(tmp_path / "edge", dim)
     from qdrant_client import QdrantClient
 
-    from memstream.memory.store_server import ServerStore
+    from memstream.memory.store.server import ServerStore
 
     return ServerStore("memories", dim, client=QdrantClient(":memory:"))
 
@@ -198,7 +198,7 @@ def live(store, user="u1"):
     return sorted(m.content for m in store.list(Scope("t1", user)))
 
 
-# --- a change event with a canary in it (memory.crypto, web.audit) --------------------------
+# --- a change event with a canary in it (memory.crypto.envelope, web.audit) -----------------
 
 CANARY = "canary-7f3a Lives in Reykjavik"
 

@@ -1,6 +1,6 @@
 """The JSON of ``GET /v1/metrics/summary`` (admin key or metrics key): the governance
 metrics of SPEC §8 computed over this worker's counters since it started, and the raw
-numbers they come from (definitions: :mod:`memstream.memory.metrics`).
+numbers they come from (definitions: :mod:`memstream.memory.governance_metrics`).
 
 Counters are per worker process and restart at zero: for a fleet or a time window, use the
 Prometheus counters of ``/metrics`` and the README's PromQL instead.

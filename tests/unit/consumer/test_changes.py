@@ -24,7 +24,7 @@ from memstream.consumer.changes import _Listener
 from memstream.consumer.opening import Opener
 from memstream.core import kafka
 from memstream.core.settings import Settings
-from memstream.memory import crypto
+from memstream.memory.crypto import envelope as crypto
 from memstream.topics.events import EventLineage, MemoryEvent, MemoryState
 from memstream.topics.registry import registry
 

@@ -34,7 +34,7 @@ from memstream.core.retry import (
 from memstream.memory.decisions import InvalidDecision
 from memstream.memory.embedding import EmbeddingError
 from memstream.memory.extraction import Usage
-from memstream.memory.llm import InvalidReply, LLMError
+from memstream.memory.llm.openai_model import InvalidReply, LLMError
 from memstream.memory.store import StoreError
 
 pytestmark = pytest.mark.unit
@@ -160,7 +160,7 @@ def test_a_cause_cycle_ends():
 def test_importing_the_module_imports_no_client_library():
     code = ("import sys, memstream.core.retry as r; "
             "print(sorted(m for m in ('openai', 'qdrant_client', 'aiokafka', 'httpx', 'httpx2',"
-            " 'grpc', 'memstream.memory.llm') if m in sys.modules)); "
+            " 'grpc', 'memstream.memory.llm.openai_model') if m in sys.modules)); "
             "print(r.is_transient(ConnectionError()), r.is_transient(ValueError()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout.split("\n")

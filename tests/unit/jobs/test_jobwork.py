@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from memstream.jobs.work import WindowedWork
-from memstream.memory.apply import apply_decision, build_decision
+from memstream.memory.applying import apply_decision, build_decision
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, Insight, RulesModel, Usage
 from memstream.memory.store import Scope

@@ -12,7 +12,7 @@ from memstream.jobs.consolidation import plan_consolidation
 from memstream.jobs.decay import DAY, DecayPolicy, plan_decay
 from memstream.jobs.reflection import profile_reflection
 from memstream.memory import rules
-from memstream.memory.apply import apply_decision, build_decision
+from memstream.memory.applying import apply_decision, build_decision
 from memstream.memory.decisions import Context, op_id
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import JobOutcome, RulesModel

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from memstream.memory.embedding import HashingEmbedder
-from memstream.memory.store_edge import EdgeStore
-from memstream.memory.store_server import ServerStore
+from memstream.memory.store.edge import EdgeStore
+from memstream.memory.store.server import ServerStore
 
 
 @pytest.fixture(params=["edge", "server"])

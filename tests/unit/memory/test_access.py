@@ -1,4 +1,4 @@
-"""Folding access events into per-memory statistics (memory.access), and storing them."""
+"""Folding access events into per-memory statistics (memory.access_stats), and storing them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from memstream.memory.access import Access, AccessStats, fold, fold_one, memory_ids
+from memstream.memory.access_stats import Access, AccessStats, fold, fold_one, memory_ids
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.fencing import Cursor
 from memstream.memory.store import Scope

@@ -1,4 +1,4 @@
-"""Per-user envelope encryption of change events (memory.crypto)."""
+"""Per-user envelope encryption of change events (memory.crypto.envelope)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from memstream.core.errors import ConfigError, InvalidRecord
-from memstream.memory import crypto
+from memstream.memory.crypto import envelope as crypto
 from memstream.topics.schemas import MemoryChange
 from tests.unit.builders import CANARY, change
 

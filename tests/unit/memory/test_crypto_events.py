@@ -1,4 +1,4 @@
-"""Sealing the public memory event (memory.crypto.seal_event / open_event): the content
+"""Sealing the public memory event (memory.crypto.envelope.seal_event / open_event): the content
 travels sealed with the user's data key, bound to its tenant, user, change id and topic."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
-from memstream.memory import crypto
-from memstream.memory.user_keys import UserKeys
+from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto.user_keys import UserKeys
 from memstream.topics.events import EventLineage, MemoryEvent, MemoryState
 from tests.unit.builders import CANARY, change
 

@@ -14,13 +14,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from memstream.memory.apply import apply_change, change_for
+from memstream.memory.applying import apply_change, change_for
 from memstream.memory.decisions import Candidate, Context, Decision, IdMap, resolve
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, RulesModel
 from memstream.memory.model import Memory, OpKind, Source, Status
 from memstream.memory.store import Scope
-from memstream.memory.store_edge import EdgeStore
+from memstream.memory.store.edge import EdgeStore
 from memstream.topics.schemas import ExtractionJob, JobMessage, TriggerReason
 
 pytestmark = pytest.mark.unit
@@ -151,7 +151,7 @@ def test_a_decision_killed_after_writing_its_history_record_is_completed_not_fen
     """The apply stage died after the store took a late fact's history record and before
     the rest (the cursor): applying the decision again completes it and publishes the
     history's event. A history record is never live, which is not a memory moving on."""
-    from memstream.memory.apply import apply_decision, build_decision
+    from memstream.memory.applying import apply_decision, build_decision
     from memstream.memory.fencing import Verdict
 
     run(ex, job("a", [("I live in Lisbon", 0)]), now=100.0)

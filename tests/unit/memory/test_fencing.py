@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from memstream.memory.apply import apply_decision, build_decision
+from memstream.memory.applying import apply_decision, build_decision
 from memstream.memory.coalescing import (
     Policy,
     UserState,

@@ -9,14 +9,14 @@ from datetime import UTC, datetime
 
 import pytest
 
-from memstream.memory import crypto
-from memstream.memory.apply import apply_change, apply_decision, build_decision
+from memstream.memory.applying import apply_change, apply_decision, build_decision
 from memstream.memory.coalescing import on_result, on_tool
+from memstream.memory.crypto import envelope as crypto
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, RulesModel
 from memstream.memory.fencing import Verdict
-from memstream.memory.rebuild import rebuild
 from memstream.memory.store import Scope
+from memstream.memory.store.rebuild_fold import rebuild
 from memstream.topics.schemas import JobResult, JobStatus
 from tests.unit.builders import P, feed, forget_request, fresh, make_store, memory, tool_request
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from memstream.memory import governance
-from memstream.memory.apply import apply_change, apply_decision, build_decision
+from memstream.memory.applying import apply_change, apply_decision, build_decision
 from memstream.memory.decisions import Context
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import JobOutcome, RulesModel

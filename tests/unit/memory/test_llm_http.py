@@ -14,10 +14,10 @@ from memstream.dev.openai_stub import OpenAITestServer, Reply, chat, chat_json, 
 from memstream.memory.decisions import Candidate
 from memstream.memory.embedding import EmbeddingError, HashingEmbedder, OpenAIEmbedder
 from memstream.memory.extraction import Extractor
-from memstream.memory.llm import DECIDE_PROMPT, EXTRACT_PROMPT, LLMError, OpenAIModel
+from memstream.memory.llm.openai_model import DECIDE_PROMPT, EXTRACT_PROMPT, LLMError, OpenAIModel
 from memstream.memory.model import Memory, OpKind, Source
 from memstream.memory.store import Scope
-from memstream.memory.store_edge import EdgeStore
+from memstream.memory.store.edge import EdgeStore
 from memstream.topics.schemas import ExtractionJob, JobMessage, TriggerReason
 
 pytestmark = pytest.mark.unit
@@ -198,7 +198,7 @@ SCRIPTS = {  # the same conversation, answered the way each mode asks
 
 @pytest.mark.parametrize("mode", ["two_step", "combined"])
 def test_both_modes_turn_a_move_into_one_live_address(server, tmp_path, mode):
-    from memstream.memory.apply import apply_change, change_for
+    from memstream.memory.applying import apply_change, change_for
 
     store = EdgeStore(tmp_path / "s", HashingEmbedder().dim)
     m = model(server, mode=mode)

@@ -1,4 +1,4 @@
-"""Recorded LLM answers (memory/llm_record.py): keys, modes, the file, and the model hook."""
+"""Recorded LLM answers (memory/llm/recorded.py): keys, modes, the file, and the model hook."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from openai import OpenAI
 from memstream.core.settings import Settings
 from memstream.dev.openai_stub import OpenAITestServer, chat_json
 from memstream.memory.extraction import Usage
-from memstream.memory.llm import EXTRACT_PROMPT, OpenAIModel
-from memstream.memory.llm_record import (
+from memstream.memory.llm.openai_model import EXTRACT_PROMPT, OpenAIModel
+from memstream.memory.llm.recorded import (
     FORMAT,
     Recorder,
     RecordingError,

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from memstream.memory.apply import apply_change, change_for
+from memstream.memory.applying import apply_change, change_for
 from memstream.memory.calibrate import calibrate, load_pairs
 from memstream.memory.decisions import Candidate, Context, Decision, IdMap, InvalidDecision, resolve
 from memstream.memory.embedding import HashingEmbedder, UseEmbedder
 from memstream.memory.extraction import Extractor, JobOutcome, RulesModel
 from memstream.memory.model import Memory, OpKind, Source, Status
 from memstream.memory.store import Scope
-from memstream.memory.store_edge import EdgeStore
+from memstream.memory.store.edge import EdgeStore
 from memstream.topics.schemas import ExtractionJob
 from tests.unit.builders import job, live
 

@@ -1,18 +1,17 @@
-"""The batched rebuild (memory.rebuild.Fold) leaves exactly the records that replaying the
-change log one change at a time through memory.apply.apply_change leaves; the per-user
-checksums (memory.checksum) see any difference."""
+"""The batched rebuild (memory.store.rebuild_fold.Fold) leaves exactly the records that
+replaying the change log one change at a time through memory.applying.apply_change leaves;
+the per-user checksums (memory.store.checksum) see any difference."""
 
 from __future__ import annotations
 
 import pytest
 
 from benchmarks.changegen import changes
-from memstream.memory import checksum
-from memstream.memory.apply import apply_change
+from memstream.memory.applying import apply_change
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.model import Memory
-from memstream.memory.rebuild import Fold, rebuild
-from memstream.memory.store import Scope
+from memstream.memory.store import Scope, checksum
+from memstream.memory.store.rebuild_fold import Fold, rebuild
 from tests.unit.builders import make_store
 
 pytestmark = pytest.mark.unit

@@ -1,6 +1,6 @@
 """Rebuilding from the memory-change topic as it is on the wire: events whose vector is the
 float list written before 2026-12-02, packed ones since, or both mixed, fold into the store
-the live path wrote, checksum for checksum (memory.checksum compares vectors as float32)."""
+the live path wrote, checksum for checksum (memory.store.checksum compares vectors as float32)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks.changegen import changes
-from memstream.memory import checksum
-from memstream.memory.apply import apply_change, apply_decision, build_decision
+from memstream.memory.applying import apply_change, apply_decision, build_decision
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, RulesModel
-from memstream.memory.rebuild import Fold, rebuild
-from memstream.memory.rebuild_topics import UnreadableChange, fold_records
-from memstream.memory.store import Scope
-from memstream.memory.store_edge import pack, unpack
+from memstream.memory.store import Scope, checksum
+from memstream.memory.store.edge import pack, unpack
+from memstream.memory.store.rebuild_fold import Fold, rebuild
+from memstream.memory.store.rebuild_topics import UnreadableChange, fold_records
 from memstream.topics.codec import decode, decode_own
 from memstream.topics.schemas import JobDecision, MemoryChange
 from tests.unit.builders import job, make_store
@@ -142,7 +141,7 @@ def test_edge_payloads_read_back_as_written():
 
 
 def test_the_fold_erases_with_its_batches_and_flushes_once_at_the_end(tmp_path):
-    from memstream.memory.store_edge import EdgeStore
+    from memstream.memory.store.edge import EdgeStore
 
     calls: list[tuple[int, bool]] = []
 

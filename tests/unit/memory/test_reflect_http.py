@@ -12,9 +12,9 @@ from openai import OpenAI
 
 from memstream.core.settings import Settings
 from memstream.dev.openai_stub import OpenAITestServer, chat, chat_json, error
-from memstream.memory import llm_reflect
 from memstream.memory.extraction import Insight, RulesModel, Usage
-from memstream.memory.llm import LLMError, OpenAIModel, prompt
+from memstream.memory.llm import reflect_step as llm_reflect
+from memstream.memory.llm.openai_model import LLMError, OpenAIModel, prompt
 from memstream.memory.model import Memory, Source
 
 pytestmark = pytest.mark.unit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memstream.memory.access import AccessStats
+from memstream.memory.access_stats import AccessStats
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.model import GLOBAL_USER
 from memstream.memory.retrieval import Query, memory_dict, recall

@@ -1,5 +1,5 @@
-"""The store split by partition (memory.shards): a user's calls go to the shard of the user's
-partition (the producers' partition of ``tenant/user``); a shard not served here raises
+"""The store split by partition (memory.store.partitioned): a user's calls go to the shard of
+the user's partition (the producers' partition of ``tenant/user``); a shard not served here raises
 ShardNotHere; standby shards serve reads only inside ``standby_reads()`` and never writes;
 the global shard's memories join a search / list that includes the global scope."""
 
@@ -8,11 +8,16 @@ from __future__ import annotations
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
-from memstream.memory.access import AccessStats
+from memstream.memory.access_stats import AccessStats
 from memstream.memory.fencing import Cursor
 from memstream.memory.model import GLOBAL_USER
-from memstream.memory.shards import PartitionedStore, ShardNotHere, partition_of, standby_reads
 from memstream.memory.store import Scope, StoreError
+from memstream.memory.store.partitioned import (
+    PartitionedStore,
+    ShardNotHere,
+    partition_of,
+    standby_reads,
+)
 from memstream.topics.schemas import user_key
 from tests.unit.builders import make_store, memory
 

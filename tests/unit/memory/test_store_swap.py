@@ -1,4 +1,4 @@
-"""The store switch's parts (memory.store_swap), without Kafka: the users written since a
+"""The store switch's parts (memory.store.swappable), without Kafka: the users written since a
 moment, the switch with writes held and reads going on, the exact per-user copy, cursors
 never going back, and the whole switch against a writer that never stops."""
 
@@ -9,12 +9,11 @@ import threading
 import pytest
 
 from benchmarks.changegen import changes
-from memstream.memory import checksum
-from memstream.memory.apply import apply_change
+from memstream.memory.applying import apply_change
 from memstream.memory.fencing import Cursor
-from memstream.memory.rebuild import rebuild
-from memstream.memory.store import Scope
-from memstream.memory.store_swap import SwappableStore, copy_cursors, copy_user
+from memstream.memory.store import Scope, checksum
+from memstream.memory.store.rebuild_fold import rebuild
+from memstream.memory.store.swappable import SwappableStore, copy_cursors, copy_user
 from tests.unit.builders import make_store
 
 pytestmark = pytest.mark.unit

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from memstream.memory.apply import apply_decision, build_decision
+from memstream.memory.applying import apply_decision, build_decision
 from memstream.memory.coalescing import (
     TOOL_SESSION,
     next_deadline,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memstream.memory.triggers import is_explicit, is_trivial
+from memstream.memory.trigger_rules import is_explicit, is_trivial
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The user-keys view (memory.user_keys / user_key_view / user_key_records), without a
+"""The user-keys view (memory.crypto.user_keys / user_key_view / user_key_records), without a
 broker: a fake topic is a list of records, a writer's producer appends to it and a fresh
 view takes it from the start, as a restarted follower would."""
 
@@ -10,9 +10,9 @@ import pytest
 
 from memstream.core.errors import ConfigError
 from memstream.core.settings import Settings
-from memstream.memory import crypto
-from memstream.memory import user_key_records as rec
-from memstream.memory.user_keys import UserKeys
+from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto import key_records as rec
+from memstream.memory.crypto.user_keys import UserKeys
 from memstream.topics.schemas import MemoryChange
 from tests.unit.builders import CANARY, change
 
@@ -255,7 +255,7 @@ def test_read_keys_and_previous_masters_that_do_not_parse_are_config_errors():
 async def test_the_follower_resumes_from_its_position_after_an_error(monkeypatch):
     import asyncio
 
-    from memstream.memory import user_keys
+    from memstream.memory.crypto import user_keys
 
     seen: list[dict] = []
     again = asyncio.Event()

@@ -1,12 +1,12 @@
-"""The short-term window: chunk arithmetic and search (memory.window), the table (streams)."""
+"""The short-term window: chunk arithmetic and search (memory.short_term), the table (streams)."""
 
 from __future__ import annotations
 
 import pytest
 
 from memstream.core.settings import Settings
-from memstream.memory import window
-from memstream.memory.window import CHUNK
+from memstream.memory import short_term as window
+from memstream.memory.short_term import CHUNK
 from memstream.streams import window as table_window
 from tests.unit.builders import msg
 

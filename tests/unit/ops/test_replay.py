@@ -1,4 +1,4 @@
-"""Replay's pure part (memory/replay.py): messages -> jobs, the budget; and the run loop
+"""Replay's pure part (memory/reextraction.py): messages -> jobs, the budget; and the run loop
 (memstream/replay.run_jobs) with scripted models on an Edge store, without Kafka."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from memstream.memory import replay as r
+from memstream.memory import reextraction as r
 from memstream.memory.decisions import Candidate, Decision
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, Insight, Usage
 from memstream.memory.ingest_state import Policy
 from memstream.memory.model import Memory, OpKind
 from memstream.memory.store import Scope
-from memstream.memory.store_edge import EdgeStore
+from memstream.memory.store.edge import EdgeStore
 from memstream.ops.replay import Report, _Metered, run_jobs
 from memstream.topics.schemas import ChatMessage, JobMessage, SessionEvent, TriggerReason
 
@@ -251,8 +251,8 @@ def test_forget_me_markers_are_read_when_they_verify_and_never_deleted():
     from pydantic import SecretStr
 
     from memstream.core.settings import Settings
-    from memstream.memory import user_key_records as rec
-    from memstream.memory.user_key_view import kek_record
+    from memstream.memory.crypto import key_records as rec
+    from memstream.memory.crypto.key_view import kek_record
     from memstream.ops.replay import _forgotten
 
     settings = Settings(master_key=SecretStr("master-key-of-the-replay-test"))
@@ -299,7 +299,7 @@ def test_the_target_is_never_the_live_store(tmp_path):
 def test_the_target_is_never_the_store_the_worker_was_switched_to(tmp_path):
     from memstream.core.errors import ConfigError
     from memstream.core.settings import Settings
-    from memstream.memory.store_switch import set_current_store_path
+    from memstream.memory.store.switch import set_current_store_path
     from memstream.ops.replay import Options, open_target
 
     s = Settings(data_dir=tmp_path / "live")

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from memstream.cli import main
 from memstream.core.settings import Settings
-from memstream.memory.apply import apply_change, change_for
+from memstream.memory.applying import apply_change, change_for
 from memstream.memory.extraction import Extractor
 from memstream.memory.services import build_embedder, build_model, build_store
 from memstream.topics.schemas import ExtractionJob, JobMessage, TriggerReason

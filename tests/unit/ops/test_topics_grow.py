@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from memstream.core.settings import Settings
-from memstream.memory.shards import partition_of, partition_of_key
+from memstream.memory.store.partitioned import partition_of, partition_of_key
 from memstream.ops.topics_grow import (
     durable,
     pending,

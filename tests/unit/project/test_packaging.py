@@ -29,7 +29,8 @@ def test_wheel_has_one_top_level_package(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"memstream"}
-    for sub in ("memory/store.py", "streams/ingest.py", "topics/schemas.py", "jobs/__init__.py",
+    for sub in ("memory/store/protocol.py", "streams/ingest.py", "topics/schemas.py",
+                "jobs/__init__.py",
                 "memory/prompts/combined-v1.md", "samples/conversations.jsonl",
                 "web/inspector/index.html", "web/inspector/app.js", "web/http.py",
                 "web/inspector/style.css", "core/settings.py"):

@@ -13,14 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from memstream.memory import checksum
-from memstream.memory.apply import apply_decision, build_decision
+from memstream.memory.applying import apply_decision, build_decision
 from memstream.memory.coalescing import on_tool
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, RulesModel
 from memstream.memory.fencing import Cursor, Verdict, decision_id, timeless
-from memstream.memory.rebuild import rebuild
-from memstream.memory.store import Scope
+from memstream.memory.store import Scope, checksum
+from memstream.memory.store.rebuild_fold import rebuild
 from memstream.streams.apply import publish
 from memstream.streams.counters import Counters
 from memstream.streams.extract import failed_decision, skip_decided

@@ -70,8 +70,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from memstream.memory import checksum
-from memstream.memory.apply import apply_change, apply_decision, build_decision
+from memstream.memory.applying import apply_change, apply_decision, build_decision
 from memstream.memory.coalescing import (
     next_deadline,
     on_message,
@@ -84,7 +83,7 @@ from memstream.memory.extraction import Extractor, RulesModel
 from memstream.memory.fencing import Verdict
 from memstream.memory.ingest_state import Policy, Step, UserState
 from memstream.memory.model import Memory
-from memstream.memory.store import Scope
+from memstream.memory.store import Scope, checksum
 from memstream.streams.apply import publish
 from memstream.streams.counters import Counters
 from memstream.streams.extract import decide_with_retries, failed_decision, skip_decided
@@ -117,7 +116,7 @@ pytestmark = pytest.mark.unit
 # 3. (fixed) A half-applied decision overtaken by another decision of its job lost its
 #    events: D1 killed between its writes, a copy decided against that store (D2) applied
 #    first, D1 back as DONE published only D2's kept events. Now D1, back, also publishes
-#    its own changes the store holds and D2 did not publish (memory.apply.overtaken_writes);
+#    its own changes the store holds and D2 did not publish (memory.applying.overtaken_writes);
 #    the machine hands a half-applied decision over in any order.
 
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, the simulated clock's start (whole seconds)

@@ -14,7 +14,7 @@ from aiokafka.structs import TopicPartition
 from pydantic import SecretStr
 
 from memstream.core.settings import Settings
-from memstream.memory.shards import partition_of, partition_of_key
+from memstream.memory.store.partitioned import partition_of, partition_of_key
 from memstream.streams import placement
 from memstream.streams.app import build_app
 from memstream.streams.ingest import ingest_loop

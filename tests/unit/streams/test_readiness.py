@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from memstream.core.settings import Settings
-from memstream.memory.shards import partition_of
+from memstream.memory.store.partitioned import partition_of
 from memstream.streams.readiness import readiness, restoring
 from memstream.web.backend_reads import ReadBackend
 

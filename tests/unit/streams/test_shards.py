@@ -1,8 +1,8 @@
 """A partition's shard restored from its changelog (streams.shards), without Kafka: the
-memory-change records folded into an empty shard (memory.rebuild.Fold) or replayed onto a
-caught-up one (memory.apply.apply_change) give what memory.rebuild.rebuild gives; DONE job
-results hold the user's cursor; hits from before a forget-me stay erased; the checkpoint
-files of a closed shard."""
+memory-change records folded into an empty shard (memory.store.rebuild_fold.Fold) or replayed onto a
+caught-up one (memory.applying.apply_change) give what memory.store.rebuild_fold.rebuild
+gives; DONE job results hold the user's cursor; hits from before a forget-me stay erased; the
+checkpoint files of a closed shard."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from datetime import UTC, datetime
 import pytest
 
 from benchmarks.changegen import changes
-from memstream.memory import checksum
 from memstream.memory.fencing import Cursor
-from memstream.memory.rebuild import rebuild
-from memstream.memory.store import Scope
+from memstream.memory.store import Scope, checksum
+from memstream.memory.store.rebuild_fold import rebuild
 from memstream.streams import shards as shards_module
 from memstream.streams.shards import Restore, ShardFiles, restore
 from memstream.topics.schemas import AccessEvent, JobResult, JobStatus, MemoryChange
@@ -390,7 +389,7 @@ def test_the_quickest_takes_come_first(tmp_path):
     restore; a checkpoint past the erasure bound counts as none."""
     from types import SimpleNamespace
 
-    from memstream.memory.shards import PartitionedStore
+    from memstream.memory.store.partitioned import PartitionedStore
     from memstream.streams.shards import ShardKeeper
 
     store = PartitionedStore(lambda tenant, user: 0)
@@ -408,7 +407,7 @@ async def test_a_partition_handed_over_stays_requested_for_when_it_is_given_up_a
         tmp_path):
     """A take that a rebalance overtakes gives the partition up again: the map still names
     this worker its standby, so it is followed again (it was dropped from the request)."""
-    from memstream.memory.shards import PartitionedStore
+    from memstream.memory.store.partitioned import PartitionedStore
     from memstream.streams.standby import Standbys
 
     store = PartitionedStore(lambda tenant, user: 0)
@@ -427,7 +426,7 @@ async def test_a_partition_handed_over_stays_requested_for_when_it_is_given_up_a
 def _keeper_with_standbys(tmp_path, requested: set[int]):
     from types import SimpleNamespace
 
-    from memstream.memory.shards import PartitionedStore
+    from memstream.memory.store.partitioned import PartitionedStore
     from memstream.streams.shards import ShardKeeper
     from memstream.streams.standby import Standbys
 

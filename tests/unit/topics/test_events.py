@@ -11,9 +11,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from memstream.memory import crypto
-from memstream.memory.apply import apply_decision, build_decision
+from memstream.memory.applying import apply_decision, build_decision
 from memstream.memory.coalescing import on_tool
+from memstream.memory.crypto import envelope as crypto
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, RulesModel
 from memstream.topics.events import MemoryEvent

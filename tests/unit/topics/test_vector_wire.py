@@ -15,7 +15,7 @@ from array import array
 import pytest
 
 from memstream.core.errors import InvalidRecord
-from memstream.memory import crypto
+from memstream.memory.crypto import envelope as crypto
 from memstream.topics.codec import decode, decode_own
 from memstream.topics.schemas import (
     JobDecision,

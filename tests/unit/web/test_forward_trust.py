@@ -28,12 +28,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from memstream.client import MemoryClient
 from memstream.core.cluster_auth import CREDENTIAL_HEADER, IDEMPOTENCY_KEY, forward_credential
 from memstream.dev.tls import write_dev_tls
-from memstream.memory.shards import PartitionedStore, partition_of
+from memstream.memory.store.partitioned import PartitionedStore, partition_of
 from memstream.streams.cluster import Cluster, ClusterMap, Worker
 from memstream.streams.counters import Counters
 from memstream.topics.schemas import ToolWrite
 from memstream.web import backend as worker_backend
-from memstream.web import history
+from memstream.web import backend_history as history
 from memstream.web.forwarding import PRINCIPAL_HEADER, TO, server_ssl
 from memstream.web.http import HttpServer, build_http_app
 from memstream.web.http_base import DEPS, LoginGuard, key_prefix

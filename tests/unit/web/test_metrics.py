@@ -1,5 +1,5 @@
-"""The metrics of SPEC §8: the pure computations (memory.metrics), the counting done by the
-stages, the Prometheus collector (names, labels, values) and the two HTTP routes."""
+"""The metrics of SPEC §8: the pure computations (memory.governance_metrics), the counting
+done by the stages, the Prometheus collector (names, labels, values) and the two HTTP routes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from memstream.core.errors import InvalidRecord
 from memstream.memory import coalescing as machine
-from memstream.memory import metrics as m
+from memstream.memory import governance_metrics as m
 from memstream.memory.ingest_state import Policy, UserState
 from memstream.streams.apply import count_applied
 from memstream.streams.counters import Counters

@@ -19,7 +19,7 @@ from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from memstream.core.cluster_auth import CREDENTIAL_HEADER, IDEMPOTENCY_KEY, forward_credential
-from memstream.memory.shards import _STANDBY, PartitionedStore, partition_of
+from memstream.memory.store.partitioned import _STANDBY, PartitionedStore, partition_of
 from memstream.streams.cluster import Cluster, ClusterMap, Worker
 from memstream.web.forwarding import PRINCIPAL_HEADER, TO
 from memstream.web.http import ApiError, build_http_app
@@ -85,7 +85,7 @@ WRITE_IDS = [s[1].removeprefix(paths.USER + "/") for s in WRITES]
 
 class WorkerBackend(FakeBackend):
     """A fake backend whose answers name its worker, and which notes for every call whether
-    standby reads were on (``memory.shards.standby_reads``)."""
+    standby reads were on (``memory.store.partitioned.standby_reads``)."""
 
     def __init__(self, name: str) -> None:
         super().__init__()

@@ -1,6 +1,6 @@
 """A process's view of the user-keys topic: pure, no I/O (the follower that feeds it and
-writes through it is :mod:`memstream.memory.user_keys`; the records are
-:mod:`memstream.memory.user_key_records`).
+writes through it is :mod:`memstream.memory.crypto.user_keys`; the records are
+:mod:`memstream.memory.crypto.key_records`).
 
 What a producer without the keys can do is bounded here: a record that does not parse,
 unwrap or verify is set aside (``rejected``, a log line with its offset, and a dead letter
@@ -24,13 +24,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from memstream.core.errors import InvalidRecord
-from memstream.memory import crypto
-from memstream.memory import user_key_records as rec
-from memstream.memory.user_key_records import FORGOTTEN, KEK, ROLL, Keyring
+from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto import key_records as rec
+from memstream.memory.crypto.key_records import FORGOTTEN, KEK, ROLL, Keyring
 from memstream.topics.codec import dead_letter
 from memstream.topics.events import MemoryEvent
 
-log = logging.getLogger("memstream.memory.user_keys")
+log = logging.getLogger("memstream.memory.crypto.user_keys")
 _LOGGED = 50  # rejections logged at warning level; later ones at debug
 Sent = tuple[str, bytes | None]  # a record to write: key, value (None: a tombstone)
 

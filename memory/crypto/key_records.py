@@ -1,7 +1,7 @@
 """The records of the ``<prefix>.user-keys`` topic, their signatures, and who opens them.
 
 Pure: parsing, encoding, signing and verifying; no I/O, no clock. The follower that keeps a
-worker's (or a downstream reader's) view is :mod:`memstream.memory.user_keys`.
+worker's (or a downstream reader's) view is :mod:`memstream.memory.crypto.user_keys`.
 
 Record layout (keys are UTF-8, values JSON)::
 
@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from memstream.core.errors import ConfigError, InvalidRecord
 from memstream.core.settings import Settings
-from memstream.memory import crypto
+from memstream.memory.crypto import envelope as crypto
 from memstream.topics.schemas import ID_PATTERN
 
 FORGOTTEN = "!forgotten"

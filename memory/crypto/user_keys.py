@@ -1,6 +1,6 @@
 """Per-user data keys on the compacted ``<prefix>.user-keys`` topic (forget-me, SPEC §7).
 
-Records (layout, signatures: :mod:`memstream.memory.user_key_records`): tenant KEKs
+Records (layout, signatures: :mod:`memstream.memory.crypto.key_records`): tenant KEKs
 (``tenant/!kek/<id>``, wrapped by a version of the master key), the users' data keys
 (``tenant/user/<key id>``, wrapped by a tenant KEK) and forget markers
 (``tenant/user/!forgotten``, signed with a key derived from the tenant KEK). Forgetting
@@ -33,10 +33,10 @@ from memstream.core import kafka
 from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import Record, end_offsets, follow, read_range
-from memstream.memory import crypto
-from memstream.memory import user_key_records as rec
-from memstream.memory.user_key_records import FORGOTTEN, ROLL, Keyring
-from memstream.memory.user_key_view import KeyView, Rotation, Sent, data_key_record, kek_record
+from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto import key_records as rec
+from memstream.memory.crypto.key_records import FORGOTTEN, ROLL, Keyring
+from memstream.memory.crypto.key_view import KeyView, Rotation, Sent, data_key_record, kek_record
 
 __all__ = ["FORGOTTEN", "ROLL", "Rotation", "UserKeys"]
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The OpenAI-compatible memory model: extraction and decision as two validated calls
-(and reflection, :mod:`memory.llm_reflect`).
+(and reflection, :mod:`memory.llm.reflect_step`).
 
 Works against OpenAI, vLLM, Ollama or anything that speaks ``/v1/chat/completions``:
 - structured output through a JSON-schema response format, falling back to JSON mode
@@ -36,10 +36,10 @@ from memstream.core.retry import (
     retry_sync,
 )
 from memstream.core.settings import Settings
-from memstream.memory import llm_reflect
 from memstream.memory.decisions import Candidate, Decision
 from memstream.memory.extraction import Insight, Usage
-from memstream.memory.llm_record import Recorder, record_key
+from memstream.memory.llm import reflect_step as llm_reflect
+from memstream.memory.llm.recorded import Recorder, record_key
 from memstream.memory.model import Memory, MemoryType, OpKind
 from memstream.topics.schemas import JobMessage, Role
 
@@ -132,7 +132,7 @@ class OpenAIModel:
         self._sleep = sleep
         self._clock = clock
         self._format = "json_schema"  # the structured output the server accepts
-        self.recorder = recorder  # recorded answers (memory.llm_record): replays offline
+        self.recorder = recorder  # recorded answers (memory.llm.recorded): replays offline
 
     # --- the protocol -------------------------------------------------------------------
     def extract(self, messages: Sequence[JobMessage],

@@ -1,5 +1,5 @@
 """``memstream rebuild``: the store rebuilt from the memory-change and memory-access topics
-into a new store (memory.rebuild), with a manifest of what it read.
+into a new store (memory.store.rebuild_fold), with a manifest of what it read.
 
 The topics are read up to the end offsets they had when the rebuild started (the
 *snapshot*, kept in the manifest): a switch (streams.store_swap) catches the new store up
@@ -27,8 +27,8 @@ from typing import Any
 from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import Offsets, Record, end_offsets, read_range
-from memstream.memory.rebuild import Fold, Opener, Reembed, fold_access
 from memstream.memory.store import MemoryStore
+from memstream.memory.store.rebuild_fold import Fold, Opener, Reembed, fold_access
 from memstream.topics.codec import decode_own
 from memstream.topics.registry import registry
 from memstream.topics.schemas import AccessEvent, MemoryChange
@@ -104,7 +104,7 @@ async def opener_for(settings: Settings, topic: str) -> tuple[Opener | None, Any
     and the follower to stop afterwards."""
     if settings.master_key is None:
         return None, None
-    from memstream.memory.user_keys import UserKeys
+    from memstream.memory.crypto.user_keys import UserKeys
 
     keys = UserKeys(settings, topic)
     await keys.start(write=False)  # a reader: it never writes to the key topic

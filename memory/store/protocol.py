@@ -1,8 +1,8 @@
 """The memory store: one small protocol, two Qdrant implementations.
 
-- :class:`memory.store_edge.EdgeStore` — Qdrant Edge in-process (``qdrant-edge-py``),
+- :class:`memory.store.edge.EdgeStore` — Qdrant Edge in-process (``qdrant-edge-py``),
   persistent on disk: the embedded default. One process owns a path.
-- :class:`memory.store_server.ServerStore` — a Qdrant server through ``qdrant-client``
+- :class:`memory.store.server.ServerStore` — a Qdrant server through ``qdrant-client``
   (URL + API key) for multi-worker deployments; ``QdrantClient(":memory:")`` in tests.
 
 Every read is scoped to one tenant and one user (plus, where asked, the global scope of
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from memstream.core.errors import MemstreamError
-from memstream.memory.access import AccessStats
+from memstream.memory.access_stats import AccessStats
 from memstream.memory.fencing import Cursor, Published
 from memstream.memory.model import GLOBAL_USER, Memory, version_point_id
 
@@ -25,7 +25,7 @@ INDEXED_KEYWORDS = ("tenant_id", "user_id", "status", "memory_id", "slot", "type
 
 
 CURSOR_STATUS = "cursor"  # the per-user fencing record; never matches a memory query
-ACCESS_STATUS = "access"  # a memory's hit statistics (memory.access); never a memory either
+ACCESS_STATUS = "access"  # a memory's hit statistics (memory.access_stats); never a memory either
 PUBLISHED_STATUS = "published"  # the cursor job's change events as published (fencing)
 HIDDEN_STATUSES = (CURSOR_STATUS, ACCESS_STATUS, PUBLISHED_STATUS)
 BOOKKEEPING_STATUSES = (CURSOR_STATUS, PUBLISHED_STATUS)  # fencing's, not memories' records
@@ -171,7 +171,7 @@ class MemoryStore(Protocol):
         ...
 
     def put_access(self, scope: Scope, stats: Sequence[AccessStats]) -> None:
-        """Store folded hit statistics (see :mod:`memory.access`)."""
+        """Store folded hit statistics (see :mod:`memory.access_stats`)."""
         ...
 
     def scan(self, tenant_id: str | None = None, user_id: str | None = None, *,

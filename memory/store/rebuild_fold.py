@@ -2,7 +2,7 @@
 then the memory-access topic folded, into an empty store. No LLM call (and no embedding,
 unless the rebuild re-embeds with another embedder).
 
-:func:`apply_change` (memory.apply) replays one change against a store: ~5 store round
+:func:`apply_change` (memory.applying) replays one change against a store: ~5 store round
 trips (cursor, seen-before check, write, cursor again). :class:`Fold` gives the same
 records for a whole stream into an *empty* store with the bookkeeping in memory (each
 user's cursor and the changes seen) and the writes batched: one upsert per
@@ -13,7 +13,7 @@ for record; ``benchmarks/rebuild.py`` measures them side by side.
 
 Both inputs are idempotent (a change seen before is skipped; an access event is counted
 once by id), and hit statistics live apart from the version records
-(:mod:`memory.access`), so the two folds are independent of each other's order.
+(:mod:`memory.access_stats`), so the two folds are independent of each other's order.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from memstream.memory import access
+from memstream.memory import access_stats as access
 from memstream.memory.fencing import Cursor
 from memstream.memory.model import version_point_id
 from memstream.memory.store import MemoryStore, Scope
@@ -77,7 +77,7 @@ def fold_access(store: MemoryStore, events: Iterable[AccessEvent],
 class Fold:
     """The change stream folded into an empty ``store``, batched (see the module doc).
 
-    The same rules as :func:`memory.apply.apply_change`: a change of a job older than the
+    The same rules as :func:`memory.applying.apply_change`: a change of a job older than the
     user's cursor is skipped (a forget-me is never undone), a change seen before is
     skipped, an ``erase`` deletes the user's records and keeps the cursor. ``reembed``
     recomputes each new version's vector from its content (another embedder); payload-only
@@ -183,7 +183,7 @@ def rebuild(store: MemoryStore, changes: Iterable[MemoryChange],
             accesses: Iterable[AccessEvent] = (),
             opener: Opener | None = None, *, reembed: Reembed | None = None,
             select: Callable[[str, str], bool] | None = None, batch: int = 4096) -> Rebuilt:
-    """``opener`` opens sealed change events (:mod:`memory.crypto`); one it cannot open
+    """``opener`` opens sealed change events (:mod:`memory.crypto.envelope`); one it cannot open
     (its user was forgotten: the key is shredded) is skipped, so a rebuild never
     resurrects a forgotten user. ``store`` must be empty."""
     fold = Fold(store, opener, reembed, batch, select)

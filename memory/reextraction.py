@@ -38,12 +38,12 @@ from typing import Literal
 from pydantic import BaseModel
 
 from memstream.core.errors import MemstreamError
-from memstream.memory import llm
 from memstream.memory.coalescing import next_deadline, on_message, on_result, on_session_end
 from memstream.memory.coalescing import on_tick as tick
 from memstream.memory.ingest_state import Policy, Step, UserState
+from memstream.memory.llm import openai_model as llm
 from memstream.memory.prompt_block import estimate_tokens
-from memstream.memory.triggers import is_trivial
+from memstream.memory.trigger_rules import is_trivial
 from memstream.topics.schemas import (
     ChatMessage,
     ExtractionJob,

@@ -1,7 +1,7 @@
 """Recorded LLM answers: the same replay runs again offline with identical results (SPEC §9).
 
 A :class:`Recorder` sits around the one place the OpenAI-compatible model asks for a
-validated answer (:meth:`memory.llm.OpenAIModel._ask`). Every request is keyed by
+validated answer (:meth:`memory.llm.openai_model.OpenAIModel._ask`). Every request is keyed by
 (model, prompt version, sha256 of the canonical request: system text + user text + reply
 schema name); the answer (the validated reply as JSON) and its usage (calls, prompt and
 completion tokens, retried attempts included) are appended to a JSONL file.

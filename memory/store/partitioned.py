@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from aiokafka.partitioner import murmur2
 
-from memstream.memory.access import AccessStats
+from memstream.memory.access_stats import AccessStats
 from memstream.memory.fencing import Cursor, Published
 from memstream.memory.model import GLOBAL_USER, Memory
 from memstream.memory.store import MemoryStore, Record, Scope, StoreError

@@ -16,7 +16,7 @@ A switch in the running worker (reads never stop):
 3. compare the per-user checksums, leaving out the users the live store wrote in the last
    ``rebuild_settle_s`` (their newest change events may not be committed yet; a Kafka
    transaction lives at most 60 s): for every other user the topic is complete;
-4. with writes held (memory.store_swap): copy the users written since from the live
+4. with writes held (memory.store.swappable): copy the users written since from the live
    store into the new one (exact), write the pointer, make the new store current.
 
 A partial rebuild (``--tenant`` / ``--user``) switches nothing: its users' records in the
@@ -37,12 +37,11 @@ from pydantic import BaseModel
 
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import Record, end_offsets, read_range
-from memstream.memory import checksum
-from memstream.memory.apply import apply_change
-from memstream.memory.rebuild import Opener, fold_access
-from memstream.memory.rebuild_topics import Manifest, selector
-from memstream.memory.store import MemoryStore
-from memstream.memory.store_swap import SwappableStore, UserKey, copy_cursors, copy_user
+from memstream.memory.applying import apply_change
+from memstream.memory.store import MemoryStore, checksum
+from memstream.memory.store.rebuild_fold import Opener, fold_access
+from memstream.memory.store.rebuild_topics import Manifest, selector
+from memstream.memory.store.swappable import SwappableStore, UserKey, copy_cursors, copy_user
 from memstream.topics.registry import registry
 from memstream.topics.schemas import AccessEvent, MemoryChange
 

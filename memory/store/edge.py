@@ -10,7 +10,7 @@ from typing import Any
 
 import pydantic_core
 
-from memstream.memory.access import AccessStats
+from memstream.memory.access_stats import AccessStats
 from memstream.memory.fencing import Cursor, Published
 from memstream.memory.model import Memory
 from memstream.memory.store import (

@@ -7,7 +7,8 @@ as in the decision prompt, so it never sees a real id and cannot invent one: a c
 that was not shown makes the whole reply invalid (retried like malformed JSON), because an
 insight with made-up evidence would link a reflection to the wrong memories.
 
-Pure functions over plain data; the calls themselves are :meth:`memory.llm.OpenAIModel.reflect`.
+Pure functions over plain data; the calls themselves are
+:meth:`memory.llm.openai_model.OpenAIModel.reflect`.
 """
 
 from __future__ import annotations

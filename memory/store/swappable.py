@@ -1,7 +1,7 @@
 """A store the worker can switch to a rebuilt one without stopping reads (issue 10).
 
 :class:`SwappableStore` is the worker's store: it passes every call to the current store
-and remembers, per user, when it last wrote for them. The switch (memstream.memory.store_switch)
+and remembers, per user, when it last wrote for them. The switch (memstream.memory.store.switch)
 relies on that: a user not written for a few minutes has every write's change event
 committed on the memory-change topic (a transaction lives at most 60 s), so the catch-up
 from the topic is complete for them; a user written since is copied from the live store
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from memstream.memory.access import AccessStats
+from memstream.memory.access_stats import AccessStats
 from memstream.memory.fencing import Cursor, Published
 from memstream.memory.model import Memory
 from memstream.memory.store import MemoryStore, Record, Scope

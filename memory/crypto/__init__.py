@@ -1,0 +1,1 @@
+"""Per-user envelope encryption and the user-keys topic (forget-me by crypto-shredding)."""

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible memory model: its calls, its reflection step, its recorded answers."""
