@@ -31,7 +31,7 @@ from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.ingest_tables import LoopTable
 from memstream.streams.owned_loop import run_with_app
 from memstream.streams.pipeline import Pipeline
-from memstream.streams.stage import Work, until_handled
+from memstream.streams.stage import StageBase, Work, until_handled
 from memstream.topics.codec import decode
 from memstream.topics.schemas import AccessEvent
 
@@ -130,7 +130,7 @@ def access_event(tenant: str, user: str, kind: str, memory_ids: list[str], query
                        ts=datetime.fromtimestamp(now, UTC))
 
 
-class AccessStage:
+class AccessStage(StageBase):
     """The fold of the memory-access topic into the store, in its own loop (group
     ``{app_id}-access``): a batch's events are folded in one store call (idempotent by
     event id: a batch read again after a failed transaction changes nothing twice)."""
@@ -142,12 +142,6 @@ class AccessStage:
         self.inputs = [p.topics.memory_access.name]
         self.tables: tuple[LoopTable, ...] = ()
         self.max_records = p.settings.ingest_batch_records
-
-    def assigned(self, partitions: set[int]) -> None:
-        pass
-
-    async def punctuate(self, partition: int, now: float) -> Work | None:
-        return None  # no timers
 
     async def handle(self, partition: int, records: list[Any]) -> Work:
         p, work = self.p, Work()

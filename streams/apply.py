@@ -44,7 +44,7 @@ from memstream.streams.extract import store_policy
 from memstream.streams.ingest_tables import LoopTable
 from memstream.streams.owned_loop import run_with_app
 from memstream.streams.pipeline import Pipeline
-from memstream.streams.stage import Record, Work, until_handled
+from memstream.streams.stage import Record, StageBase, Work, until_handled
 from memstream.streams.waiters import Outcome
 from memstream.topics.codec import decode
 from memstream.topics.schemas import JobDecision, JobResult, JobStatus, MemoryChange
@@ -154,7 +154,7 @@ def _summary(change: MemoryChange) -> dict[str, object]:
             "content": change.after.get("content", "")}
 
 
-class ApplyStage:
+class ApplyStage(StageBase):
     """The apply stage as its loop runs it (see the module docstring). ``fold``: the
     windowed jobs' triggers, when they run in this process; ``decisions`` False: only
     those (the memory-change topic folded instead of decisions applied)."""

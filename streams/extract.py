@@ -29,7 +29,7 @@ from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.ingest_tables import LoopTable
 from memstream.streams.owned_loop import run_with_app
 from memstream.streams.pipeline import Pipeline
-from memstream.streams.stage import Work, until_handled
+from memstream.streams.stage import StageBase, Work, until_handled
 from memstream.topics.codec import decode
 from memstream.topics.schemas import ExtractionJob, JobDecision, JobRange, JobStatus
 
@@ -103,7 +103,7 @@ def count_spend(c: Counters, decision: JobDecision) -> None:
     c.completion_tokens += decision.completion_tokens
 
 
-class ExtractStage:
+class ExtractStage(StageBase):
     """The extract stage as its loop runs it (see the module docstring)."""
 
     name = "extract"
@@ -115,12 +115,6 @@ class ExtractStage:
         # a batch waits for its slowest job: a few rounds of the concurrency at most
         self.max_records = max(16, 4 * p.settings.extract_concurrency)
         self._slots: asyncio.Semaphore | None = None
-
-    def assigned(self, partitions: set[int]) -> None:
-        pass
-
-    async def punctuate(self, partition: int, now: float) -> Work | None:
-        return None  # no timers
 
     async def handle(self, partition: int, records: list[Any]) -> Work:
         work = Work()

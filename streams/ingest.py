@@ -32,7 +32,7 @@ from memstream.streams.dead_letters import decode_input, set_aside
 from memstream.streams.ingest_tables import LoopTable
 from memstream.streams.owned_loop import OwnedLoop, run_with_app
 from memstream.streams.pipeline import Pipeline
-from memstream.streams.stage import Work
+from memstream.streams.stage import StageBase, Work
 from memstream.topics.schemas import (
     ChatMessage,
     JobResult,
@@ -187,7 +187,7 @@ def finish(p: Pipeline, batch: Batch) -> None:
             p.restored.put(key, snap, state)
 
 
-class IngestStage:
+class IngestStage(StageBase):
     """The ingest stage as its loop (:class:`streams.owned_loop.OwnedLoop`) runs it."""
 
     name = "ingest"

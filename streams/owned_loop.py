@@ -295,9 +295,8 @@ class OwnedLoop(Rebalancing):
                         self.stage.name, partition)
         for table in self.tables:
             table.commit(partition)
-        committed = getattr(self.stage, "committed", None)  # the apply stage's shards
-        if committed is not None and written:
-            committed(partition, written)
+        if written:  # (the apply stage's shards follow what it wrote)
+            self.stage.committed(partition, written)
         self.next.update(offsets)
         self.failed_in_row.pop(partition, None)
         return True

@@ -179,8 +179,7 @@ class Rebalancing:
             await asyncio.gather(*inflight.values(), return_exceptions=True)
 
     def _order(self, partitions: set[int]) -> list[int]:
-        order = getattr(self.stage, "take_order", None)
-        return list(order(partitions)) if order is not None else sorted(partitions)
+        return list(self.stage.take_order(partitions))
 
     async def _take(self, n: int) -> None:
         epoch = self.epochs.get(n, 0)
@@ -232,10 +231,8 @@ class Rebalancing:
 
     async def _prepare(self, new: set[int], gone: set[int]) -> None:
         """The stage's own state of partitions taken and given up (the apply stage's
-        store shards: streams.shards), if it keeps any."""
-        prepare = getattr(self.stage, "prepare", None)
-        if prepare is not None:
-            await prepare(new, gone)
+        store shards: streams.shards)."""
+        await self.stage.prepare(new, gone)
 
     async def stop_taking(self, wait_s: float) -> None:
         """At shutdown: the take in progress finishes (a shard restore is not cut off

@@ -78,6 +78,40 @@ class Stage(Protocol):
         """The owned partitions changed (their tables are restored)."""
         ...
 
+    def take_order(self, partitions: set[int]) -> list[int]:
+        """The order in which new partitions are taken (quickest first)."""
+        ...
+
+    async def prepare(self, new: set[int], gone: set[int]) -> None:
+        """The stage's own state of partitions taken (before any record of them is
+        handled, after the fence) and given up (the apply stage's store shards)."""
+        ...
+
+    def committed(self, partition: int, offsets: dict[str, int]) -> None:
+        """A transaction of ``partition`` committed: per topic, the offset after the last
+        record it wrote to that partition."""
+        ...
+
+
+class StageBase:
+    """What a stage without state of its own, timers or a take order does: nothing (the
+    hooks of :class:`Stage` a stage does not need)."""
+
+    def assigned(self, partitions: set[int]) -> None:
+        return None
+
+    async def punctuate(self, partition: int, now: float) -> Work | None:
+        return None
+
+    def take_order(self, partitions: set[int]) -> list[int]:
+        return sorted(partitions)
+
+    async def prepare(self, new: set[int], gone: set[int]) -> None:
+        return None
+
+    def committed(self, partition: int, offsets: dict[str, int]) -> None:
+        return None
+
 
 async def until_handled(record: Any, handle: Callable[[], Awaitable[Any]], *,
                         counters: Any = None, fatal: tuple[type[Exception], ...] = (),

@@ -14,7 +14,7 @@ from aiokafka.structs import TopicPartition
 
 from memstream.core.settings import Settings
 from memstream.streams.owned_loop import OwnedLoop
-from memstream.streams.stage import Work
+from memstream.streams.stage import StageBase, Work
 from tests.unit.builders import FakeProducer
 
 pytestmark = pytest.mark.unit
@@ -54,7 +54,7 @@ class Consumer:
         return dict.fromkeys(tps, 0)
 
 
-class SlowStage:
+class SlowStage(StageBase):
     """A stage whose state of a partition takes until its gate opens."""
 
     name = "apply"
