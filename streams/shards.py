@@ -30,10 +30,12 @@ import shutil
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka.structs import TopicPartition
+from pydantic import BaseModel
 
+from memstream.core.errors import describe
 from memstream.core.topic_reader import Record, end_offsets, read_ranges
 from memstream.memory.applying import apply_change
 from memstream.memory.fencing import Cursor
@@ -43,6 +45,20 @@ from memstream.memory.store.rebuild_fold import Fold, Opener, fold_access
 from memstream.topics.schemas import AccessEvent, JobResult, JobStatus, MemoryChange
 
 log = logging.getLogger(__name__)
+_Parsed = TypeVar("_Parsed", bound=BaseModel)
+
+
+def _parsed(model: type[_Parsed], record: Record) -> _Parsed | None:
+    """``record``'s value as ``model``, or None (a tombstone, or a record that does not
+    validate: logged by where it is, never by what it holds)."""
+    if record.value is None:
+        return None
+    try:
+        return model.model_validate_json(record.value)
+    except ValueError as exc:
+        log.warning("%s[%d]@%d is no %s (%s); skipped in the restore", record.topic,
+                    record.partition, record.offset, model.__name__, describe(exc))
+        return None
 ENDS_S = 5.0  # reading the access topic's ends as a shard becomes a standby
 CLOSE_ENDS_S = 10.0  # ... at shutdown, for the checkpoints
 OpenShard = Callable[[Path], MemoryStore]
@@ -88,11 +104,13 @@ class Restore:
                         opened.decided_at.timestamp()
 
     def on_results(self, records: list[Record]) -> None:
-        """A job the apply stage reported done holds the user's cursor at its seq."""
+        """A job the apply stage reported done holds the user's cursor at its seq. A record
+        that is no job result (anyone who may write the topic can write one; the ingest
+        stage sets it aside) holds nothing: skipped."""
         for r in records:
-            if r.value is None:
+            result = _parsed(JobResult, r)
+            if result is None:
                 continue
-            result = JobResult.model_validate_json(r.value)
             if result.status != JobStatus.DONE or not result.seq:
                 continue
             key = (result.tenant_id, result.user_id)
@@ -101,8 +119,10 @@ class Restore:
                 self.cursors[key] = Cursor(result.seq, result.job_id)
 
     def on_access(self, records: list[Record]) -> None:
-        self.accesses.extend(AccessEvent.model_validate_json(r.value) for r in records
-                             if r.value is not None)
+        """Hits, to fold; a record that is no access event is skipped (the access stage sets
+        it aside)."""
+        self.accesses.extend(e for e in (_parsed(AccessEvent, r) for r in records)
+                             if e is not None)
 
     def finish(self, *, cursors: bool = True) -> None:
         """What is gathered, folded: the changes held, then (``cursors``) the results'

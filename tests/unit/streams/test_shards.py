@@ -32,6 +32,8 @@ class Rec:
 
     value: bytes | None
     offset: int
+    topic: str = "t"
+    partition: int = 0
 
 
 def log() -> list[MemoryChange]:
@@ -191,6 +193,18 @@ def test_results_of_a_user_without_changes_set_its_cursor_to_the_highest(tmp_pat
     job.finish()
     assert shard.cursor(Scope(TENANT, "quiet")) == Cursor(9, "quiet-r9")
     assert shard.cursor(Scope(TENANT, "lazy")) is None
+
+
+def test_a_record_that_is_no_result_or_hit_is_skipped_not_fatal(tmp_path):
+    """Anyone who may write the results or the access topic can write junk there (the
+    stages set it aside): a restore skips it; it must not stop the partition's take."""
+    shard = make_store("server", tmp_path, DIM)
+    job = Restore(shard, None, empty=True)
+    junk = b'{"job_id": "x", "llm_calls": Infinity}'
+    job.on_results([Rec(junk, 0), *records([job_result("quiet", 4)], first=1)])
+    job.on_access([Rec(b"{not json", 0)])
+    job.finish()
+    assert shard.cursor(Scope(TENANT, "quiet")) == Cursor(4, "quiet-r4")
 
 
 def test_a_result_below_the_folded_cursor_does_not_move_it_back(entries, tmp_path):
