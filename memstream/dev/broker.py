@@ -232,6 +232,9 @@ def configure(paths: BrokerPaths, settings: Settings, sasl: bool = False) -> Pat
 
 
 def read_pid(paths: BrokerPaths) -> int | None:
+    """The PID of this broker, if it runs. A PID file outlives its process (a SIGKILLed run,
+    a reboot) and the number is reused: the PID counts only while that process is the JVM
+    started with this broker's properties (never stop someone else's process)."""
     try:
         pid = int(paths.pid_file.read_text().strip())
     except (OSError, ValueError):
@@ -241,8 +244,20 @@ def read_pid(paths: BrokerPaths) -> int | None:
     except ProcessLookupError:
         return None
     except PermissionError:
-        return pid
-    return pid
+        pass
+    return pid if _runs_here(pid, paths) else None
+
+
+def _runs_here(pid: int, paths: BrokerPaths) -> bool:
+    """Whether process ``pid`` was started with this broker's server.properties (Linux's
+    /proc; elsewhere the PID file is trusted)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()  # no /proc here: trust the file
+    except OSError:
+        return True
+    return str(paths.run / "server.properties").encode() in cmdline
 
 
 def client_settings(settings: Settings) -> Settings:

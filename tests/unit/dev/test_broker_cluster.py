@@ -123,3 +123,16 @@ def test_the_broker_commands_without_a_broker(settings: Settings):
     assert _cli(settings, "status") == (1, "not running\n")  # configured, none running
     assert _cli(settings, "wipe") == (0, "wiped\n")
     assert not local_broker.cluster_dir(settings).exists()
+
+
+def test_a_stale_pid_file_never_names_another_process(tmp_path):
+    """A PID file outlives its broker, and the number is reused: a live process that is not
+    this broker's JVM (here: the test itself) is not the broker, so stop() leaves it be."""
+    import os
+
+    settings = Settings(kafka_home=tmp_path, kafka_port=19992)
+    paths = local_broker.paths_for(settings)
+    paths.run.mkdir(parents=True)
+    paths.pid_file.write_text(str(os.getpid()))
+    assert local_broker.read_pid(paths) is None
+    assert local_broker.stop(settings) is False  # and this process is still here
