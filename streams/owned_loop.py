@@ -132,6 +132,9 @@ class OwnedLoop(Rebalancing):
         self.settings = settings
         self.clock = clock
         self.punctuated = 0.0  # time.monotonic() of the last timer round
+        # partition -> the newest record time (s) it handled: its timers' clock while it
+        # is behind (see punctuate)
+        self.partition_time: dict[int, float] = {}
         self.stage = stage
         self.inputs = list(stage.inputs)
         self.group = f"{settings.app_id}-{stage.name}"
@@ -258,16 +261,24 @@ class OwnedLoop(Rebalancing):
             offsets = {TopicPartition(r.topic, r.partition): r.offset + 1 for r in done}
             if not await self._commit(partition, work, offsets):
                 return  # read again from the committed offsets
+            newest = max(_timestamp(r) for r in done) / 1000
+            self.partition_time[partition] = max(self.partition_time.get(partition, 0.0),
+                                                 newest)
             for step in work.after:
                 await step()
 
     async def punctuate(self) -> None:
         """One timer round: each ready partition's due timers, each in a transaction of its
         own (no input offsets: nothing is read again if it fails; the next round finds the
-        same timers due)."""
+        same timers due). A partition with records not yet read runs its timers on the time
+        of the newest record it handled, not on the wall clock (a backlog after a restart
+        holds the results of jobs in flight: their timeouts count once those are read)."""
         now = self.clock()
         for n in sorted(self.ready):
-            work = await self.stage.punctuate(n, now)
+            at = await self._timer_time(n, now)
+            if at is None:
+                continue
+            work = await self.stage.punctuate(n, at)
             if work is None or not (work.out or work.placed
                                     or any(t.dirty(n) for t in self.tables)):
                 for table in self.tables:
@@ -276,6 +287,21 @@ class OwnedLoop(Rebalancing):
             if await self._commit(n, work, {}):
                 for step in work.after:
                     await step()
+
+    async def _timer_time(self, partition: int, now: float) -> float | None:
+        """``now`` if every input of ``partition`` is read to its highwater, else the time
+        of the newest record the partition handled (None: none yet)."""
+        assert self.consumer is not None
+        for tp in [tp for tp in self.next if tp.partition == partition]:
+            high = self._highwater(tp)
+            try:
+                behind = high is None or await self.consumer.position(tp) < high
+            except Exception:  # a partition leaving in a rebalance
+                behind = True
+            if behind:
+                seen = self.partition_time.get(partition)
+                return None if seen is None else min(now, seen)
+        return now
 
     async def _commit(self, partition: int, work: Work,
                       offsets: dict[TopicPartition, int]) -> bool:
@@ -394,6 +420,8 @@ class OwnedLoop(Rebalancing):
         for table in self.tables:
             table.drop(gone)
         self.next = {tp: o for tp, o in self.next.items() if tp.partition not in gone}
+        for n in gone:
+            self.partition_time.pop(n, None)
 
     def _seek(self, partition: int) -> None:
         assert self.consumer is not None

@@ -164,12 +164,20 @@ class FakeConsumer:
     def __init__(self, assigned: set[TopicPartition]) -> None:
         self.assigned = assigned
         self.seeks: list[tuple[TopicPartition, int]] = []
+        self.high: dict[TopicPartition, int | None] = {}  # default 0: read to the end
+        self.positions: dict[TopicPartition, int] = {}
 
     def assignment(self) -> set[TopicPartition]:
         return self.assigned
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.seeks.append((tp, offset))
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self.high.get(tp, 0)
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.positions.get(tp, 0)
 
 
 # --- the ingest machine of the tool-job and forget tests (memory.coalescing) ----------------

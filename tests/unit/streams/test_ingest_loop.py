@@ -298,6 +298,24 @@ async def test_a_timer_round_is_a_transaction_of_its_partition_without_offsets(t
     assert p.state.get(b"acme/u1")["in_flight"] is not None  # the table took it
 
 
+async def test_a_partition_behind_runs_its_timers_on_the_time_of_what_it_read(tmp_path):
+    """After a restart the partition's backlog may hold the result of the job in flight:
+    while records wait unread, its timers run on the newest record's time, so the job is
+    not re-sent for a timeout that only the wall clock passed; once read to the end, the
+    wall clock counts."""
+    p, loop, _ = _loop(tmp_path)
+    await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))  # a job sent
+    results = TopicPartition(p.topics.job_results.name, 0)
+    loop.consumer.high[results] = 5  # five results not read yet
+    late = T0.timestamp() + 10 + 10 * p.settings.job_timeout_s
+    loop.clock = lambda: late
+    await loop.punctuate()
+    assert len(_sent(loop.producers[0], p.topics.jobs.name)) == 1  # not re-sent
+    loop.consumer.positions[results] = 5  # read to the end, none was its result
+    await loop.punctuate()
+    assert len(_sent(loop.producers[0], p.topics.jobs.name)) == 2  # re-sent now
+
+
 async def test_a_timer_round_whose_transaction_fails_is_run_again(tmp_path):
     """Nothing is read again for a round: its table writes are dropped, and the next round
     finds the same user due and emits the job again."""
