@@ -249,15 +249,18 @@ def read_pid(paths: BrokerPaths) -> int | None:
 
 
 def _runs_here(pid: int, paths: BrokerPaths) -> bool:
-    """Whether process ``pid`` was started with this broker's server.properties (Linux's
-    /proc; elsewhere the PID file is trusted)."""
+    """Whether process ``pid`` was started with this broker's server.properties, or is a
+    child this process just started (between its fork and its exec the child still shows
+    our command line). Linux's /proc; elsewhere the PID file is trusted."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
         return not Path("/proc/self").exists()  # no /proc here: trust the file
     except OSError:
         return True
-    return str(paths.run / "server.properties").encode() in cmdline
+    parent = int(stat.rsplit(")", 1)[-1].split()[1])
+    return str(paths.run / "server.properties").encode() in cmdline or parent == os.getpid()
 
 
 def client_settings(settings: Settings) -> Settings:
