@@ -4,7 +4,8 @@
     .venv/bin/python benchmarks/hostile.py --smoke --bootstrap HOST:PORT   # 50 records, 3 users
 
 Produces ``--records`` hostile records of every poison class (randomly mixed, on every topic
-the worker reads: messages, session events, job results, ticks, extraction jobs, decisions;
+the worker reads: messages, session events, job results, tool requests, extraction jobs,
+decisions;
 a few are 3 MB values sent gzip-compressed) with valid messages between them, to one worker
 (ingest, extract and apply; rules model, hashing embedder). Then waits until every hostile
 record has its dead letter and every valid message is covered by an extraction job.
@@ -142,9 +143,10 @@ class Poison:
             "job_result": lambda: Hostile(self.t.job_results.name, verbatim(
                 {**self.job_range(), "status": "done", "finished_at": g["ts"]},
                 "llm_calls", "NaN"), self.key, "number", "job_result"),
-            "tick": lambda: Hostile(self.t.ticks.name, enc(
-                {"tenant_id": self.tenant, "user_id": self.user, "now": g["ts"], "x": lone}),
-                self.key, "unicode", "tick"),
+            "tool_request": lambda: Hostile(self.t.tool_requests.name, enc(
+                {"request_id": "r1", "tenant_id": self.tenant, "user_id": self.user,
+                 "principal": "agent", "write": {"name": "memory_insert", "content": "x"},
+                 "ts": g["ts"], "x": lone}), self.key, "unicode", "tool_request"),
             "job": lambda: Hostile(self.t.jobs.name, enc(
                 {**self.job_range(), "reason": "threshold", "created_at": g["ts"],
                  "messages": [{"seq": 0, "message_id": "m", "role": "user", "content": "hi",
@@ -158,7 +160,7 @@ class Poison:
 
 CLASSES = ["not_json", "deep_array", "deep_object", "big_int", "non_finite", "bad_date",
            "surrogate", "version", "null_key", "other_key", "empty", "schema", "too_large",
-           "gzip_3mb", "session_event", "job_result", "tick", "job", "decision"]
+           "gzip_3mb", "session_event", "job_result", "tool_request", "job", "decision"]
 
 
 def valid_message(rng: random.Random, tenant: str, user: str, n: int) -> ChatMessage:
