@@ -86,6 +86,7 @@ from memstream.dev.process import WorkerProcess
 from memstream.dev.tls import write_dev_tls
 from memstream.memory.store.partitioned import partition_of_key
 from memstream.ops.status import serves_what_it_owns
+from memstream.topics.events import PRIVATE_OPS
 from memstream.topics.layout import prepare
 from memstream.topics.registry import (
     Topics,
@@ -423,7 +424,7 @@ def event_stats(changes: Sequence[Any], events: Sequence[Any]) -> dict[str, int]
         out: dict[int, list[str]] = defaultdict(list)
         for r in records:
             value = json.loads(r.value)
-            if value.get("op") != "restate":
+            if value.get("op") not in PRIVATE_OPS:
                 out[r.partition].append(value["change_id"])
         return out
 

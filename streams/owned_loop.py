@@ -291,14 +291,8 @@ class OwnedLoop(Rebalancing):
     async def _timer_time(self, partition: int, now: float) -> float | None:
         """``now`` if every input of ``partition`` is read to its highwater, else the time
         of the newest record the partition handled (None: none yet)."""
-        assert self.consumer is not None
         for tp in [tp for tp in self.next if tp.partition == partition]:
-            high = self._highwater(tp)
-            try:
-                behind = high is None or await self.consumer.position(tp) < high
-            except Exception:  # a partition leaving in a rebalance
-                behind = True
-            if behind:
+            if await self._read_to(tp) is None:
                 seen = self.partition_time.get(partition)
                 return None if seen is None else min(now, seen)
         return now
@@ -452,13 +446,21 @@ class OwnedLoop(Rebalancing):
         assert self.consumer is not None
         found = {}
         for tp in [tp for tp in self.next if tp in self.consumer.assignment()]:
-            high = self._highwater(tp)
-            try:
-                if high is not None and await self.consumer.position(tp) >= high:
-                    found[tp] = high
-            except Exception:  # a partition leaving in a rebalance
-                continue
+            high = await self._read_to(tp)
+            if high is not None:
+                found[tp] = high
         self.caught_up = found
+
+    async def _read_to(self, tp: TopicPartition) -> int | None:
+        """``tp``'s highwater when the consumer's position has reached it, else None."""
+        assert self.consumer is not None
+        high = self._highwater(tp)
+        try:
+            if high is not None and await self.consumer.position(tp) >= high:
+                return high
+        except Exception:  # a partition leaving in a rebalance
+            pass
+        return None
 
     def _highwater(self, tp: TopicPartition) -> int | None:
         assert self.consumer is not None

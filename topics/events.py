@@ -25,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from memstream.topics.schemas import Event, MemoryChange, Timestamp
 
 EventOp = Literal["add", "update", "delete", "erase"]
+# changelog ops that are no public event (MemoryEvent.is_public)
+PRIVATE_OPS = frozenset({"restate"})
 
 
 def _time(value: Any) -> datetime | None:
@@ -143,7 +145,7 @@ class MemoryEvent(Event):
         """Whether ``change`` is an event downstream sees. A restatement is not: it changes
         nothing a reader sees but a later version's ``stated_time`` (the memory-change topic
         carries it for rebuilds), and the v1 contract's ops are closed."""
-        return change.op != "restate"
+        return change.op not in PRIVATE_OPS
 
     @classmethod
     def of(cls, change: MemoryChange) -> MemoryEvent:

@@ -254,12 +254,11 @@ def _runs_here(pid: int, paths: BrokerPaths) -> bool:
     our command line). Linux's /proc; elsewhere the PID file is trusted."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        parent = int(_stat(pid)[1])
     except FileNotFoundError:
         return not Path("/proc/self").exists()  # no /proc here: trust the file
     except OSError:
         return True
-    parent = int(stat.rsplit(")", 1)[-1].split()[1])
     return str(paths.run / "server.properties").encode() in cmdline or parent == os.getpid()
 
 
@@ -521,10 +520,15 @@ def _running(pid: int) -> bool:
     if not _alive(pid):
         return False
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        state = _stat(pid)[0]
     except OSError:
         return True  # no /proc: as alive as the signal says
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+    return state != "Z"
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name: state, parent PID, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
 
 
 def _started_since(paths: BrokerPaths, offset: int) -> bool:

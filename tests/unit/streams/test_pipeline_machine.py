@@ -561,7 +561,7 @@ class PipelineMachine(RuleBasedStateMachine):
         # (a restatement is not a public event)
         assert [e.change_id for e in self.events] == [
             c.change_id for c in map(MemoryChange.model_validate_json, self.topic)
-            if c.op != "restate"]
+            if MemoryEvent.is_public(c)]
 
         # the live values: the plain model (production rules), and I4 where promised
         live = self.check_slots(user)
