@@ -26,11 +26,14 @@ owns what those depend on:
   partition: this worker's generation is stale, a rebalance is under way): the partition
   is let go (producer, tables, the stage's state such as a store shard) and nothing of the
   batch is committed; the next assignment takes it again from scratch if it comes back.
-- **A new partition** is paused and taken outside the rebalance callback
-  (:mod:`streams.owned_rebalance`): producer first (the fence), then the tables restored
-  from their changelogs up to their ends and the stage's state (a store shard), then the
-  consumer seeks to the committed offsets, fetched again after the fence, and resumes it.
-  Records fetched before that are dropped (read again).
+- **A task per partition** (:mod:`streams.partition_task`) holds its producer, positions,
+  table slice, time and state (taking, restoring, serving, letting go); the loop's
+  :class:`~streams.task_manager.TaskManager` holds the map of them. A new partition is
+  paused and taken outside the rebalance callback: producer first (the fence), then the
+  tables restored from their changelogs up to their ends and the stage's state (a store
+  shard), then the consumer seeks to the committed offsets, fetched again after the fence,
+  and resumes it. Records fetched before that are dropped (read again).
+- **Clients** come from one small protocol (:mod:`streams.loop_clients`), injected.
 - **Timers** (:meth:`Stage.punctuate`, every ``tick_interval_s``, between batches, under
   the loop's lock): what a partition's due timers emit and write is one transaction of that
   partition, like a batch without input offsets.
@@ -52,7 +55,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka import ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import (
     MessageSizeTooLargeError,
@@ -70,15 +73,15 @@ from memstream.memory.store.partitioned import ShardNotHere
 from memstream.streams import lifecycle
 from memstream.streams.cluster import assignor_for
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
-from memstream.streams.ingest_tables import restore
-from memstream.streams.owned_rebalance import Rebalancing, quietly
+from memstream.streams.loop_clients import KafkaClients, LoopClients, quietly
+from memstream.streams.partition_task import PartitionTask
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import Stage, Work
+from memstream.streams.task_manager import TaskManager
 
 log = logging.getLogger(__name__)
 EXIT_LOOP_FAILED = 70  # EX_SOFTWARE
 RETRY = RetryPolicy(first_delay_s=0.2, max_delay_s=5.0)
-MAX_BYTES = 16 * 1024 * 1024
 # A transaction the broker refuses for good: the worker stops rather than pass the records.
 REFUSED = (MessageSizeTooLargeError, RecordTooLargeError, TopicAuthorizationFailedError)
 # Transactions of one partition failing in a row (a broker away for ~30 s with the backoff)
@@ -87,6 +90,7 @@ MAX_FAILED_IN_ROW = 10
 TRANSACTION_TIMEOUT_S = 60.0
 STOP_WAIT_S = 10.0  # one batch's transaction; past it, renewed and read again
 SHARD_WAIT_S = 0.5  # a batch whose shard is not here is read again after this
+
 
 def run_with_app(p: Pipeline, stage: Stage) -> OwnedLoop:
     """Run ``stage`` in its loop in the worker: a part the app starts and stops
@@ -113,74 +117,84 @@ def halt(reason: str, code: int = EXIT_LOOP_FAILED) -> None:
 
 
 class _Listener(ConsumerRebalanceListener):
-    def __init__(self, loop: OwnedLoop) -> None:
-        self.loop = loop
+    def __init__(self, tasks: TaskManager) -> None:
+        self.tasks = tasks
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self.loop.revoked()
+        await self.tasks.revoked()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self.loop.assigned(assigned)
+        await self.tasks.assigned(assigned)
 
 
-class OwnedLoop(Rebalancing):
+class OwnedLoop:
     """See the module docstring. ``start()`` / ``stop()`` from the worker's lifecycle."""
 
     def __init__(self, settings: Settings, stage: Stage, *,
                  on_fatal: Callable[..., None] = halt, assignor: Any = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 clients: LoopClients | None = None) -> None:
         self.settings = settings
         self.clock = clock
         self.punctuated = 0.0  # time.monotonic() of the last timer round
-        # partition -> the newest record time (s) it handled: its timers' clock while it
-        # is behind (see punctuate)
-        self.partition_time: dict[int, float] = {}
         self.stage = stage
-        self.inputs = list(stage.inputs)
         self.group = f"{settings.app_id}-{stage.name}"
-        self.tables = stage.tables
-        self.on_fatal = on_fatal
         self.assignor = assignor or RangePartitionAssignor  # streams.cluster: the workers'
         self.shard_waits = 0  # batches read again: their partition's shard was not here
-        self.fenced = 0  # partitions let go: another worker's producer fenced them
-        self.let_go: dict[int, float] = {}  # partition -> when; taken again if still ours
-        self.consumer: AIOKafkaConsumer | None = None
-        self.producers: dict[int, AIOKafkaProducer] = {}
-        self.owned: set[int] = set()
-        self.ready: set[int] = set()  # owned, restored and positioned: records are handled
-        self.next: dict[TopicPartition, int] = {}  # the next offset to handle (committed)
+        self.failed_commits = 0
+        self.consumer: Any = None
         self.lock = asyncio.Lock()  # a batch, or a rebalance step: never both
         self.stopping = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self.failed_commits = 0
-        self.failed_in_row: dict[int, int] = {}
-        self.caught_up: dict[TopicPartition, int] = {}  # read to this highwater, when idle
-        self._init_rebalancing()
+        self.tasks = TaskManager(settings, stage, clients or KafkaClients(settings),
+                                 self.group, self.lock, self.stopping, self._fatal)
+        self.on_fatal = on_fatal
+
+    @property
+    def clients(self) -> LoopClients:
+        return self.tasks.clients
+
+    @clients.setter
+    def clients(self, clients: LoopClients) -> None:
+        """Other clients (before :meth:`connect`: the unit tests' fakes)."""
+        self.tasks.clients = clients
+
+    def _fatal(self, reason: str, code: int = EXIT_LOOP_FAILED) -> None:
+        self.on_fatal(reason, code)
+
+    # --- what the worker reads -----------------------------------------------------------
+
+    @property
+    def owned(self) -> set[int]:
+        return self.tasks.owned
+
+    @property
+    def taking(self) -> set[int]:
+        return self.tasks.taking
+
+    @property
+    def assignments(self) -> int:
+        return self.tasks.assignments
 
     # --- lifecycle -----------------------------------------------------------------------
 
+    def connect(self) -> Any:
+        """The consumer (made once, not started), subscribed to the stage's inputs."""
+        if self.consumer is None:
+            instance = self.settings.instance_id()
+            member = f"{instance}-{self.stage.name}" if instance else None
+            self.consumer = self.clients.consumer(self.group, member, self.assignor)
+            self.consumer.subscribe(list(self.stage.inputs), listener=_Listener(self.tasks))
+            self.tasks.consumer = self.consumer
+        return self.consumer
+
     async def start(self) -> None:
-        s = self.settings  # its changelogs were created with the topics (memstream worker)
-        instance = s.instance_id()
-        poll_ms = int(max(300.0, 3 * s.job_timeout_s) * 1000)
-        self.consumer = kafka.consumer(
-            self.settings, group_id=self.group,
-            group_instance_id=f"{instance}-{self.stage.name}" if instance else None,
-            enable_auto_commit=False, isolation_level="read_committed",
-            auto_offset_reset="earliest", partition_assignment_strategy=(self.assignor,),
-            session_timeout_ms=int(s.session_timeout_s * 1000),
-            heartbeat_interval_ms=int(s.heartbeat_interval_s * 1000),
-            # a batch may wait for LLM calls up to a job's deadline, and a rebalance for the
-            # batch in progress: neither may cost the partitions
-            max_poll_interval_ms=poll_ms, rebalance_timeout_ms=poll_ms,
-            max_partition_fetch_bytes=MAX_BYTES, fetch_max_bytes=4 * MAX_BYTES)
-        self.consumer.subscribe(self.inputs, listener=_Listener(self))
+        self.connect()  # its changelogs were created with the topics (memstream worker)
         self.task = asyncio.create_task(self._connected_run(), name=f"{self.stage.name}-loop")
 
     async def _connected_run(self) -> None:
         """The consumer started (a broker that is away is waited for: a worker started
         during a broker restart must not exit), then the loop."""
-        assert self.consumer is not None
         attempt = 0
         while not self.stopping.is_set():
             try:
@@ -203,17 +217,14 @@ class OwnedLoop(Rebalancing):
             if not done:
                 self.task.cancel()
                 await asyncio.gather(self.task, return_exceptions=True)
-        await self.stop_taking(STOP_WAIT_S)
+        await self.tasks.stop_taking(STOP_WAIT_S)
         if self.consumer is not None:
             if self.settings.leave_group_on_stop:
                 kafka.leave_on_stop(self.consumer)
             await self.consumer.stop()
-        producers, self.producers = list(self.producers.values()), {}
-        for producer in producers:
-            await producer.stop()
+        await self.tasks.close()
 
     async def _run(self) -> None:
-        assert self.consumer is not None
         try:
             while not self.stopping.is_set():
                 batch = await self.consumer.getmany(
@@ -222,13 +233,13 @@ class OwnedLoop(Rebalancing):
                     async with self.lock:
                         await self.process(batch)
                 else:
-                    await self._note_caught_up()
+                    await self.note_caught_up()
                 if time.monotonic() - self.punctuated >= self.settings.tick_interval_s:
                     self.punctuated = time.monotonic()
                     async with self.lock:
                         await self.punctuate()
-                if self.let_go:
-                    await self._take_back()
+                if self.tasks.fenced_here():
+                    await self.tasks.take_back()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -239,93 +250,84 @@ class OwnedLoop(Rebalancing):
 
     async def process(self, batch: dict[TopicPartition, list[Any]]) -> None:
         """Handle one poll's records, one transaction per partition (partitions at once)."""
-        parts: dict[int, list[list[Any]]] = {}
+        parts: dict[int, tuple[PartitionTask, list[list[Any]]]] = {}
         for tp, records in batch.items():
-            if tp.partition not in self.ready or tp not in self.next:
-                continue  # fetched before the partition was ready: its seek reads them again
-            fresh = [r for r in records if r.offset >= self.next[tp]]
-            if fresh:
-                parts.setdefault(tp.partition, []).append(fresh)
-        await asyncio.gather(*(self._partition(n, list(heapq.merge(*lists, key=_timestamp)))
-                               for n, lists in parts.items()))
+            task = self.tasks.serving(tp.partition)
+            fresh = [] if task is None else task.fresh(tp, records)
+            if task is not None and fresh:  # (else fetched before it served: read again)
+                parts.setdefault(tp.partition, (task, []))[1].append(fresh)
+        await asyncio.gather(*(self._partition(task, list(heapq.merge(*lists, key=_timestamp)))
+                               for task, lists in parts.values()))
 
-    async def _partition(self, partition: int, records: list[Any]) -> None:
+    async def _partition(self, task: PartitionTask, records: list[Any]) -> None:
         while records:
             try:
-                work = await self.stage.handle(partition, records)
+                work = await self.stage.handle(task.partition, records)
             except ShardNotHere as exc:
-                await self._not_here(partition, exc)
+                await self._not_here(task, exc)
                 return
             taken = len(records) if work.handled is None else max(1, work.handled)
             done, records = records[:taken], records[taken:]
             offsets = {TopicPartition(r.topic, r.partition): r.offset + 1 for r in done}
-            if not await self._commit(partition, work, offsets):
-                return  # read again from the committed offsets
             newest = max(_timestamp(r) for r in done) / 1000
-            self.partition_time[partition] = max(self.partition_time.get(partition, 0.0),
-                                                 newest)
+            if not await self._commit(task, work, offsets, newest):
+                return  # read again from the committed offsets
             for step in work.after:
                 await step()
 
     async def punctuate(self) -> None:
-        """One timer round: each ready partition's due timers, each in a transaction of its
-        own (no input offsets: nothing is read again if it fails; the next round finds the
-        same timers due). A partition with records not yet read runs its timers on the time
-        of the newest record it handled, not on the wall clock (a backlog after a restart
-        holds the results of jobs in flight: their timeouts count once those are read)."""
+        """One timer round: each serving partition's due timers, each in a transaction of
+        its own (no input offsets: nothing is read again if it fails; the next round finds
+        the same timers due). A partition with records not yet read runs its timers on the
+        time of the newest record it handled, not on the wall clock (a backlog after a
+        restart holds the results of jobs in flight: their timeouts count once those are
+        read)."""
         now = self.clock()
-        for n in sorted(self.ready):
-            at = await self._timer_time(n, now)
-            if at is None:
+        for n in sorted(self.tasks.ready):
+            task = self.tasks.serving(n)
+            at = None if task is None else await self._timer_time(task, now)
+            if task is None or at is None:
                 continue
             work = await self.stage.punctuate(n, at)
-            if work is None or not (work.out or work.placed
-                                    or any(t.dirty(n) for t in self.tables)):
-                for table in self.tables:
-                    table.discard(n)
+            if work is None or not (work.out or work.placed or task.dirty()):
+                task.discard()
                 continue
-            if await self._commit(n, work, {}):
+            if await self._commit(task, work, {}, None):
                 for step in work.after:
                     await step()
 
-    async def _timer_time(self, partition: int, now: float) -> float | None:
-        """``now`` if every input of ``partition`` is read to its highwater, else the time
-        of the newest record the partition handled (None: none yet)."""
-        for tp in [tp for tp in self.next if tp.partition == partition]:
+    async def _timer_time(self, task: PartitionTask, now: float) -> float | None:
+        """``now`` if every input of the task is read to its highwater, else the time of
+        the newest record it handled (None: none yet)."""
+        for tp in task.inputs():
             if await self._read_to(tp) is None:
-                seen = self.partition_time.get(partition)
+                seen = task.stream_time
                 return None if seen is None else min(now, seen)
         return now
 
-    async def _commit(self, partition: int, work: Work,
-                      offsets: dict[TopicPartition, int]) -> bool:
-        producer = self.producers[partition]
+    async def _commit(self, task: PartitionTask, work: Work,
+                      offsets: dict[TopicPartition, int], newest_s: float | None) -> bool:
         written: dict[str, int] = {}
         try:
             written = await asyncio.wait_for(
-                self._transaction(producer, partition, work, offsets), TRANSACTION_TIMEOUT_S)
+                self._transaction(task, work, offsets), TRANSACTION_TIMEOUT_S)
         except Exception as exc:
-            if (not await self._recover(partition, exc) or not offsets
+            if (not await self._recover(task, exc) or not offsets
                     or not await self._landed(offsets)):
-                for table in self.tables:
-                    table.discard(partition)
-                self._seek(partition)
+                task.discard()
+                self.tasks.seek(task)
                 return False
             log.warning("%s partition %d: the transaction was committed after all",
-                        self.stage.name, partition)
-        for table in self.tables:
-            table.commit(partition)
+                        self.stage.name, task.partition)
+        task.committed(offsets, newest_s)
         if written:  # (the apply stage's shards follow what it wrote)
-            self.stage.committed(partition, written)
-        self.next.update(offsets)
-        self.failed_in_row.pop(partition, None)
+            self.stage.committed(task.partition, written)
         return True
 
     async def _landed(self, offsets: dict[TopicPartition, int]) -> bool:
         """Whether a transaction that failed as far as we saw was committed all the same
         (a commit request the broker took before a timeout): the group's committed offsets,
         read after the new producer completed what the old one left, are the batch's."""
-        assert self.consumer is not None
         try:
             for tp, offset in offsets.items():
                 if await self.consumer.committed(tp) != offset:
@@ -336,19 +338,19 @@ class OwnedLoop(Rebalancing):
             return False
         return True
 
-    async def _transaction(self, producer: AIOKafkaProducer, partition: int,
-                           work: Work, offsets: dict[TopicPartition, int]) -> dict[str, int]:
+    async def _transaction(self, task: PartitionTask, work: Work,
+                           offsets: dict[TopicPartition, int]) -> dict[str, int]:
         """The batch's transaction; returns, per topic, the offset after the last record
-        it wrote to ``partition``."""
+        it wrote to the task's partition."""
+        producer, partition = task.producer, task.partition
         await producer.begin_transaction()
         sent = [await producer.send(topic, key=key, value=value)
                 for topic, key, value in work.out]
         sent += [await producer.send(r.topic, key=r.key, value=r.value, partition=r.partition,
                                      timestamp_ms=r.timestamp_ms, headers=list(r.headers))
                  for r in work.placed]
-        for table in self.tables:
-            sent += [await producer.send(table.topic, key=key, value=value, partition=partition)
-                     for key, value in table.changelog(partition)]
+        sent += [await producer.send(topic, key=key, value=value, partition=partition)
+                 for topic, key, value in task.changelog()]
         delivered = await asyncio.gather(*sent)  # a record the broker refuses fails here
         if offsets:  # (a timer round's transaction reads nothing)
             await producer.send_offsets_to_transaction(
@@ -360,100 +362,66 @@ class OwnedLoop(Rebalancing):
                 written[meta.topic] = max(written.get(meta.topic, 0), meta.offset + 1)
         return written
 
-    async def _recover(self, partition: int, exc: Exception) -> bool:
+    async def _recover(self, task: PartitionTask, exc: Exception) -> bool:
         """After a failed transaction: a new producer (its start completes or aborts what
         the old one left open). False when the worker must stop instead."""
+        n = task.partition
         if isinstance(exc, ProducerFenced):
             log.warning("%s partition %d is owned by another worker now (%s); letting it go "
-                        "until the next assignment", self.stage.name, partition, exc)
-            await self._let_go(partition)
+                        "until the next assignment", self.stage.name, n, exc)
+            await self.tasks.let_go(n)
             return False
         if isinstance(exc, REFUSED):  # e.g. a dead letter its topic does not take
-            self.on_fatal(f"partition {partition}: transaction undeliverable "
-                          f"({describe(exc)})", EXIT_UNDELIVERABLE)
+            self.on_fatal(f"partition {n}: transaction undeliverable ({describe(exc)})",
+                          EXIT_UNDELIVERABLE)
             return False
         self.failed_commits += 1
-        self.failed_in_row[partition] = self.failed_in_row.get(partition, 0) + 1
-        if self.failed_in_row[partition] > MAX_FAILED_IN_ROW:
-            self.on_fatal(f"partition {partition}: more than {MAX_FAILED_IN_ROW} transactions "
+        if task.failed() > MAX_FAILED_IN_ROW:
+            self.on_fatal(f"partition {n}: more than {MAX_FAILED_IN_ROW} transactions "
                           f"failed in a row (last: {describe(exc)})")
             return False
         log.warning("%s partition %d: transaction failed (%s: %s); renewing its producer",
-                    self.stage.name, partition, type(exc).__name__, exc)
-        old = self.producers.pop(partition)
+                    self.stage.name, n, type(exc).__name__, exc)
+        old, task.producer = task.producer, None
         await quietly(old.stop())
         attempt = 0
-        while partition not in self.producers:
+        while task.producer is None:
             attempt += 1
             await asyncio.sleep(next_delay(RETRY, attempt))
             try:
-                self.producers[partition] = await self._producer(partition)
+                task.producer = await self.clients.producer(f"{self.group}-{n}")
             except Exception as err:
                 log.warning("%s partition %d: producer not started (%s)", self.stage.name,
-                            partition, type(err).__name__)
+                            n, type(err).__name__)
         return True
 
-    async def _not_here(self, partition: int, exc: ShardNotHere) -> None:
+    async def _not_here(self, task: PartitionTask, exc: ShardNotHere) -> None:
         """The partition's store shard is not served here (yet): the group of the apply
         stage has not given it to this worker, or is restoring it. Nothing of the batch is
         committed; it is read again after a pause (or by the next owner)."""
         self.shard_waits += 1
-        log.info("%s partition %d: %s; reading the batch again", self.stage.name, partition,
-                 exc)
-        for table in self.tables:
-            table.discard(partition)
+        log.info("%s partition %d: %s; reading the batch again", self.stage.name,
+                 task.partition, exc)
+        task.discard()
         await asyncio.sleep(SHARD_WAIT_S)
-        self._seek(partition)
-
-    async def _drop(self, gone: set[int]) -> None:
-        """The loop's hold on partitions no longer its: producers, tables, positions."""
-        for n in gone:
-            producer = self.producers.pop(n, None)
-            if producer is not None:
-                await quietly(producer.stop())
-        for table in self.tables:
-            table.drop(gone)
-        self.next = {tp: o for tp, o in self.next.items() if tp.partition not in gone}
-        for n in gone:
-            self.partition_time.pop(n, None)
-
-    def _seek(self, partition: int) -> None:
-        assert self.consumer is not None
-        assigned = self.consumer.assignment()
-        for tp, offset in self.next.items():
-            if tp.partition == partition and tp in assigned:
-                self.consumer.seek(tp, offset)
-
-    async def _producer(self, partition: int) -> AIOKafkaProducer:
-        producer = kafka.producer(
-            self.settings, transactional_id=f"{self.group}-{partition}",
-            enable_idempotence=True, linger_ms=2, max_request_size=MAX_BYTES)
-        try:
-            await producer.start()  # init_transactions: fences and aborts the previous owner
-        except BaseException:
-            await quietly(producer.stop())
-            raise
-        return producer
-
-    async def _restore(self, partitions: set[int]) -> None:
-        await restore(self.tables, partitions, MAX_BYTES, self.settings)
+        self.tasks.seek(task)
 
     # --- metrics -------------------------------------------------------------------------
 
-    async def _note_caught_up(self) -> None:
-        """A poll found nothing: the partitions whose position reached their highwater are
+    async def note_caught_up(self) -> None:
+        """A poll found nothing: the inputs whose position reached their highwater are
         done up to it (what lies between the next offset and it are transaction markers)."""
-        assert self.consumer is not None
-        found = {}
-        for tp in [tp for tp in self.next if tp in self.consumer.assignment()]:
-            high = await self._read_to(tp)
-            if high is not None:
-                found[tp] = high
-        self.caught_up = found
+        assigned = self.consumer.assignment()
+        for task in list(self.tasks.tasks.values()):
+            found = {}
+            for tp in [tp for tp in task.inputs() if tp in assigned]:
+                high = await self._read_to(tp)
+                if high is not None:
+                    found[tp] = high
+            task.caught_up = found
 
     async def _read_to(self, tp: TopicPartition) -> int | None:
         """``tp``'s highwater when the consumer's position has reached it, else None."""
-        assert self.consumer is not None
         high = self._highwater(tp)
         try:
             if high is not None and await self.consumer.position(tp) >= high:
@@ -463,7 +431,6 @@ class OwnedLoop(Rebalancing):
         return None
 
     def _highwater(self, tp: TopicPartition) -> int | None:
-        assert self.consumer is not None
         try:
             high = self.consumer.highwater(tp)
         except Exception:
@@ -472,19 +439,17 @@ class OwnedLoop(Rebalancing):
 
     def lags(self) -> dict[tuple[str, int], int]:
         """(topic, partition) -> records not yet handled and committed, for the owned
-        inputs (0 where the last idle poll found the position at the highwater and no
-        record arrived since: a transaction's marker is not a record)."""
+        inputs (see :meth:`PartitionTask.lags`)."""
         found: dict[tuple[str, int], int] = {}
         if self.consumer is None:
             return found
-        for tp, offset in list(self.next.items()):
-            high = self._highwater(tp)
-            if high is not None:
-                idle = self.caught_up.get(tp) == high
-                found[(tp.topic, tp.partition)] = 0 if idle else max(0, high - offset)
+        for task in list(self.tasks.tasks.values()):
+            highs = {tp: h for tp in task.inputs()
+                     if (h := self._highwater(tp)) is not None}
+            found.update({(tp.topic, tp.partition): lag
+                          for tp, lag in task.lags(highs).items()})
         return found
 
 
 def _timestamp(record: Any) -> int:
     return int(record.timestamp)
-

@@ -3,7 +3,7 @@
 A worker is ready when every stage loop running here has joined its group (had its first
 assignment: before that it does not know what it owns) and none of the partitions it owns
 is still being taken (its producer fenced the previous owner, its tables and store shard
-restored, its consumer positioned: :mod:`streams.owned_rebalance`), the per-user data keys
+restored, its consumer positioned: :mod:`streams.task_manager`), the per-user data keys
 are known (forget-me markers: a read must not return a forgotten user) and, with the
 partitioned store, the copy of the global memories has caught up once. A worker that owns
 no partition (more workers than partitions) is ready: it answers by forwarding.

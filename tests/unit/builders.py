@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp.test_utils import TestClient, TestServer
+from aiokafka.errors import IllegalStateError
 from aiokafka.structs import TopicPartition
 
 from memstream.memory.coalescing import Policy, UserState, on_message
@@ -161,23 +162,92 @@ class FakeProducer:
 
 
 class FakeConsumer:
-    def __init__(self, assigned: set[TopicPartition]) -> None:
+    def __init__(self, assigned: set[TopicPartition],
+                 committed: dict[TopicPartition, int] | None = None) -> None:
         self.assigned = assigned
+        self.committed_at = committed or {}  # default: never committed (starts at 0)
         self.seeks: list[tuple[TopicPartition, int]] = []
         self.high: dict[TopicPartition, int | None] = {}  # default 0: read to the end
         self.positions: dict[TopicPartition, int] = {}
+        self.paused_tps: set[TopicPartition] = set()
+        self.listener: Any = None
+
+    def subscribe(self, topics: list[str], listener: Any = None) -> None:
+        self.listener = listener
 
     def assignment(self) -> set[TopicPartition]:
-        return self.assigned
+        return set(self.assigned)
+
+    def _held(self, tps: Any) -> None:
+        if set(tps) - self.assigned:  # as aiokafka's subscription state
+            raise IllegalStateError(f"No current assignment for {set(tps) - self.assigned}")
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._held([tp])
         self.seeks.append((tp, offset))
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self._held(tps)
+        self.paused_tps |= set(tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self._held(tps)
+        self.paused_tps -= set(tps)
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return self.committed_at.get(tp)
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return dict.fromkeys(tps, 0)
 
     def highwater(self, tp: TopicPartition) -> int | None:
         return self.high.get(tp, 0)
 
     async def position(self, tp: TopicPartition) -> int:
         return self.positions.get(tp, 0)
+
+
+class FakeClients:
+    """A loop's clients (streams.loop_clients) that keep what they are told: one consumer,
+    a producer per take or renewal (``renewals``: the next ones to hand out, else a new
+    FakeProducer), no table to restore."""
+
+    def __init__(self, consumer: FakeConsumer) -> None:
+        self.the_consumer = consumer
+        self.made: list[tuple[str, Any]] = []  # (transactional id, producer), in order
+        self.renewals: list[Any] = []  # producers to hand out next (e.g. failing ones)
+        self.restored: list[set[int]] = []
+
+    def consumer(self, group: str, member: str | None, assignor: Any) -> FakeConsumer:
+        return self.the_consumer
+
+    async def producer(self, transactional_id: str) -> Any:
+        made = self.renewals.pop(0) if self.renewals else FakeProducer()
+        if isinstance(made, BaseException):
+            raise made
+        self.made.append((transactional_id, made))
+        return made
+
+    async def restore(self, tables: Any, partitions: set[int]) -> None:
+        self.restored.append(set(partitions))
+
+    async def first_offset(self, consumer: Any, tp: TopicPartition) -> int:
+        return int((await consumer.beginning_offsets([tp]))[tp])
+
+
+async def serving(loop: Any, partitions: set[int],
+                  committed: dict[TopicPartition, int] | None = None) -> FakeClients:
+    """``loop`` given ``partitions`` of its inputs as a consumer group would (revoke,
+    assignment, the takes), with fake clients; returns them once every take is done."""
+    tps = {TopicPartition(t, n) for t in loop.stage.inputs for n in partitions}
+    clients = FakeClients(FakeConsumer(set(tps), committed))
+    loop.clients = clients
+    loop.connect()
+    await loop.tasks.revoked()
+    await loop.tasks.assigned(tps)
+    await loop.tasks.settled()
+    clients.the_consumer.seeks.clear()  # (the takes' own)
+    return clients
 
 
 # --- the ingest machine of the tool-job and forget tests (memory.coalescing) ----------------

@@ -116,7 +116,7 @@ def test_jobs_run_builds_a_triggers_only_worker(tmp_path):
         "memstream-jobs", ("decay",), False, False, False)
     p = build_app(own)
     assert not p.app.agents  # no Faust agent: one owned loop
-    loops = [(loop.group, loop.inputs) for loop in p.loops]
+    loops = [(loop.group, loop.stage.inputs) for loop in p.loops]
     assert loops == [("memstream-jobs-jobs", [p.topics.memory_changes.name])]
 
 
@@ -125,7 +125,7 @@ def test_the_worker_runs_its_stages_in_owned_loops(tmp_path):
     from memstream.streams.app import build_app
 
     p = build_app(Settings(data_dir=tmp_path, embedder="hashing", web_enabled=False))
-    loops = {loop.group: loop.inputs for loop in p.loops}
+    loops = {loop.group: loop.stage.inputs for loop in p.loops}
     t = p.topics
     assert loops == {
         "memstream-ingest": [x.name for x in t.ingest_inputs()],

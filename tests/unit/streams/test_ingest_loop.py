@@ -30,7 +30,7 @@ from memstream.topics.schemas import (
     JobStatus,
     SessionEvent,
 )
-from tests.unit.builders import FakeConsumer, FakeProducer
+from tests.unit.builders import FakeProducer, serving
 
 pytestmark = pytest.mark.unit
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -79,7 +79,7 @@ def test_restore_and_drop_follow_the_partition_that_holds_a_key():
 # --- the loop, with a consumer and producers that keep what they are told ------------------
 
 
-def _loop(tmp_path):
+async def _loop(tmp_path):
     settings = Settings(data_dir=tmp_path, embedder="hashing", extract_enabled=False,
                         web_enabled=False, jobs_enabled=False, min_new_messages=2,
                         admin_key=ADMIN, partitions=1)  # every key's partition: 0
@@ -87,12 +87,13 @@ def _loop(tmp_path):
     p.clock = lambda: T0.timestamp() + 10
     fatal: list[tuple[str, int]] = []
     loop = ingest_loop(p, on_fatal=lambda reason, code=70: fatal.append((reason, code)))
-    inputs = {TopicPartition(t, 0) for t in loop.inputs}
-    loop.consumer = FakeConsumer(inputs)  # type: ignore[assignment]
-    loop.producers = {0: FakeProducer()}  # type: ignore[dict-item]
-    loop.owned = loop.ready = {0}
-    loop.next = dict.fromkeys(inputs, 0)
+    await serving(loop, {0})
     return p, loop, fatal
+
+
+def _next(loop, tp: TopicPartition) -> int:
+    """The next offset of ``tp`` the loop handles."""
+    return loop.tasks.tasks[tp.partition].offsets[tp]
 
 
 def _msg(p, n: int, *, offset: int, user: str = "u1", content: str | None = None, ts: int = 0):
@@ -120,9 +121,9 @@ def _sent(producer: FakeProducer, topic: str) -> list:
 
 
 async def test_a_batch_commits_its_jobs_state_and_offsets_in_one_transaction(tmp_path):
-    p, loop, _ = _loop(tmp_path)
+    p, loop, _ = await _loop(tmp_path)
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
-    producer = loop.producers[0]
+    producer = loop.tasks.producer(0)
     assert len(producer.committed) == 1  # one transaction for the batch
     jobs = _sent(producer, p.topics.jobs.name)
     assert len(jobs) == 1  # the threshold (2) reached: one job
@@ -131,60 +132,54 @@ async def test_a_batch_commits_its_jobs_state_and_offsets_in_one_transaction(tmp
     assert json.loads(state[0][2])["in_flight"] is not None
     assert producer.offsets == [{TopicPartition(p.topics.messages.name, 0): 2}]
     assert p.state.get(b"acme/u1")["in_flight"]["job_id"]  # the table took it
-    assert loop.next[TopicPartition(p.topics.messages.name, 0)] == 2
+    assert _next(loop, TopicPartition(p.topics.messages.name, 0)) == 2
 
 
 async def test_a_failed_transaction_leaves_the_tables_and_offsets_and_reads_again(tmp_path):
-    p, loop, fatal = _loop(tmp_path)
-    loop.producers[0] = FakeProducer(fail=KafkaConnectionError())  # type: ignore[assignment]
+    p, loop, fatal = await _loop(tmp_path)
+    loop.tasks.producer(0).fail = KafkaConnectionError()
     renewed = FakeProducer()
-
-    async def producer(n: int):
-        return renewed
-
-    loop._producer = producer  # type: ignore[method-assign]
+    loop.clients.renewals.append(renewed)
     tp = TopicPartition(p.topics.messages.name, 0)
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
     assert p.state.get(b"acme/u1") is None and len(p.state) == 0  # nothing of the batch
     assert p.window.get(b"acme/u1/s1") is None
-    assert loop.next[tp] == 0 and (tp, 0) in loop.consumer.seeks  # read again from 0
-    assert loop.producers[0] is renewed and loop.failed_commits == 1 and not fatal
+    assert _next(loop, tp) == 0 and (tp, 0) in loop.consumer.seeks  # read again from 0
+    assert loop.tasks.producer(0) is renewed and loop.failed_commits == 1 and not fatal
     # read again: the same batch now commits, and the user gets exactly one job
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
-    assert len(_sent(renewed, p.topics.jobs.name)) == 1 and loop.next[tp] == 2
+    assert len(_sent(renewed, p.topics.jobs.name)) == 1 and _next(loop, tp) == 2
 
 
 async def test_a_fenced_partition_is_let_go_and_the_worker_goes_on(tmp_path):
     """Another worker's producer took partition 0 (this worker's generation is stale): the
     partition is dropped as if revoked, nothing of the batch is committed, no exit."""
-    p, loop, fatal = _loop(tmp_path)
-    loop.producers[0] = FakeProducer(fail=ProducerFenced())  # type: ignore[assignment]
+    p, loop, fatal = await _loop(tmp_path)
+    loop.tasks.producer(0).fail = ProducerFenced()
     await loop.process(_batch(_msg(p, 1, offset=0)))
-    assert not fatal and len(p.state) == 0 and loop.fenced == 1
-    assert 0 not in loop.ready and 0 not in loop.owned and 0 not in loop.producers
-    assert not [tp for tp in loop.next if tp.partition == 0]
+    assert not fatal and len(p.state) == 0 and loop.tasks.fenced == 1
+    assert 0 not in loop.tasks.ready and 0 not in loop.owned and loop.tasks.producer(0) is None
+    assert not loop.tasks.tasks[0].offsets and loop.tasks.tasks[0].gone
     await loop.process(_batch(_msg(p, 2, offset=1)))  # its records are no longer handled
     assert len(p.state) == 0
 
 
 async def test_a_transaction_the_broker_refuses_for_good_stops_the_worker(tmp_path):
     """A dead letter its topic does not take (too large): exit 75, nothing passed."""
-    p, loop, fatal = _loop(tmp_path)
-    loop.producers[0] = FakeProducer(fail=MessageSizeTooLargeError())  # type: ignore[assignment]
+    p, loop, fatal = await _loop(tmp_path)
+    loop.tasks.producer(0).fail = MessageSizeTooLargeError()
     await loop.process(_batch(_msg(p, 1, offset=0)))
     assert fatal == [(fatal[0][0], EXIT_UNDELIVERABLE)] and "undeliverable" in fatal[0][0]
-    assert loop.next[TopicPartition(p.topics.messages.name, 0)] == 0 and len(p.state) == 0
+    assert _next(loop, TopicPartition(p.topics.messages.name, 0)) == 0 and len(p.state) == 0
 
 
 async def test_transactions_failing_again_and_again_end_the_worker(tmp_path, monkeypatch):
-    p, loop, fatal = _loop(tmp_path)
+    p, loop, fatal = await _loop(tmp_path)
     monkeypatch.setattr(owned_loop, "RETRY", RetryPolicy(0.0, 0.0))
 
-    async def producer(n: int):
-        return FakeProducer(fail=KafkaConnectionError())
-
-    loop._producer = producer  # type: ignore[method-assign]
-    loop.producers[0] = await producer(0)  # type: ignore[assignment]
+    loop.tasks.producer(0).fail = KafkaConnectionError()
+    loop.clients.renewals += [FakeProducer(fail=KafkaConnectionError())
+                              for _ in range(owned_loop.MAX_FAILED_IN_ROW)]
     for _ in range(owned_loop.MAX_FAILED_IN_ROW):
         await loop.process(_batch(_msg(p, 1, offset=0)))
     assert not fatal  # a broker away for a while: read again, and again
@@ -193,27 +188,27 @@ async def test_transactions_failing_again_and_again_end_the_worker(tmp_path, mon
 
 
 async def test_records_below_the_next_offset_are_not_handled_again(tmp_path):
-    p, loop, _ = _loop(tmp_path)
+    p, loop, _ = await _loop(tmp_path)
     await loop.process(_batch(_msg(p, 1, offset=0)))
     # a stale fetch hands offset 0 again together with offset 1
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
     state = p.state.get(b"acme/u1")
     assert state["sessions"]["s1"]["count"] == 2  # each message counted once
-    assert len(_sent(loop.producers[0], p.topics.jobs.name)) == 1
+    assert len(_sent(loop.tasks.producer(0), p.topics.jobs.name)) == 1
 
 
 async def test_records_of_a_partition_not_ready_are_left_for_its_seek(tmp_path):
-    p, loop, _ = _loop(tmp_path)
-    loop.ready = set()  # a rebalance is under way
+    p, loop, _ = await _loop(tmp_path)
+    await loop.tasks.revoked()  # a rebalance is under way
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
-    assert loop.producers[0].committed == [] and len(p.state) == 0
-    assert loop.next[TopicPartition(p.topics.messages.name, 0)] == 0
+    assert loop.tasks.producer(0).committed == [] and len(p.state) == 0
+    assert _next(loop, TopicPartition(p.topics.messages.name, 0)) == 0
 
 
 async def test_topics_are_merged_by_time_without_reordering_one(tmp_path, monkeypatch):
     """A partition's topics are handled in timestamp order, but one topic's records never
     change places, even where its timestamps go back (producer clocks differ)."""
-    p, loop, _ = _loop(tmp_path)
+    p, loop, _ = await _loop(tmp_path)
     from memstream.streams import ingest
 
     seen: list[tuple[str, int]] = []
@@ -232,20 +227,20 @@ async def test_topics_are_merged_by_time_without_reordering_one(tmp_path, monkey
 
 
 async def test_a_bad_record_is_a_dead_letter_in_the_batch_and_the_batch_goes_on(tmp_path):
-    p, loop, _ = _loop(tmp_path)
+    p, loop, _ = await _loop(tmp_path)
     good = _msg(p, 1, offset=1)
     bad = SimpleNamespace(**{**good.__dict__, "offset": 0, "value": b"{not json"})
     await loop.process(_batch(bad, good))
-    dead = _sent(loop.producers[0], p.topics.dead_letters.name)
+    dead = _sent(loop.tasks.producer(0), p.topics.dead_letters.name)
     assert len(dead) == 1 and json.loads(dead[0][2])["kind"] == "not_json"
     assert p.state.get(b"acme/u1")["sessions"]["s1"]["count"] == 1
-    assert loop.next[TopicPartition(p.topics.messages.name, 0)] == 2
+    assert _next(loop, TopicPartition(p.topics.messages.name, 0)) == 2
 
 
 async def test_a_job_result_in_the_next_batch_frees_the_user(tmp_path):
-    p, loop, _ = _loop(tmp_path)
+    p, loop, _ = await _loop(tmp_path)
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
-    (job_record,) = _sent(loop.producers[0], p.topics.jobs.name)
+    (job_record,) = _sent(loop.tasks.producer(0), p.topics.jobs.name)
     job = ExtractionJob.model_validate_json(job_record[2])
     result = JobResult.for_job(job, JobStatus.DONE, T0 + timedelta(seconds=9))
     await loop.process(_batch(_record(p.topics.job_results.name, 0, result, 9)))
@@ -256,22 +251,23 @@ async def test_a_job_in_flight_is_timed_from_the_takeover(tmp_path):
     """The loops lose no record: a job sent before this worker took the partition is on
     its way (the partition had no owner for a while), so its timeout counts from the
     takeover, not from the send; a job that really is gone is still re-sent after it."""
-    p, loop, _ = _loop(tmp_path)
+    p, loop, _ = await _loop(tmp_path)
     sent_at = T0.timestamp() + 10
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
     timeout = p.settings.job_timeout_s
-    p.clock = lambda: sent_at + timeout - 5  # a restart after a long outage
-    loop.stage.assigned({0})
+    p.clock = lambda: sent_at + timeout - 5  # a restart after a long outage: the job's
+    loop.stage.assigned(set())  # partition had left, and is taken over (its tables as
+    loop.stage.assigned({0})  # they were: a take restores them from their changelog)
 
     async def timers_at(at: float) -> None:
         p.clock = loop.clock = lambda: at
         await loop.punctuate()
 
     await timers_at(sent_at + timeout + 5)  # due by the send, not yet
-    assert len(_sent(loop.producers[0], p.topics.jobs.name)) == 1  # not re-sent
+    assert len(_sent(loop.tasks.producer(0), p.topics.jobs.name)) == 1  # not re-sent
     await timers_at(sent_at + 2 * timeout)  # due since the takeover
     jobs = [ExtractionJob.model_validate_json(v[2])
-            for v in _sent(loop.producers[0], p.topics.jobs.name)]
+            for v in _sent(loop.tasks.producer(0), p.topics.jobs.name)]
     assert len(jobs) == 2 and jobs[1].job_id == jobs[0].job_id and jobs[1].attempt == 2
 
 
@@ -279,9 +275,9 @@ async def test_a_timer_round_is_a_transaction_of_its_partition_without_offsets(t
     """The idle flush: what the round emits (the job, the user's new state) is one
     transaction of partition 0, with no input offsets; a round with nothing due sends
     nothing; the changelog segments roll at the partition's first round."""
-    p, loop, _ = _loop(tmp_path)
+    p, loop, _ = await _loop(tmp_path)
     await loop.process(_batch(_msg(p, 1, offset=0)))  # below the threshold: no job
-    producer = loop.producers[0]
+    producer = loop.tasks.producer(0)
     loop.clock = lambda: T0.timestamp() + 10
     await loop.punctuate()  # nothing due but the first roll
     assert len(producer.committed) == 2 and producer.offsets == [
@@ -303,52 +299,45 @@ async def test_a_partition_behind_runs_its_timers_on_the_time_of_what_it_read(tm
     while records wait unread, its timers run on the newest record's time, so the job is
     not re-sent for a timeout that only the wall clock passed; once read to the end, the
     wall clock counts."""
-    p, loop, _ = _loop(tmp_path)
+    p, loop, _ = await _loop(tmp_path)
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))  # a job sent
     results = TopicPartition(p.topics.job_results.name, 0)
     loop.consumer.high[results] = 5  # five results not read yet
     late = T0.timestamp() + 10 + 10 * p.settings.job_timeout_s
     loop.clock = lambda: late
     await loop.punctuate()
-    assert len(_sent(loop.producers[0], p.topics.jobs.name)) == 1  # not re-sent
+    assert len(_sent(loop.tasks.producer(0), p.topics.jobs.name)) == 1  # not re-sent
     loop.consumer.positions[results] = 5  # read to the end, none was its result
     await loop.punctuate()
-    assert len(_sent(loop.producers[0], p.topics.jobs.name)) == 2  # re-sent now
+    assert len(_sent(loop.tasks.producer(0), p.topics.jobs.name)) == 2  # re-sent now
 
 
 async def test_a_timer_round_whose_transaction_fails_is_run_again(tmp_path):
     """Nothing is read again for a round: its table writes are dropped, and the next round
     finds the same user due and emits the job again."""
-    p, loop, _ = _loop(tmp_path)
+    p, loop, _ = await _loop(tmp_path)
     await loop.process(_batch(_msg(p, 1, offset=0)))
     loop.clock = lambda: T0.timestamp() + 10 + p.settings.idle_timeout_s + 1
-    loop.producers[0] = FakeProducer(fail=KafkaConnectionError())  # type: ignore[assignment]
-
-    async def renewed(n: int) -> FakeProducer:
-        return FakeProducer()
-
-    loop._producer = renewed  # type: ignore[method-assign]
+    loop.tasks.producer(0).fail = KafkaConnectionError()
     await loop.punctuate()
     assert p.state.get(b"acme/u1")["in_flight"] is None  # the write was dropped
     await loop.punctuate()
-    assert len(_sent(loop.producers[0], p.topics.jobs.name)) == 1
+    assert len(_sent(loop.tasks.producer(0), p.topics.jobs.name)) == 1
     assert p.state.get(b"acme/u1")["in_flight"] is not None
 
 
 async def test_a_partition_let_go_is_taken_back_when_no_rebalance_takes_it(tmp_path):
     """The fence came from a worker with a stale assignment: no rebalance follows, so after
     two session timeouts the partition, still assigned here, is taken again as a new one."""
-    p, loop, fatal = _loop(tmp_path)
-    loop.producers[0] = FakeProducer(fail=ProducerFenced())  # type: ignore[assignment]
+    p, loop, fatal = await _loop(tmp_path)
+    loop.tasks.producer(0).fail = ProducerFenced()
     await loop.process(_batch(_msg(p, 1, offset=0)))
-    taken: list[set[TopicPartition]] = []
-
-    async def assign(assigned: set[TopicPartition]) -> None:
-        taken.append(assigned)
-
-    loop._assign = assign  # type: ignore[method-assign]
-    await loop._take_back()
-    assert taken == [] and 0 in loop.let_go  # too soon: a rebalance may still come
-    loop.let_go[0] -= 2 * loop.settings.session_timeout_s + 1
-    await loop._take_back()
-    assert taken == [loop.consumer.assignment()] and not loop.let_go and not fatal
+    await loop.tasks.take_back()
+    assert 0 in loop.tasks.fenced_here() and 0 not in loop.owned  # too soon: a rebalance
+    loop.tasks.tasks[0].fenced_at -= 2 * loop.settings.session_timeout_s + 1  # may come
+    await loop.tasks.take_back()
+    await loop.tasks.settled()
+    assert loop.tasks.ready == {0} and not loop.tasks.fenced_here() and not fatal
+    assert len(loop.clients.made) == 2  # taken again as new: a new producer (the fence)
+    await loop.process(_batch(_msg(p, 1, offset=0)))
+    assert p.state.get(b"acme/u1")["sessions"]["s1"]["count"] == 1

@@ -20,25 +20,21 @@ from memstream.streams.app import build_app
 from memstream.streams.ingest import ingest_loop
 from memstream.topics.registry import registry
 from memstream.topics.schemas import ChatMessage, SessionEvent
-from tests.unit.builders import FakeConsumer, FakeProducer
+from tests.unit.builders import FakeProducer, serving
 
 pytestmark = pytest.mark.unit
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 N = 4
 
 
-def _loop(tmp_path):
+async def _loop(tmp_path):
     settings = Settings(data_dir=tmp_path, embedder="hashing", extract_enabled=False,
                         web_enabled=False, jobs_enabled=False, min_new_messages=2,
                         admin_key=SecretStr("k-admin-0123456789abcdef0123456789"), partitions=N)
     p = build_app(settings)
     p.clock = lambda: T0.timestamp() + 10
     loop = ingest_loop(p, on_fatal=lambda reason, code=70: None)
-    inputs = {TopicPartition(t, n) for t in loop.inputs for n in range(N)}
-    loop.consumer = FakeConsumer(inputs)  # type: ignore[assignment]
-    loop.producers = {n: FakeProducer() for n in range(N)}  # type: ignore[misc]
-    loop.owned = loop.ready = set(range(N))
-    loop.next = dict.fromkeys(inputs, 0)
+    await serving(loop, set(range(N)))
     return p, loop
 
 
@@ -76,12 +72,12 @@ def _sent(producer, topic):
 
 
 async def test_a_message_off_its_partition_is_re_routed_not_handled_there(tmp_path):
-    p, loop = _loop(tmp_path)
+    p, loop = await _loop(tmp_path)
     user, crc, right = _user_off_its_partition()
     records = [_record(p.topics.messages.name, crc, i, _msg(user, i), ts=1000 + i)
                for i in range(2)]
     await loop.process(_batch(*records))
-    producer = loop.producers[crc]
+    producer = loop.tasks.producer(crc)
     rerouted = _sent(producer, p.topics.repartition.name)
     assert [(r[1], r[2], r[3]) for r in rerouted] == [
         (rec.key, rec.value, right) for rec in records]  # the bytes as produced, its partition
@@ -96,7 +92,7 @@ async def test_a_message_off_its_partition_is_re_routed_not_handled_there(tmp_pa
 
 
 async def test_a_re_routed_message_is_handled_with_the_users_state(tmp_path):
-    p, loop = _loop(tmp_path)
+    p, loop = await _loop(tmp_path)
     user, crc, right = _user_off_its_partition()
     await loop.process(_batch(*(_record(p.topics.messages.name, crc, i, _msg(user, i))
                                 for i in range(2))))
@@ -104,11 +100,11 @@ async def test_a_re_routed_message_is_handled_with_the_users_state(tmp_path):
         SimpleNamespace(topic=p.topics.repartition.name, partition=right, offset=i, key=key,
                         value=value, timestamp=1000 + i, headers=tuple(stamp[3]))
         for i, ((_, key, value, _p), stamp) in enumerate(zip(
-            _sent(loop.producers[crc], p.topics.repartition.name),
-            [s for s in loop.producers[crc].stamped if s[0] == p.topics.repartition.name],
+            _sent(loop.tasks.producer(crc), p.topics.repartition.name),
+            [s for s in loop.tasks.producer(crc).stamped if s[0] == p.topics.repartition.name],
             strict=True))]
     await loop.process(_batch(*rerouted))
-    owner = loop.producers[right]
+    owner = loop.tasks.producer(right)
     assert len(_sent(owner, p.topics.jobs.name)) == 1  # the threshold (2) reached there
     assert p.state.get(f"acme/{user}".encode())["sessions"]["s1"]["count"] == 2
     assert not _sent(owner, p.topics.repartition.name)  # never re-routed again
@@ -116,45 +112,41 @@ async def test_a_re_routed_message_is_handled_with_the_users_state(tmp_path):
 
 
 async def test_a_session_end_off_its_partition_follows_the_same_way(tmp_path):
-    p, loop = _loop(tmp_path)
+    p, loop = await _loop(tmp_path)
     user, crc, right = _user_off_its_partition()
     end = SessionEvent(tenant_id="acme", user_id=user, session_id="s1", kind="ended", ts=T0)
     await loop.process(_batch(_record(p.topics.session_events.name, crc, 0, end)))
-    rerouted = _sent(loop.producers[crc], p.topics.repartition.name)
+    rerouted = _sent(loop.tasks.producer(crc), p.topics.repartition.name)
     assert len(rerouted) == 1 and rerouted[0][3] == right
 
 
 async def test_a_record_where_it_belongs_is_handled_in_place(tmp_path):
-    p, loop = _loop(tmp_path)
+    p, loop = await _loop(tmp_path)
     user, _, right = _user_off_its_partition()
     await loop.process(_batch(*(_record(p.topics.messages.name, right, i, _msg(user, i))
                                 for i in range(2))))
-    producer = loop.producers[right]
+    producer = loop.tasks.producer(right)
     assert not _sent(producer, p.topics.repartition.name)
     assert len(_sent(producer, p.topics.jobs.name)) == 1 and p.counters.misplaced_records == 0
 
 
 async def test_an_invalid_record_off_its_partition_is_a_dead_letter_there(tmp_path):
-    p, loop = _loop(tmp_path)
+    p, loop = await _loop(tmp_path)
     user, crc, _ = _user_off_its_partition()
     bad = _record(p.topics.messages.name, crc, 0, _msg(user, 1))
     bad.value = b"{not json"
     await loop.process(_batch(bad))
-    producer = loop.producers[crc]
+    producer = loop.tasks.producer(crc)
     assert len(_sent(producer, p.topics.dead_letters.name)) == 1
     assert not _sent(producer, p.topics.repartition.name) and p.counters.misplaced_records == 0
 
 
 async def test_a_failed_transaction_counts_nothing_and_reads_the_records_again(tmp_path):
-    p, loop = _loop(tmp_path)
+    p, loop = await _loop(tmp_path)
     user, crc, _ = _user_off_its_partition()
-    loop.producers[crc] = FakeProducer(fail=KafkaConnectionError())  # type: ignore[assignment]
+    loop.tasks.producer(crc).fail = KafkaConnectionError()
     renewed = FakeProducer()
-
-    async def producer(n: int):
-        return renewed
-
-    loop._producer = producer  # type: ignore[method-assign]
+    loop.clients.renewals.append(renewed)
     record = _record(p.topics.messages.name, crc, 0, _msg(user, 1))
     await loop.process(_batch(record))
     assert p.counters.misplaced_records == 0
@@ -167,12 +159,12 @@ async def test_a_failed_transaction_counts_nothing_and_reads_the_records_again(t
 async def test_the_repartition_topic_takes_only_what_names_a_producers_topic(tmp_path, source):
     """Only the ingest stage writes it; a record that names no producers' topic (none, or
     one of the worker's own, such as job results) is a dead letter, never obeyed."""
-    p, loop = _loop(tmp_path)
+    p, loop = await _loop(tmp_path)
     user, _, right = _user_off_its_partition()
     headers = () if source is None else ((placement.SOURCE, p.settings.topic(source).encode()),)
     forged = _record(p.topics.repartition.name, right, 0, _msg(user, 1), headers=headers)
     await loop.process(_batch(forged))
-    producer = loop.producers[right]
+    producer = loop.tasks.producer(right)
     assert len(_sent(producer, p.topics.dead_letters.name)) == 1
     assert p.state.get(f"acme/{user}".encode()) is None
 

@@ -20,9 +20,10 @@ from pydantic import SecretStr
 from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.streams.app import Pipeline, build_app
+from memstream.streams.loop_clients import KafkaClients
 from memstream.streams.owned_loop import OwnedLoop
 from memstream.topics.schemas import JobDecision, JobResult, JobStatus, MemoryChange
-from tests.unit.builders import FakeConsumer, FakeProducer, job
+from tests.unit.builders import FakeConsumer, FakeProducer, job, serving
 
 pytestmark = pytest.mark.unit
 NOW = 1_780_000_000.0
@@ -43,16 +44,18 @@ def p(tmp_path):
     pipeline.services.store.close()
 
 
-def loop_of(p: Pipeline, name: str) -> tuple[OwnedLoop, list[tuple[str, int]]]:
+async def loop_of(p: Pipeline, name: str, committed: dict[TopicPartition, int] | None = None,
+                  ) -> tuple[OwnedLoop, list[tuple[str, int]]]:
     (loop,) = [loop for loop in p.loops if loop.stage.name == name]
     fatal: list[tuple[str, int]] = []
     loop.on_fatal = lambda reason, code=70: fatal.append((reason, code))
-    inputs = {TopicPartition(t, 0) for t in loop.inputs}
-    loop.consumer = FakeConsumer(inputs)
-    loop.producers = {0: FakeProducer()}
-    loop.owned = loop.ready = {0}
-    loop.next = dict.fromkeys(inputs, 0)
+    await serving(loop, {0}, committed)
     return loop, fatal
+
+
+def _next(loop: OwnedLoop, tp: TopicPartition) -> int:
+    """The next offset of ``tp`` the loop handles."""
+    return loop.tasks.tasks[tp.partition].offsets[tp]
 
 
 def record(topic: str, offset: int, key: bytes, value: bytes, ts: int | None = None) -> Any:
@@ -81,19 +84,19 @@ def job_record(p: Pipeline, offset: int, texts: list[str], *, user: str = "u1",
 
 async def decided(p: Pipeline, *jobs: Any) -> list[Any]:
     """The jobs through the extract loop: their decisions, as records of the topic."""
-    loop, _ = loop_of(p, "extract")
+    loop, _ = await loop_of(p, "extract")
     await loop.process(batch(*jobs))
-    values = sent(loop.producers[0], p.topics.decisions.name)
+    values = sent(loop.tasks.producer(0), p.topics.decisions.name)
     return [record(p.topics.decisions.name, n, JobDecision.model_validate_json(v).key().encode(),
                    v) for n, v in enumerate(values)]
 
 
 async def test_extract_commits_a_batch_of_decisions_with_its_offsets(p):
-    loop, fatal = loop_of(p, "extract")
+    loop, fatal = await loop_of(p, "extract")
     bad = record(p.topics.jobs.name, 1, b"t1/u2", b"{not json")
     await loop.process(batch(job_record(p, 0, ["I live in Oslo"]), bad,
                              job_record(p, 2, ["I am allergic to nuts"], user="u3")))
-    producer = loop.producers[0]
+    producer = loop.tasks.producer(0)
     assert len(producer.committed) == 1 and not fatal
     decisions = [JobDecision.model_validate_json(v)
                  for v in sent(producer, p.topics.decisions.name)]
@@ -108,9 +111,9 @@ async def test_extract_commits_a_batch_of_decisions_with_its_offsets(p):
 async def test_apply_sends_events_then_the_result_and_one_decision_per_user_per_txn(p):
     first, second = await decided(p, job_record(p, 0, ["I live in Oslo"]),
                                   job_record(p, 1, ["I am allergic to nuts"], seq=2))
-    loop, fatal = loop_of(p, "apply")
+    loop, fatal = await loop_of(p, "apply")
     await loop.process(batch(first, second))
-    producer = loop.producers[0]
+    producer = loop.tasks.producer(0)
     assert len(producer.committed) == 2 and not fatal  # the user's second: its own txn
     for txn in (0, 1):
         kinds = [r[0] for r in producer.committed[txn]
@@ -123,25 +126,21 @@ async def test_apply_sends_events_then_the_result_and_one_decision_per_user_per_
     assert sorted(c.after["content"] for c in changes) == [
         "Allergic to nuts", "Lives in Oslo"]
     dtp = TopicPartition(p.topics.decisions.name, 0)
-    assert [o[dtp] for o in producer.offsets] == [1, 2] and loop.next[dtp] == 2
+    assert [o[dtp] for o in producer.offsets] == [1, 2] and _next(loop, dtp) == 2
     assert p.services.store.count() == 2
 
 
 async def test_a_failed_apply_transaction_is_read_again_and_republishes_the_kept_events(p):
     (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo"]))
-    loop, fatal = loop_of(p, "apply")
-    loop.producers[0] = FakeProducer(fail=KafkaConnectionError())
+    loop, fatal = await loop_of(p, "apply")
+    loop.tasks.producer(0).fail = KafkaConnectionError()
     renewed = FakeProducer()
-
-    async def producer(n: int) -> FakeProducer:
-        return renewed
-
-    loop._producer = producer  # type: ignore[method-assign]
+    loop.clients.renewals.append(renewed)
     resolved: list[str] = []
     p.waiters.resolve = lambda job_id, outcome: resolved.append(job_id)  # type: ignore
     await loop.process(batch(rec))
     dtp = TopicPartition(p.topics.decisions.name, 0)
-    assert loop.next[dtp] == 0 and (dtp, 0) in loop.consumer.seeks and not fatal
+    assert _next(loop, dtp) == 0 and (dtp, 0) in loop.consumer.seeks and not fatal
     assert p.services.store.count() == 1 and resolved == []  # in the store, nobody woken
     assert p.counters.changes == {}  # counted only once committed
     await loop.process(batch(rec))  # read again: the store answers DONE with its events
@@ -157,32 +156,27 @@ async def test_a_bad_decision_is_a_dead_letter_and_the_batch_goes_on(p):
     (good,) = await decided(p, job_record(p, 1, ["I live in Oslo"]))
     good.offset = 1
     bad = record(p.topics.decisions.name, 0, b"t1/u9", b'{"job_id": 3}')
-    loop, _ = loop_of(p, "apply")
+    loop, _ = await loop_of(p, "apply")
     await loop.process(batch(bad, good))
-    producer = loop.producers[0]
+    producer = loop.tasks.producer(0)
     (dead,) = sent(producer, p.topics.dead_letters.name)
     assert json.loads(dead)["kind"] == "schema"
     assert len(sent(producer, p.topics.job_results.name)) == 1
-    assert loop.next[TopicPartition(p.topics.decisions.name, 0)] == 2
+    assert _next(loop, TopicPartition(p.topics.decisions.name, 0)) == 2
 
 
 async def test_the_maintenance_table_takes_folds_only_with_a_committed_transaction(p):
     (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo", "I work at Acme"]))
-    loop, _ = loop_of(p, "apply")
-    loop.producers[0] = FakeProducer(fail=KafkaConnectionError())
-
-    async def producer(n: int) -> FakeProducer:
-        return FakeProducer()
-
-    loop._producer = producer  # type: ignore[method-assign]
+    loop, _ = await loop_of(p, "apply")
+    loop.tasks.producer(0).fail = KafkaConnectionError()
     await loop.process(batch(rec))
     assert p.maintenance.get(b"t1/u1") is None and len(p.maintenance) == 0
     await loop.process(batch(rec))  # again: the republished events are folded now
     folded = p.maintenance.get(b"t1/u1")
     assert folded is not None and len(p.maintenance) == 1
-    (state,) = sent(loop.producers[0], p.maintenance.topic)
+    (state,) = sent(loop.tasks.producer(0), p.maintenance.topic)
     assert json.loads(state) == folded
-    requests = [json.loads(v) for v in sent(loop.producers[0], p.topics.tool_requests.name)]
+    requests = [json.loads(v) for v in sent(loop.tasks.producer(0), p.topics.tool_requests.name)]
     assert requests and {r["write"]["name"] for r in requests} == {"reflect"}  # threshold 1
 
 
@@ -190,9 +184,9 @@ async def test_the_apply_loops_timer_round_sends_the_due_windowed_jobs(p):
     """The consolidation a change made due is sent by the partition's timer round, with the
     user's new state, in one transaction without input offsets; not before it is due."""
     (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo"]))
-    loop, _ = loop_of(p, "apply")
+    loop, _ = await loop_of(p, "apply")
     await loop.process(batch(rec))
-    producer = loop.producers[0]
+    producer = loop.tasks.producer(0)
     loop.clock = lambda: NOW
     await loop.punctuate()  # the first round rolls the table's segment, nothing is due
     assert len(producer.committed) == 2 and len(producer.offsets) == 1
@@ -217,22 +211,18 @@ async def test_a_commit_that_timed_out_but_landed_counts_as_committed(p):
     from aiokafka.errors import KafkaTimeoutError
 
     (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo"]))
-    loop, fatal = loop_of(p, "apply")
+    loop, fatal = await loop_of(p, "apply")
     dtp = TopicPartition(p.topics.decisions.name, 0)
-    loop.producers[0] = FakeProducer(fail=KafkaTimeoutError())
-
-    async def producer(n: int) -> FakeProducer:
-        return FakeProducer()
+    loop.tasks.producer(0).fail = KafkaTimeoutError()
 
     async def committed(tp: TopicPartition) -> int:
         return {dtp: 1}[tp]  # what the broker has: the batch's offsets
 
-    loop._producer = producer  # type: ignore[method-assign]
     loop.consumer.committed = committed  # type: ignore[attr-defined]
     resolved: list[str] = []
     p.waiters.resolve = lambda job_id, outcome: resolved.append(job_id)  # type: ignore
     await loop.process(batch(rec))
-    assert loop.next[dtp] == 1 and loop.consumer.seeks == [] and not fatal
+    assert _next(loop, dtp) == 1 and loop.consumer.seeks == [] and not fatal
     assert resolved == ["job-u1-1"] and p.counters.changes  # the after-commit steps ran
 
 
@@ -242,7 +232,7 @@ async def test_a_decision_the_store_took_is_never_set_aside(p, monkeypatch):
     from memstream.streams import apply, privacy
 
     (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo"]))
-    loop, _ = loop_of(p, "apply")
+    loop, _ = await loop_of(p, "apply")
 
     async def broken(p: Any, changes: Any) -> Any:
         raise ValueError("cannot seal")
@@ -250,8 +240,8 @@ async def test_a_decision_the_store_took_is_never_set_aside(p, monkeypatch):
     monkeypatch.setattr(privacy, "seal_all", broken)
     with pytest.raises(apply.Unpublished):
         await loop.process(batch(rec))
-    assert loop.producers[0].committed == [] and p.services.store.count() == 1
-    assert loop.next[TopicPartition(p.topics.decisions.name, 0)] == 0
+    assert loop.tasks.producer(0).committed == [] and p.services.store.count() == 1
+    assert _next(loop, TopicPartition(p.topics.decisions.name, 0)) == 0
 
 
 async def test_a_new_group_starts_where_the_faust_agents_were(p, monkeypatch):
@@ -279,13 +269,16 @@ async def test_a_new_group_starts_where_the_faust_agents_were(p, monkeypatch):
             return {jobs: OffsetAndMetadata(42, ""), other: OffsetAndMetadata(-1, "")}
 
     monkeypatch.setattr(kafka, "AIOKafkaAdminClient", Admin)
-    loop, _ = loop_of(p, "extract")
+    clients = KafkaClients(p.settings)
+    consumer = FakeConsumer(set())
 
     async def beginning(tps: list[TopicPartition]) -> dict:
         return dict.fromkeys(tps, 7)
 
-    loop.consumer.beginning_offsets = beginning  # type: ignore[attr-defined]
-    assert await loop._first_offset(jobs) == 42 and await loop._first_offset(other) == 7
+    consumer.beginning_offsets = beginning  # type: ignore[method-assign]
+    assert await clients.first_offset(consumer, jobs) == 42
+    assert await clients.first_offset(consumer, other) == 7
+    assert await clients.first_offset(consumer, jobs) == 42
     assert asked == ["memstream"]  # the Faust app's group, read once
 
 
@@ -297,7 +290,7 @@ async def test_another_decision_of_an_applied_job_is_not_folded_twice(p):
 
     j = job(["I live in Oslo"], user="u1", job_id="job-u1-1").model_copy(update={"seq": 1})
     (first,) = await decided(p, record(p.topics.jobs.name, 0, j.key().encode(), j.dumps()))
-    loop, _ = loop_of(p, "apply")
+    loop, _ = await loop_of(p, "apply")
     await loop.process(batch(first))
     folded = p.maintenance.get(b"t1/u1")
     again = await decide_with_retries(p, j)  # the copy, decided against the store as it is
@@ -305,7 +298,7 @@ async def test_another_decision_of_an_applied_job_is_not_folded_twice(p):
     await loop.process(batch(second))
     assert p.counters.decisions_duplicate == 1  # DONE
     assert p.maintenance.get(b"t1/u1") == folded
-    assert len(sent(loop.producers[0], p.topics.memory_changes.name)) == 2  # republished
+    assert len(sent(loop.tasks.producer(0), p.topics.memory_changes.name)) == 2  # republished
 
 
 async def test_sealing_waits_until_the_user_keys_are_read(p, monkeypatch):
@@ -316,9 +309,9 @@ async def test_sealing_waits_until_the_user_keys_are_read(p, monkeypatch):
     from memstream.streams import privacy
 
     (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo"]))
-    loop, _ = loop_of(p, "apply")
+    loop, _ = await loop_of(p, "apply")
     await loop.process(batch(rec))
-    (value,) = sent(loop.producers[0], p.topics.memory_changes.name)
+    (value,) = sent(loop.tasks.producer(0), p.topics.memory_changes.name)
     change = MemoryChange.model_validate_json(value)
     monkeypatch.setattr(privacy, "READY_S", 0.01)
     made: list[str] = []
@@ -346,25 +339,19 @@ async def test_sealing_waits_until_the_user_keys_are_read(p, monkeypatch):
 async def test_a_transaction_marker_is_no_lag(p):
     """A partition written in transactions ends with a marker: at rest its highwater is one
     past the last record. Lag counts records, so an idle loop read to the end shows 0."""
-    loop, _ = loop_of(p, "extract")
     tp = TopicPartition(p.topics.jobs.name, 0)
-    loop.next = {tp: 10}
-    high = {tp: 11}  # record 9 handled, offset 10 is its transaction's marker
-    position = {tp: 11}
-    loop.consumer.highwater = high.get  # type: ignore[attr-defined]
-
-    async def at(tp: TopicPartition) -> int:
-        return position[tp]
-
-    loop.consumer.position = at  # type: ignore[attr-defined]
-    loop.consumer.assigned = {tp}
+    loop, _ = await loop_of(p, "extract", committed={tp: 10})
+    high = loop.consumer.high
+    position = loop.consumer.positions
+    high[tp] = 11  # record 9 handled, offset 10 is its transaction's marker
+    position[tp] = 11
     assert loop.lags() == {(tp.topic, 0): 1}  # not known to be idle yet
-    await loop._note_caught_up()
+    await loop.note_caught_up()
     assert loop.lags() == {(tp.topic, 0): 0}
     high[tp] = 14  # new records arrive: counted again
     assert loop.lags() == {(tp.topic, 0): 4}
     position[tp] = 12  # fetching, not at the end: not idle
-    await loop._note_caught_up()
+    await loop.note_caught_up()
     assert loop.lags() == {(tp.topic, 0): 4}
 
 
@@ -428,11 +415,11 @@ async def test_a_failed_access_fold_sets_aside_each_record_once(p, monkeypatch):
         raise ValueError("bug")
 
     monkeypatch.setattr(access, "fold_access", broken)
-    loop, _ = loop_of(p, "access")
+    loop, _ = await loop_of(p, "access")
     topic = p.topics.memory_access.name
     hit = AccessEvent(event_id="e1", tenant_id="t1", user_id="u1", kind="hit",
                       memory_ids=["m1"], query_id="q1", ts=datetime.fromtimestamp(NOW, UTC))
     await loop.process(batch(record(topic, 0, b"t1/u1", b"{not json"),
                              record(topic, 1, b"t1/u1", hit.dumps())))
-    dead = [json.loads(v) for v in sent(loop.producers[0], p.topics.dead_letters.name)]
+    dead = [json.loads(v) for v in sent(loop.tasks.producer(0), p.topics.dead_letters.name)]
     assert sorted((d["offset"], d["kind"]) for d in dead) == [(0, "not_json"), (1, "internal")]
