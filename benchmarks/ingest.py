@@ -204,17 +204,22 @@ async def one_run(base: Settings, events: list[Event], rate: float | None, work:
 
 @contextlib.contextmanager
 def with_code(path: str | None):
-    """The worker's code for one run: this checkout (None) or another (PYTHONPATH)."""
-    old = os.environ.get("PYTHONPATH")
+    """The worker's code for one run: this checkout (None) or another (its directory
+    first on PYTHONPATH, and PYTHONSAFEPATH set: a worker started from this checkout's
+    directory would otherwise import this checkout's package, the working directory
+    coming first on sys.path)."""
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONSAFEPATH")}
     if path:
         os.environ["PYTHONPATH"] = path
+        os.environ["PYTHONSAFEPATH"] = "1"
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def measure(base: Settings, args: argparse.Namespace, work: Path, label: str,

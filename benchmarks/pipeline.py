@@ -1,0 +1,181 @@
+"""End-to-end pipeline benchmark on the real broker with one worker (not a test).
+
+    .venv/bin/python benchmarks/pipeline.py [--users 400] [--messages 24000] [--runs 3]
+        [--compare before=/path/to/an/older/checkout] [--bootstrap HOST:PORT] [--smoke]
+
+The conversations of ``--users`` users (benchmarks/chaos.py's people: sessions of facts
+and chit-chat, each ended, so every message has a known session to be covered in) are
+produced up front, about ``--messages`` chat messages; then one worker (the rules model,
+the embedded store, every stage) starts and works through the backlog: ingest -> jobs ->
+extract -> decisions -> apply -> store, changes and results -> ingest.
+
+- **msg/s end to end**: chat messages / seconds from the worker's first job result to the
+  moment the last session is covered by done or trivial results (the worker's start-up,
+  the same for any code, is left out; ``wall_s`` includes it).
+- **changes/s** and **jobs/s** over the same seconds (memory changes and job results
+  committed, ``read_committed``).
+
+``--compare LABEL=DIR`` runs the same backlog with the worker's code taken from DIR (a
+checkout, e.g. ``git worktree add /tmp/before HEAD~3``), alternating run by run, so both
+are measured side by side in the same minutes; the table gives medians and the ratio.
+Prints a table and, last, one JSON line. ``--smoke``: tiny sizes, to check it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from statistics import median
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+from benchmarks import smoke
+from benchmarks.ingest import with_code
+from benchmarks.scale import follow_results
+from benchmarks.scale_checks import Coverage, Stream
+from memstream.core import kafka
+from memstream.core.kafka_io import start_producer
+from memstream.core.settings import Settings
+from memstream.dev import broker as local_broker
+from memstream.dev.process import WorkerProcess
+from memstream.topics.layout import create_topics
+from memstream.topics.registry import all_topic_names, delete_topics, registry
+from memstream.topics.schemas import ChatMessage, Event
+
+SMOKE = {"users": 8, "messages": 200, "runs": 1}
+TIMEOUT_S = 1800.0
+
+
+def backlog(users: int, messages: int, seed: int = 7) -> Stream:
+    """A stream whose taken events hold about ``messages`` chat messages, every session
+    begun finished (its events are ``stream.events``)."""
+    stream = Stream(users, seed)
+    events: list[Event] = []
+    while sum(isinstance(e, ChatMessage) for e in events) < messages:
+        events += stream.take(min(1000, messages))
+    events += stream.finish()
+    stream.events = events  # type: ignore[attr-defined]
+    return stream
+
+
+async def produce(settings: Settings, events: list[Event]) -> None:
+    topics = registry(settings)
+    producer = await start_producer(settings, max_batch_size=256_000)
+    try:
+        for e in events:
+            e = e.model_copy(update={"ts": datetime.now(UTC)})
+            topic = (topics.messages if isinstance(e, ChatMessage) else topics.session_events)
+            await producer.send(topic.name, e.dumps(), key=e.key().encode())
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def committed_count(settings: Settings, topic: str) -> int:
+    """Records of ``topic`` a read_committed consumer finds (markers not counted)."""
+    consumer = kafka.consumer(settings, topic, auto_offset_reset="earliest",
+                              enable_auto_commit=False, group_id=None,
+                              isolation_level="read_committed")
+    await consumer.start()
+    n = 0
+    try:
+        while True:
+            batch = await consumer.getmany(timeout_ms=1000)
+            if not batch:
+                return n
+            n += sum(len(rs) for rs in batch.values())
+    finally:
+        await consumer.stop()
+
+
+async def one_run(base: Settings, stream: Stream, work: Path, label: str) -> dict:
+    name = f"pipe-{label}-{uuid.uuid4().hex[:6]}"
+    settings = base.model_copy(update={"topic_prefix": name, "app_id": name,
+                                       "data_dir": work / name})
+    await create_topics(settings)
+    events: list[Event] = stream.events  # type: ignore[attr-defined]
+    messages = sum(isinstance(e, ChatMessage) for e in events)
+    coverage = Coverage()
+    follower = asyncio.create_task(follow_results(settings, coverage))
+    worker = None
+    try:
+        await produce(settings, events)
+        worker = WorkerProcess(settings, work / f"{name}.log").spawn()
+        started = time.time()
+        deadline = time.monotonic() + TIMEOUT_S
+        while coverage.uncovered(stream.expected):
+            if time.monotonic() > deadline or not worker.alive():
+                raise RuntimeError(f"{label}: not covered ({worker.poll()})")
+            await asyncio.sleep(0.2)
+        first = min(stamp for stamp, _ in coverage.stamps)
+        last = max(stamp for stamp, _ in coverage.stamps)
+        seconds = max(1e-3, last - first)
+        changes = await committed_count(settings, registry(settings).memory_changes.name)
+        jobs = sum(coverage.statuses.values())
+        return {"code": label, "messages": messages, "seconds": round(seconds, 2),
+                "wall_s": round(last - started, 2),
+                "msg_per_s": round(messages / seconds, 1),
+                "changes": changes, "changes_per_s": round(changes / seconds, 1),
+                "job_results": jobs, "jobs_per_s": round(jobs / seconds, 1)}
+    finally:
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+        if worker is not None:
+            worker.stop()
+        await delete_topics(settings, all_topic_names(settings))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--users", type=int, default=400)
+    ap.add_argument("--messages", type=int, default=24_000)
+    ap.add_argument("--runs", type=int, default=3, help="runs per code (median reported)")
+    ap.add_argument("--compare", action="append", default=[], metavar="LABEL=DIR",
+                    help="also run the worker from another checkout, side by side")
+    ap.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
+                    help="a running broker (else the local one, started if need be)")
+    args = smoke.parse(ap, SMOKE)
+    base = Settings(partitions=4, web_enabled=False, idle_timeout_s=5.0, tick_interval_s=1.0)
+    if args.bootstrap:
+        base = base.model_copy(update={"bootstrap_servers": args.bootstrap})
+    elif local_broker.read_pid(local_broker.paths_for(base)) is None:
+        local_broker.start(base)
+    work = Path(tempfile.mkdtemp(prefix="memstream-pipeline-"))
+    stream = backlog(args.users, args.messages)
+    codes: list[tuple[str, str | None]] = [("this", None)]
+    codes += [(c.split("=", 1)[0], c.split("=", 1)[1]) for c in args.compare]
+    runs: dict[str, list[dict]] = {label: [] for label, _ in codes}
+    for _ in range(args.runs):
+        for label, path in codes:
+            with with_code(path):
+                runs[label].append(asyncio.run(one_run(base, stream, work, label)))
+    print(f"{'code':8} {'runs':>4} {'msg/s median':>13} {'(each)':30} {'changes/s':>10} "
+          f"{'jobs/s':>8}")
+    summary = {}
+    for label, results in runs.items():
+        each = [r["msg_per_s"] for r in results]
+        summary[label] = {"msg_per_s_median": median(each), "msg_per_s_each": each,
+                          "changes_per_s_median": median(r["changes_per_s"] for r in results),
+                          "jobs_per_s_median": median(r["jobs_per_s"] for r in results),
+                          "runs": results}
+        print(f"{label:8} {len(results):>4} {median(each):>13.0f} {each!s:30} "
+              f"{summary[label]['changes_per_s_median']:>10.0f} "
+              f"{summary[label]['jobs_per_s_median']:>8.0f}")
+    for label, _ in codes[1:]:
+        ratio = summary["this"]["msg_per_s_median"] / summary[label]["msg_per_s_median"]
+        print(f"end to end this / {label}: {ratio:.2f}x")
+    if args.smoke:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps({"users": args.users, "messages": args.messages, "smoke": args.smoke,
+                      "codes": summary}))
+
+
+if __name__ == "__main__":
+    main()
