@@ -31,17 +31,15 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 from benchmarks import smoke
-from benchmarks.ingest import with_code
+from benchmarks.ingest import produce, with_code
 from benchmarks.scale import follow_results
 from benchmarks.scale_checks import Coverage, Stream
 from memstream.core import kafka
-from memstream.core.kafka_io import start_producer
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
@@ -63,19 +61,6 @@ def backlog(users: int, messages: int, seed: int = 7) -> Stream:
     events += stream.finish()
     stream.events = events  # type: ignore[attr-defined]
     return stream
-
-
-async def produce(settings: Settings, events: list[Event]) -> None:
-    topics = registry(settings)
-    producer = await start_producer(settings, max_batch_size=256_000)
-    try:
-        for e in events:
-            e = e.model_copy(update={"ts": datetime.now(UTC)})
-            topic = (topics.messages if isinstance(e, ChatMessage) else topics.session_events)
-            await producer.send(topic.name, e.dumps(), key=e.key().encode())
-        await producer.flush()
-    finally:
-        await producer.stop()
 
 
 async def committed_count(settings: Settings, topic: str) -> int:
@@ -106,7 +91,7 @@ async def one_run(base: Settings, stream: Stream, work: Path, label: str) -> dic
     follower = asyncio.create_task(follow_results(settings, coverage))
     worker = None
     try:
-        await produce(settings, events)
+        await produce(settings, events, None)
         worker = WorkerProcess(settings, work / f"{name}.log").spawn()
         started = time.time()
         deadline = time.monotonic() + TIMEOUT_S
