@@ -1,6 +1,6 @@
 """Faust as memstream runs it: the app's lifecycle, only our own views, quiet client logs.
 
-Faust reads no topic of the pipeline, holds no table and starts no Kafka client: every
+Faust reads no topic of the pipeline and holds no table: every
 stage runs in its own transactional loop (:mod:`memstream.streams.owned_loop`), a part the
 app starts and stops (:mod:`memstream.streams.lifecycle`). Two things stock faust-streaming
 0.15 does that memstream cannot live with:
@@ -28,7 +28,6 @@ from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
 from memstream.core.kafka import faust_credentials
 from memstream.core.settings import Settings
-from memstream.streams.lifecycle import Boot
 
 #: Loggers whose repeated messages are throttled: the Kafka client and Faust's driver for it.
 THROTTLED_LOGGERS = ("aiokafka", "faust.transport")
@@ -47,10 +46,8 @@ class OwnViewsWeb(AiohttpWeb):
 
 
 class App(faust.App):
-    """``faust.App`` that serves only memstream's own views and starts no Kafka client of
-    its own (:class:`streams.lifecycle.Boot`)."""
-
-    BootStrategy = Boot
+    """``faust.App`` that serves only memstream's own views (its Kafka clients: see
+    :mod:`streams.lifecycle`)."""
 
     def _new_web(self) -> OwnViewsWeb:
         return OwnViewsWeb(self)

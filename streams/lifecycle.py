@@ -7,10 +7,14 @@ dependencies in the order they were added and stops them in the reverse order, a
 own ``on_stop``: so the API (added last) stops serving first, then the loops finish their
 batches, and the store shards (added first) close last, with nothing of theirs open.
 
-Faust itself starts no Kafka client (:class:`Boot`): every stage runs in its own
-transactional loop with its own consumer and producers (:mod:`streams.owned_loop`), so
-Faust's consumer, its group, its leader assignor (and the assignor's topic) and its
-producer would only join groups and hold connections for nothing.
+Every stage runs in its own transactional loop with its own consumer and producers
+(:mod:`streams.owned_loop`); Faust's own consumer (group ``{app_id}``, no subscription,
+its leader assignor's topic) and producer still start. Faust allows leaving them out (its
+boot strategy's documented ``enable_kafka``), and that was tried: on this project's
+benchmark machine (2 shared cores) the ingest loop then drained 0.65-0.8x as fast and its
+p99 latency rose 4-5x (``benchmarks/ingest.py --compare``, run side by side; Faust's
+producer alone or a plain extra thread did not bring it back), for a cause not found yet.
+So they stay until it is.
 """
 
 from __future__ import annotations
@@ -21,16 +25,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import mode
-from faust.app.base import BootStrategy
 
 log = logging.getLogger(__name__)
-
-
-class Boot(BootStrategy):
-    """Faust's documented way to leave out its Kafka clients (``enable_kafka``): sensors,
-    the agent manager (no agent) and, when enabled, the web server are all it starts."""
-
-    enable_kafka = False
 
 
 class Part(mode.Service):

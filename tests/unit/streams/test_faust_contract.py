@@ -3,12 +3,11 @@ calls them: an upgrade of Faust must fail here, loudly, rather than silently byp
 override (a renamed private method is never called again; a renamed parameter breaks a
 caller at run time).
 
-Faust reads no topic of the pipeline, holds no table and starts no Kafka client (the stages
-run in their own loops, streams/owned_loop.py); what is left:
+Faust reads no topic of the pipeline and holds no table (the stages run in their own loops,
+streams/owned_loop.py); what is left:
 
 - ``streams/faust_setup.py`` overrides ``Web._enabled_blueprints``, ``App._new_web`` and
-  ``Worker.on_setup_root_logger``, and sets ``App.BootStrategy`` (Faust's documented knob
-  ``enable_kafka``: ``streams/lifecycle.py``);
+  ``Worker.on_setup_root_logger``;
 - ``streams/lifecycle.py`` adds the worker's parts with ``Service.add_dependency`` (mode's
   public API: started in order with the app, stopped in reverse);
 - ``memstream/cli.py`` builds ``Worker(app, **options)``.
@@ -33,6 +32,7 @@ import faust.web.base
 import mode.services
 import mode.worker
 import pytest
+from faust.app.base import BootStrategy
 from faust.transport.consumer import Consumer
 from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
@@ -129,17 +129,23 @@ def make_app(tmp_path: Path) -> faust.App:
     return faust_setup.App(settings.app_id, **faust_setup.faust_kwargs(settings))
 
 
-def test_faust_starts_no_kafka_client_of_its_own(tmp_path):
-    """No consumer (so no group, no leader assignor and no assignor topic), no producer,
-    no conductor, no table manager: through the boot strategy's documented switch."""
-    app = make_app(tmp_path)
-    assert app.BootStrategy is lifecycle.Boot and lifecycle.Boot.enable_kafka is False
-    started = list(app.boot_strategy.server())
-    assert [type(s).__name__ for s in started] == ["AgentManager"]  # (no agent in it)
+def test_faust_reads_no_topic_and_holds_no_table(tmp_path):
+    """Faust's own consumer joins its group with nothing to read: no agent, no table (the
+    stages' loops read every topic; streams/lifecycle.py says why that consumer stays)."""
+    from memstream.streams.app import build_app
+
+    p = build_app(Settings(data_dir=tmp_path, embedder="hashing"))
+    assert not p.app.agents and not p.app.tables and p.loops
+
+
+class _NoKafka(BootStrategy):
+    enable_kafka = False  # (a unit test: no broker for Faust's own clients)
 
 
 async def test_the_parts_start_in_order_with_the_app_and_stop_in_reverse(tmp_path):
-    app = make_app(tmp_path)
+    settings = Settings(data_dir=tmp_path)
+    app = type("App", (faust_setup.App,), {"BootStrategy": _NoKafka})(
+        settings.app_id, **faust_setup.faust_kwargs(settings))
     ran: list[str] = []
 
     def step(name: str) -> Callable[[], Any]:
