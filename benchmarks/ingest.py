@@ -222,6 +222,28 @@ def with_code(path: str | None):
                 os.environ[key] = value
 
 
+def side_by_side_options(ap: argparse.ArgumentParser) -> None:
+    """``--compare`` and ``--bootstrap``, as every side-by-side benchmark takes them."""
+    ap.add_argument("--compare", action="append", default=[], metavar="LABEL=DIR",
+                    help="also run the worker from another checkout, side by side")
+    ap.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
+                    help="a running broker (else the local one, started if need be)")
+
+
+def with_broker(base: Settings, bootstrap: str | None) -> Settings:
+    """``base`` on ``bootstrap``, else on the local broker (started if it is not running)."""
+    if bootstrap:
+        return base.model_copy(update={"bootstrap_servers": bootstrap})
+    if local_broker.read_pid(local_broker.paths_for(base)) is None:
+        local_broker.start(base)
+    return base
+
+
+def codes_of(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """(label, checkout) of each code to run: this one (None), then every ``--compare``."""
+    return [("this", None)] + [(c.split("=", 1)[0], c.split("=", 1)[1]) for c in args.compare]
+
+
 def measure(base: Settings, args: argparse.Namespace, work: Path, label: str,
             path: str | None, events: list[Event], lat_events: list[Event]) -> dict:
     n = sum(isinstance(e, ChatMessage) for e in events)
@@ -255,23 +277,16 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=1000.0, help="msg/s in the latency phase")
     ap.add_argument("--latency-messages", type=int, default=20_000)
     ap.add_argument("--runs", type=int, default=1, help="runs per code (median reported)")
-    ap.add_argument("--compare", action="append", default=[], metavar="LABEL=DIR",
-                    help="also run the worker from another checkout, side by side")
-    ap.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
-                    help="a running broker (else the local one, started if need be)")
+    side_by_side_options(ap)
     args = smoke.parse(ap, SMOKE)
     base = Settings(idle_timeout_s=5.0, tick_interval_s=1.0, partitions=4, extract_enabled=False)
     if args.smoke:  # unended sessions flushed sooner: the run waits for them
         base = base.model_copy(update={"idle_timeout_s": 1.0, "tick_interval_s": 0.5})
-    if args.bootstrap:
-        base = base.model_copy(update={"bootstrap_servers": args.bootstrap})
-    elif local_broker.read_pid(local_broker.paths_for(base)) is None:
-        local_broker.start(base)
+    base = with_broker(base, args.bootstrap)
     work = Path(tempfile.mkdtemp(prefix="memstream-bench-"))
     events = conversations(args.messages, args.users)
     lat_events = conversations(args.latency_messages, args.users, seed=11)
-    codes: list[tuple[str, str | None]] = [("this", None)]
-    codes += [(c.split("=", 1)[0], c.split("=", 1)[1]) for c in args.compare]
+    codes = codes_of(args)
     runs: dict[str, list[dict]] = {label: [] for label, _ in codes}
     for _ in range(args.runs):
         for label, path in codes:

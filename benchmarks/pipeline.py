@@ -36,12 +36,11 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 from benchmarks import smoke
-from benchmarks.ingest import produce, with_code
+from benchmarks.ingest import codes_of, produce, side_by_side_options, with_broker, with_code
 from benchmarks.scale import follow_results
 from benchmarks.scale_checks import Coverage, Stream
 from memstream.core import kafka
 from memstream.core.settings import Settings
-from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
 from memstream.topics.layout import create_topics
 from memstream.topics.registry import all_topic_names, delete_topics, registry
@@ -51,16 +50,15 @@ SMOKE = {"users": 8, "messages": 200, "runs": 1}
 TIMEOUT_S = 1800.0
 
 
-def backlog(users: int, messages: int, seed: int = 7) -> Stream:
-    """A stream whose taken events hold about ``messages`` chat messages, every session
-    begun finished (its events are ``stream.events``)."""
+def backlog(users: int, messages: int, seed: int = 7) -> tuple[Stream, list[Event]]:
+    """A stream and its events: about ``messages`` chat messages, every session begun
+    finished."""
     stream = Stream(users, seed)
     events: list[Event] = []
     while sum(isinstance(e, ChatMessage) for e in events) < messages:
         events += stream.take(min(1000, messages))
     events += stream.finish()
-    stream.events = events  # type: ignore[attr-defined]
-    return stream
+    return stream, events
 
 
 async def committed_count(settings: Settings, topic: str) -> int:
@@ -80,12 +78,12 @@ async def committed_count(settings: Settings, topic: str) -> int:
         await consumer.stop()
 
 
-async def one_run(base: Settings, stream: Stream, work: Path, label: str) -> dict:
+async def one_run(base: Settings, stream: Stream, events: list[Event], work: Path,
+                  label: str) -> dict:
     name = f"pipe-{label}-{uuid.uuid4().hex[:6]}"
     settings = base.model_copy(update={"topic_prefix": name, "app_id": name,
                                        "data_dir": work / name})
     await create_topics(settings)
-    events: list[Event] = stream.events  # type: ignore[attr-defined]
     messages = sum(isinstance(e, ChatMessage) for e in events)
     coverage = Coverage()
     follower = asyncio.create_task(follow_results(settings, coverage))
@@ -122,25 +120,18 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=400)
     ap.add_argument("--messages", type=int, default=24_000)
     ap.add_argument("--runs", type=int, default=3, help="runs per code (median reported)")
-    ap.add_argument("--compare", action="append", default=[], metavar="LABEL=DIR",
-                    help="also run the worker from another checkout, side by side")
-    ap.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
-                    help="a running broker (else the local one, started if need be)")
+    side_by_side_options(ap)
     args = smoke.parse(ap, SMOKE)
-    base = Settings(partitions=4, web_enabled=False, idle_timeout_s=5.0, tick_interval_s=1.0)
-    if args.bootstrap:
-        base = base.model_copy(update={"bootstrap_servers": args.bootstrap})
-    elif local_broker.read_pid(local_broker.paths_for(base)) is None:
-        local_broker.start(base)
+    base = with_broker(Settings(partitions=4, web_enabled=False, idle_timeout_s=5.0,
+                                tick_interval_s=1.0), args.bootstrap)
     work = Path(tempfile.mkdtemp(prefix="memstream-pipeline-"))
-    stream = backlog(args.users, args.messages)
-    codes: list[tuple[str, str | None]] = [("this", None)]
-    codes += [(c.split("=", 1)[0], c.split("=", 1)[1]) for c in args.compare]
+    stream, events = backlog(args.users, args.messages)
+    codes = codes_of(args)
     runs: dict[str, list[dict]] = {label: [] for label, _ in codes}
     for _ in range(args.runs):
         for label, path in codes:
             with with_code(path):
-                runs[label].append(asyncio.run(one_run(base, stream, work, label)))
+                runs[label].append(asyncio.run(one_run(base, stream, events, work, label)))
     print(f"{'code':8} {'runs':>4} {'msg/s median':>13} {'(each)':30} {'changes/s':>10} "
           f"{'jobs/s':>8}")
     summary = {}
