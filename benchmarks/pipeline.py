@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
+from itertools import pairwise
 from pathlib import Path
 from statistics import median
 
@@ -61,21 +62,55 @@ def backlog(users: int, messages: int, seed: int = 7) -> tuple[Stream, list[Even
     return stream, events
 
 
-async def committed_count(settings: Settings, topic: str) -> int:
-    """Records of ``topic`` a read_committed consumer finds (markers not counted)."""
+async def committed(settings: Settings, topic: str) -> list[tuple[float, dict]]:
+    """(producer timestamp in s, decoded value) of every record of ``topic`` a
+    read_committed consumer finds (markers not counted)."""
     consumer = kafka.consumer(settings, topic, auto_offset_reset="earliest",
                               enable_auto_commit=False, group_id=None,
                               isolation_level="read_committed")
     await consumer.start()
-    n = 0
+    found: list[tuple[float, dict]] = []
     try:
         while True:
             batch = await consumer.getmany(timeout_ms=1000)
             if not batch:
-                return n
-            n += sum(len(rs) for rs in batch.values())
+                return found
+            found += [(r.timestamp / 1000, json.loads(r.value))
+                      for rs in batch.values() for r in rs if r.value is not None]
     finally:
         await consumer.stop()
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def hops(jobs: list[tuple[float, dict]], decisions: list[tuple[float, dict]],
+         results: list[tuple[float, dict]]) -> dict[str, dict[str, float]]:
+    """Where a job's round trip goes, from the records' producer timestamps (ms): job sent
+    -> its decision sent (the extract stage: its wait and its work), decision -> result
+    (apply), and a result -> the user's next job (ingest: the result read, the next job
+    emitted). p50 / p99 in ms per hop."""
+    decided = {d["job_id"]: t for t, d in decisions}
+    finished = {r["job_id"]: t for t, r in results if r.get("status") != "trivial"}
+    sent = {j["job_id"]: t for t, j in jobs}
+    extract = [decided[i] - t for i, t in sent.items() if i in decided]
+    apply = [finished[i] - decided[i] for i in finished if i in decided]
+    by_user: dict[str, list[tuple[float, str]]] = {}
+    for t, r in results:
+        by_user.setdefault(r["user_id"], []).append((t, "result"))
+    for t, j in jobs:
+        by_user.setdefault(j["user_id"], []).append((t, "job"))
+    ingest = []
+    for events in by_user.values():
+        events.sort()
+        ingest += [b[0] - a[0] for a, b in pairwise(events)
+                   if a[1] == "result" and b[1] == "job"]
+    return {name: {"n": len(v), "p50_ms": round(1000 * _pct(v, 0.5), 1),
+                   "p99_ms": round(1000 * _pct(v, 0.99), 1)}
+            for name, v in (("extract", extract), ("apply", apply),
+                            ("result_to_next_job", ingest))}
 
 
 async def one_run(base: Settings, stream: Stream, events: list[Event], work: Path,
@@ -100,13 +135,18 @@ async def one_run(base: Settings, stream: Stream, events: list[Event], work: Pat
         first = min(stamp for stamp, _ in coverage.stamps)
         last = max(stamp for stamp, _ in coverage.stamps)
         seconds = max(1e-3, last - first)
-        changes = await committed_count(settings, registry(settings).memory_changes.name)
+        t = registry(settings)
+        changes = len(await committed(settings, t.memory_changes.name))
         jobs = sum(coverage.statuses.values())
+        breakdown = hops(await committed(settings, t.jobs.name),
+                         await committed(settings, t.decisions.name),
+                         await committed(settings, t.job_results.name))
         return {"code": label, "messages": messages, "seconds": round(seconds, 2),
                 "wall_s": round(last - started, 2),
                 "msg_per_s": round(messages / seconds, 1),
                 "changes": changes, "changes_per_s": round(changes / seconds, 1),
-                "job_results": jobs, "jobs_per_s": round(jobs / seconds, 1)}
+                "job_results": jobs, "jobs_per_s": round(jobs / seconds, 1),
+                "hops": breakdown}
     finally:
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
@@ -144,6 +184,12 @@ def main() -> None:
         print(f"{label:8} {len(results):>4} {median(each):>13.0f} {each!s:30} "
               f"{summary[label]['changes_per_s_median']:>10.0f} "
               f"{summary[label]['jobs_per_s_median']:>8.0f}")
+    print(f"{'code':8} {'hop (producer timestamps)':28} {'p50 ms':>8} {'p99 ms':>8}")
+    for label, results in runs.items():
+        for hop in results[0]["hops"]:
+            p50 = median(r["hops"][hop]["p50_ms"] for r in results)
+            p99 = median(r["hops"][hop]["p99_ms"] for r in results)
+            print(f"{label:8} {hop:28} {p50:>8.0f} {p99:>8.0f}")
     for label, _ in codes[1:]:
         ratio = summary["this"]["msg_per_s_median"] / summary[label]["msg_per_s_median"]
         print(f"end to end this / {label}: {ratio:.2f}x")
