@@ -24,6 +24,7 @@ from memstream.memory.model import Memory, OpKind
 from memstream.memory.store import MemoryStore, Scope
 from memstream.memory.toolwrite import CORRECTIONS, LINEAGE
 from memstream.topics.schemas import (
+    WIRE,
     ExtractionJob,
     JobDecision,
     JobRange,
@@ -122,7 +123,10 @@ def build_decision(job: ExtractionJob, out: JobOutcome, model: MemoryModel,
     return JobDecision(
         **JobRange.fields_of(job), status=status,
         decision_id=fencing.decision_id(
-            [job.job_id, job.seq, status.value, [c.model_dump(mode="json") for c in changes]]),
+            # the changes in their wire form: a vector is one packed string, not 512
+            # floats to walk and print (most of a decision's cost before)
+            [job.job_id, job.seq, status.value,
+             [c.model_dump(mode="json", context=WIRE) for c in changes]]),
         read_versions=dict(out.read), changes=changes,
         decisions=dict(out.decisions), llm_calls=out.usage.calls,
         prompt_tokens=out.usage.prompt_tokens, completion_tokens=out.usage.completion_tokens,
@@ -245,7 +249,7 @@ def apply_decision(store: MemoryStore, decision: JobDecision) -> Applied:
         return Applied(found, decision.status, applied_seq=decision.applied_seq,
                        error=decision.error)
     changes = decision.changes
-    applied = {c.change_id for c in changes if store.op_applied(scope, c.change_id)}
+    applied = store.ops_applied(scope, [c.change_id for c in changes])
     touched = set(decision.read_versions) | {c.memory_id for c in changes}
     live = store.live_versions(scope, sorted(touched))
     stale = moved_on(decision.read_versions, live, map(_touch, changes), applied)

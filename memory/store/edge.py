@@ -14,6 +14,7 @@ from memstream.memory.access_stats import AccessStats
 from memstream.memory.fencing import Cursor, Published
 from memstream.memory.model import Memory
 from memstream.memory.store import (
+    APPLIED_BY,
     CURSOR_STATUS,
     HIDDEN_STATUSES,
     INDEXED_KEYWORDS,
@@ -23,6 +24,7 @@ from memstream.memory.store import (
     access_from,
     access_payload,
     access_point_id,
+    applied_among,
     cursor_from,
     cursor_payload,
     cursor_point_id,
@@ -130,13 +132,29 @@ class EdgeStore:
 
     def op_applied(self, scope: Scope, op_id: str) -> bool:
         qe = self._qe
-        for key in ("source.op_id", "extra.closed_by", "extra.restated_by"):
+        for key in APPLIED_BY:
             cond = qe.FieldCondition(key=key, match=qe.MatchValue(op_id))
             with self._lock:
                 n = self._shard.count(qe.CountRequest(filter=self._filter(scope, None, [cond])))
             if n:
                 return True
         return False
+
+    def ops_applied(self, scope: Scope, op_ids: Sequence[str]) -> set[str]:
+        ids = list(dict.fromkeys(op_ids))
+        if not ids:
+            return set()
+        qe = self._qe
+        any_mark = qe.Filter(should=[qe.FieldCondition(key=key, match=qe.MatchAny(ids))
+                                     for key in APPLIED_BY])
+        limit = 4 * len(ids) + 10  # an op leaves at most three records
+        with self._lock:
+            records, _ = self._shard.scroll(qe.ScrollRequest(
+                limit=limit, with_payload=True,
+                filter=self._filter(scope, None, [any_mark])))
+        if len(records) >= limit:  # more than the ops can have left: one by one
+            return {i for i in ids if self.op_applied(scope, i)}
+        return applied_among(ids, (unpack(r.payload) for r in records))
 
     def live_versions(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, int]:
         if not memory_ids:

@@ -164,6 +164,9 @@ class PartitionedStore:
     def op_applied(self, scope: Scope, op_id: str) -> bool:
         return self._scoped(scope).op_applied(scope, op_id)
 
+    def ops_applied(self, scope: Scope, op_ids: Sequence[str]) -> set[str]:
+        return self._scoped(scope).ops_applied(scope, op_ids)
+
     def live_versions(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, int]:
         return self._scoped(scope).live_versions(scope, memory_ids)
 

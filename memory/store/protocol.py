@@ -78,6 +78,21 @@ def published_from(scope: Scope, payloads: Iterable[dict[str, Any] | None]) -> P
     return None
 
 
+# the payload fields in which an op leaves its id: the version it opened, the one it closed,
+# the one it restated
+APPLIED_BY = ("source.op_id", "extra.closed_by", "extra.restated_by")
+
+
+def applied_among(op_ids: Iterable[str], payloads: Iterable[dict[str, Any] | None]) -> set[str]:
+    """Those of ``op_ids`` that left their id in one of ``payloads`` (:data:`APPLIED_BY`)."""
+    wanted, found = set(op_ids), set()
+    for payload in payloads:
+        payload = payload or {}
+        source, extra = payload.get("source") or {}, payload.get("extra") or {}
+        found |= wanted & {source.get("op_id"), extra.get("closed_by"), extra.get("restated_by")}
+    return found
+
+
 def live_from(payloads: Iterable[dict[str, Any] | None]) -> dict[str, int]:
     """memory id -> highest active version, from the payloads of active records."""
     live: dict[str, int] = {}
@@ -145,6 +160,10 @@ class MemoryStore(Protocol):
 
     def op_applied(self, scope: Scope, op_id: str) -> bool:
         """Has op ``op_id`` already left a record in this scope (idempotent apply)?"""
+        ...
+
+    def ops_applied(self, scope: Scope, op_ids: Sequence[str]) -> set[str]:
+        """Those of ``op_ids`` that already left a record in this scope (one read)."""
         ...
 
     def live_versions(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, int]:

@@ -9,6 +9,7 @@ from memstream.memory.access_stats import AccessStats
 from memstream.memory.fencing import Cursor, Published
 from memstream.memory.model import Memory
 from memstream.memory.store import (
+    APPLIED_BY,
     CURSOR_STATUS,
     HIDDEN_STATUSES,
     INDEXED_KEYWORDS,
@@ -115,13 +116,16 @@ class ServerStore:
 
     def op_applied(self, scope: Scope, op_id: str) -> bool:
         m = self._m
-        for key in ("source.op_id", "extra.closed_by", "extra.restated_by"):
+        for key in APPLIED_BY:
             cond = m.FieldCondition(key=key, match=m.MatchValue(value=op_id))
             n = self._client.count(self.collection, count_filter=self._filter(
                 scope, None, [cond]), exact=True).count
             if n:
                 return True
         return False
+
+    def ops_applied(self, scope: Scope, op_ids: Sequence[str]) -> set[str]:
+        return {i for i in dict.fromkeys(op_ids) if self.op_applied(scope, i)}
 
     def live_versions(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, int]:
         if not memory_ids:

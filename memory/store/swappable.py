@@ -105,6 +105,9 @@ class SwappableStore:
     def op_applied(self, scope: Scope, op_id: str) -> bool:
         return self._current.op_applied(scope, op_id)
 
+    def ops_applied(self, scope: Scope, op_ids: Sequence[str]) -> set[str]:
+        return self._current.ops_applied(scope, op_ids)
+
     def live_versions(self, scope: Scope, memory_ids: Sequence[str]) -> dict[str, int]:
         return self._current.live_versions(scope, memory_ids)
 

@@ -133,3 +133,33 @@ def test_stats_and_cursor_never_show_up_as_memories(store):
     assert [x.memory_id for x, _ in found] == ["m1"]
     assert store.cursor(scope) == Cursor(3, "job-3")
     assert not store.op_applied(scope, "nothing-here")
+
+
+def test_ops_applied_finds_each_mark_an_op_leaves_in_one_read(store):
+    """An op's id is on the version it opened, the one it closed and the one it restated;
+    another user's record with the same op id is not this user's."""
+    emb = HashingEmbedder()
+    scope = Scope("t1", "u1")
+    opened = memory("Lives in Oslo", mid="m1")  # source.op_id op-m1-1
+    closed = memory("Lives in Rome", mid="m0", status="superseded").evolve(
+        extra={"closed_by": "op-close"})
+    restated = memory("Likes tea", mid="m2").evolve(extra={"restated_by": "op-restate"})
+    elsewhere = memory("Lives in Oslo", mid="m9", user="u2").evolve(extra={"closed_by": "op-x"})
+    for m in (opened, closed, restated, elsewhere):
+        store.write([m], emb.embed([m.content]))
+    asked = ["op-m1-1", "op-close", "op-restate", "op-x", "op-never", "op-m1-1"]
+    found = store.ops_applied(scope, asked)
+    assert found == {"op-m1-1", "op-close", "op-restate"}
+    assert found == {i for i in asked if store.op_applied(scope, i)}
+    assert store.ops_applied(scope, []) == set()
+
+
+def test_ops_applied_past_its_read_limit_still_answers_exactly(store):
+    """Many records carrying the asked ids (more than one read returns): counted one by
+    one, the same answer."""
+    emb = HashingEmbedder()
+    scope = Scope("t1", "u1")
+    many = [memory(f"fact {i}", mid=f"m{i}", status="superseded").evolve(
+        extra={"closed_by": "op-busy"}) for i in range(30)]
+    store.write(many, emb.embed([m.content for m in many]))
+    assert store.ops_applied(scope, ["op-busy", "op-none"]) == {"op-busy"}
