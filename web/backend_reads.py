@@ -27,6 +27,7 @@ from memstream.streams import privacy, window
 from memstream.streams.access import AccessRecorder, access_event
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.readiness import readiness, restoring
+from memstream.web.embed_batching import EmbedBatcher
 from memstream.web.http_base import ApiError
 from memstream.web.models.api import (
     Accepted,
@@ -86,6 +87,7 @@ class ReadBackend:
     def __init__(self, p: Pipeline, recorder: AccessRecorder) -> None:
         self.p = p
         self.recorder = recorder
+        self.batcher: EmbedBatcher | None = None  # concurrent queries embedded together
         self.started = False
 
     def ready(self) -> bool:
@@ -121,10 +123,15 @@ class ReadBackend:
 
     async def _recall(self, q: retrieval.Query, *, procedural: bool = True,
                       core: bool = True) -> tuple[str, retrieval.Recall]:
-        s = self.p.services
-        found = await asyncio.to_thread(
-            retrieval.recall, s.store, s.embedder, q, self.p.clock(), weights(self.p.settings),
-            self.p.settings.retrieval_candidates, procedural=procedural, core=core)
+        found = retrieval.Recall([])
+        if q.text.strip():
+            if self.batcher is None:
+                self.batcher = EmbedBatcher(self.p.services.embedder)
+            vector = await self.batcher.embed(q.text)
+            found = await asyncio.to_thread(
+                retrieval.recall_near, self.p.services.store, vector, q, self.p.clock(),
+                weights(self.p.settings), self.p.settings.retrieval_candidates,
+                procedural=procedural, core=core)
         self.p.counters.searches += 1
         return uuid.uuid4().hex, _fence(self.p, q.tenant_id, q.user_id, found)
 

