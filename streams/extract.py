@@ -75,10 +75,12 @@ async def decide_with_retries(p: Pipeline, job: ExtractionJob) -> JobDecision:
     s = p.settings
     deadline = p.clock() + s.job_timeout_s * s.job_deadline_fraction
 
-    async def attempt() -> JobDecision:
-        now = p.clock()
-        out = await asyncio.to_thread(p.services.extractor.decide, job, now, deadline)
+    def decided(now: float) -> JobDecision:  # (in a worker thread: not the loops' time)
+        out = p.services.extractor.decide(job, now, deadline)
         return build_decision(job, out, p.services.model, now)
+
+    async def attempt() -> JobDecision:
+        return await asyncio.to_thread(decided, p.clock())
 
     def logged(n: int, exc: BaseException, delay: float) -> None:
         log.warning("job %s attempt %d failed (%s: %s); retrying in %.1fs",
