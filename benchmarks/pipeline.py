@@ -37,7 +37,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 from benchmarks import smoke
-from benchmarks.ingest import codes_of, produce, side_by_side_options, with_broker, with_code
+from benchmarks.ingest import codes_of, pct, produce, side_by_side_options, with_broker, with_code
 from benchmarks.scale import follow_results
 from benchmarks.scale_checks import Coverage, Stream
 from memstream.core import kafka
@@ -81,11 +81,6 @@ async def committed(settings: Settings, topic: str) -> list[tuple[float, dict]]:
         await consumer.stop()
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
-
-
 def hops(jobs: list[tuple[float, dict]], decisions: list[tuple[float, dict]],
          results: list[tuple[float, dict]]) -> dict[str, dict[str, float]]:
     """Where a job's round trip goes, from the records' producer timestamps (ms): job sent
@@ -107,8 +102,8 @@ def hops(jobs: list[tuple[float, dict]], decisions: list[tuple[float, dict]],
         events.sort()
         ingest += [b[0] - a[0] for a, b in pairwise(events)
                    if a[1] == "result" and b[1] == "job"]
-    return {name: {"n": len(v), "p50_ms": round(1000 * _pct(v, 0.5), 1),
-                   "p99_ms": round(1000 * _pct(v, 0.99), 1)}
+    return {name: {"n": len(v), "p50_ms": round(1000 * pct(v, 0.5), 1) if v else 0.0,
+                   "p99_ms": round(1000 * pct(v, 0.99), 1) if v else 0.0}
             for name, v in (("extract", extract), ("apply", apply),
                             ("result_to_next_job", ingest))}
 

@@ -221,8 +221,10 @@ def overtaken_writes(store: MemoryStore, scope: Scope, decision: JobDecision,
     its job, decided against the half-applied store. Their records have no event unless
     this decision publishes them now, with its own payloads: only changes whose records
     in the store are this decision's (the same opening, or the same close) are."""
-    orphans = [c for c in decision.changes if c.op != "erase" and c.change_id not in published
-               and store.op_applied(scope, c.change_id)]
+    unpublished = [c for c in decision.changes
+                   if c.op != "erase" and c.change_id not in published]
+    applied = store.ops_applied(scope, [c.change_id for c in unpublished])
+    orphans = [c for c in unpublished if c.change_id in applied]
     if not orphans:
         return []
     held = store.list(scope, statuses=None)

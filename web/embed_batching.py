@@ -33,7 +33,6 @@ class EmbedBatcher:
         self.run = run
         self.waiting: list[tuple[str, asyncio.Future[list[float]]]] = []
         self.busy = False  # an embedder call under way
-        self.batches = 0  # embedder calls made (for the benchmark and the tests)
         self.running: set[asyncio.Task[None]] = set()
 
     async def embed(self, text: str) -> list[float]:
@@ -61,7 +60,6 @@ class EmbedBatcher:
 
     async def _answer(self, batch: list[tuple[str, asyncio.Future[list[float]]]]) -> None:
         texts = list(dict.fromkeys(text for text, _ in batch))
-        self.batches += 1
         try:
             vectors = await self.run(self.embedder.embed, texts)
             if len(vectors) != len(texts):
