@@ -20,7 +20,10 @@ Rules:
 - a job that gets no result within ``job_timeout`` is re-sent under the same id and seq;
 - every job gets the user's next ``seq`` (strictly increasing, kept in the snapshot): the
   store fences on it (:mod:`memory.fencing`); a ``fenced`` result re-issues the range under a
-  seq above the one the store holds;
+  seq above the one the store holds when the store holds this seq or a later one; when it
+  holds an earlier one (a memory this copy read moved on: another copy of the job may have
+  written it, killed before its cursor), the same job goes again and stays in flight, like
+  a failed one, so that other copy's result still closes it;
 - a session that is fully scanned and quiet for ``forget_after`` is dropped, so the state
   of a long-lived user stays bounded;
 - an agent's tool write (``on_tool``) waits in the user's tool queue and goes out as a job
@@ -297,10 +300,19 @@ def on_result(state: UserState, result: JobResult, now: float, policy: Policy) -
     if flight.kind == "tool":
         return _on_tool_result(state, flight, result, now, policy)
     s = state.sessions.get(flight.session_id, SessionState())
+    if result.status == JobStatus.FENCED and (result.applied_seq or 0) < flight.seq:
+        # A memory this copy read moved on, and the store holds no job of this seq: it may
+        # be another copy's write (a half-applied decision, read again later), whose result
+        # must find the job in flight. This very job goes again, at once the first time.
+        failures = s.failures + 1
+        state = _with_session(state, flight.session_id, replace(s, failures=failures))
+        if failures > 1:
+            delay = min(policy.retry_backoff_s * 2 ** (failures - 2), policy.retry_backoff_max_s)
+            return Step(replace(state, in_flight=replace(flight, retry_at=now + delay)))
+        return _resend(state, flight, now)
     if result.status == JobStatus.FENCED:
-        # Nothing of the job reached the store: issue the range again, under a seq above
-        # the store's (this state was rolled back or forgotten, or a memory moved on).
-        # Back off only when it repeats.
+        # The store holds this seq or a later one (this state was rolled back or forgotten):
+        # issue the range again, under a seq above the store's. Back off only when it repeats.
         failures = s.failures + 1
         delay = 0.0 if failures == 1 else min(
             policy.retry_backoff_s * 2 ** (failures - 2), policy.retry_backoff_max_s)
@@ -334,20 +346,25 @@ def _on_tool_result(state: UserState, flight: InFlight, result: JobResult, now: 
     return pump(replace(state, in_flight=None), now, policy)
 
 
+def _resend(state: UserState, flight: InFlight, now: float) -> Step:
+    """The extraction job in flight, sent again: the same id, seq and range."""
+    again = replace(flight, sent_at=now, attempt=flight.attempt + 1, retry_at=None)
+    job = _job_for(state, flight.session_id, state.sessions[flight.session_id], flight.reason,
+                   now, attempt=again.attempt, to_seq=flight.to_seq, seq=flight.seq)
+    return Step(replace(state, in_flight=again), jobs=[job])
+
+
 def on_tick(state: UserState, now: float, policy: Policy) -> Step:
     """Timers: re-send an unanswered job, forget quiet sessions, flush idle ones, retry."""
     flight = state.in_flight
     if flight is not None and now >= flight.resend_at(policy):
-        again = replace(flight, sent_at=now, attempt=flight.attempt + 1, retry_at=None)
         if flight.kind == "tool":
             if not state.tools:  # nothing left to re-send (a state restored half-way)
                 return pump(replace(state, in_flight=None), now, policy)
+            again = replace(flight, sent_at=now, attempt=flight.attempt + 1, retry_at=None)
             tool_job = _tool_job(state, state.tools[0], now, flight.seq, again.attempt)
             return Step(replace(state, in_flight=again), jobs=[tool_job])
-        s = state.sessions[flight.session_id]
-        job = _job_for(state, flight.session_id, s, flight.reason, now,
-                       attempt=again.attempt, to_seq=flight.to_seq, seq=flight.seq)
-        return Step(replace(state, in_flight=again), jobs=[job])
+        return _resend(state, flight, now)
     busy = flight.session_id if flight is not None and flight.kind != "tool" else None
     stale = [
         sid for sid, s in state.sessions.items()

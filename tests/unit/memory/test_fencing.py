@@ -175,9 +175,30 @@ def test_fenced_job_is_reissued_above_the_stores_seq():
     fenced = result(s1.jobs[0], JobStatus.FENCED).model_copy(update={"applied_seq": 41})
     again = on_result(s1.state, fenced, 1.0, P)
     assert [(j.seq, j.from_seq, j.to_seq) for j in again.jobs] == [(42, 0, 2)]
-    twice = on_result(again.state, replace_seq(fenced, again.jobs[0]), 2.0, P)
+    held = replace_seq(fenced, again.jobs[0]).model_copy(update={"applied_seq": 42})
+    twice = on_result(again.state, held, 2.0, P)
     assert twice.jobs == [], "a repeated fence backs off"
     assert on_tick(twice.state, 2.0 + P.retry_backoff_s, P).jobs[0].seq == 43
+
+
+def test_a_job_fenced_below_its_seq_goes_again_as_itself_and_stays_in_flight():
+    """A memory the decision read moved on, and the store holds no job of its seq (another
+    copy of the job wrote it and was killed before its cursor): the same job goes again
+    at once, and the other copy's result, when it comes, still closes it."""
+    s1 = two(UserState("t1", "u1"), 0.0, "I live in Oslo", "I work at Acme")
+    job = s1.jobs[0]
+    moved = result(job, JobStatus.FENCED).model_copy(update={"applied_seq": 0})
+    again = on_result(s1.state, moved, 1.0, P)
+    [same] = again.jobs
+    assert (same.job_id, same.seq, same.from_seq, same.to_seq) == (job.job_id, 1, 0, 2)
+    assert same.attempt == 2 and again.state.in_flight is not None
+    twice = on_result(again.state, moved, 2.0, P)
+    assert twice.jobs == [] and twice.state.in_flight is not None, "a repeat backs off"
+    [third] = on_tick(twice.state, 2.0 + P.retry_backoff_s, P).jobs
+    assert (third.job_id, third.seq) == (job.job_id, 1)
+    closed = on_result(twice.state, result(job), 3.0, P)  # the other copy's DONE
+    assert not closed.duplicate and closed.state.in_flight is None
+    assert closed.state.sessions[job.session_id].watermark == 2
 
 
 def replace_seq(res, job):

@@ -41,7 +41,7 @@ Checked once everything is drained (every record delivered, every timeout passed
 - replaying the topic into an empty store (``apply_change`` in order) gives the same
   records as the store (checksums) and the same live memories.
 
-Three production issues this machine found are fixed (below, each with its diagnosis; the
+Four production issues this machine found are fixed (below, each with its diagnosis; the
 tests at the bottom reproduce them minimally); it generates every fault combination.
 """
 
@@ -118,6 +118,11 @@ pytestmark = pytest.mark.unit
 #    first, D1 back as DONE published only D2's kept events. Now D1, back, also publishes
 #    its own changes the store holds and D2 did not publish (memory.applying.overtaken_writes);
 #    the machine hands a half-applied decision over in any order.
+# 4. (fixed) A copy fenced because a memory it read moved on, while another copy of its job
+#    was half-applied, made the ingest stage re-issue the range under a new seq and then
+#    drop the other copy's DONE as stale (decided twice). Now a job fenced while the store
+#    holds an earlier seq goes again as itself and stays in flight
+#    (tests/unit/memory/test_fencing.py shows the rule).
 
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, the simulated clock's start (whole seconds)
 P = Policy(min_new_messages=3, context_messages=2, idle_timeout_s=100, job_timeout_s=300,
