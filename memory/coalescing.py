@@ -307,15 +307,14 @@ def on_result(state: UserState, result: JobResult, now: float, policy: Policy) -
         failures = s.failures + 1
         state = _with_session(state, flight.session_id, replace(s, failures=failures))
         if failures > 1:
-            delay = min(policy.retry_backoff_s * 2 ** (failures - 2), policy.retry_backoff_max_s)
+            delay = _fenced_delay(policy, failures)
             return Step(replace(state, in_flight=replace(flight, retry_at=now + delay)))
         return _resend(state, flight, now)
     if result.status == JobStatus.FENCED:
         # The store holds this seq or a later one (this state was rolled back or forgotten):
         # issue the range again, under a seq above the store's. Back off only when it repeats.
         failures = s.failures + 1
-        delay = 0.0 if failures == 1 else min(
-            policy.retry_backoff_s * 2 ** (failures - 2), policy.retry_backoff_max_s)
+        delay = _fenced_delay(policy, failures)
         s = replace(s, failures=failures, retry_at=now + delay if delay else None,
                     pending=_stronger(s.pending, flight.reason))
         state = replace(_with_session(state, flight.session_id, s),
@@ -344,6 +343,12 @@ def _on_tool_result(state: UserState, flight: InFlight, result: JobResult, now: 
     else:
         state = replace(state, tools=state.tools[1:])
     return pump(replace(state, in_flight=None), now, policy)
+
+
+def _fenced_delay(policy: Policy, failures: int) -> float:
+    """How long a job fenced ``failures`` times in a row waits: none the first time."""
+    return 0.0 if failures == 1 else min(policy.retry_backoff_s * 2 ** (failures - 2),
+                                         policy.retry_backoff_max_s)
 
 
 def _resend(state: UserState, flight: InFlight, now: float) -> Step:
