@@ -127,7 +127,7 @@ def build_decision(job: ExtractionJob, out: JobOutcome, model: MemoryModel,
             # floats to walk and print (most of a decision's cost before)
             [job.job_id, job.seq, status.value,
              [c.model_dump(mode="json", context=WIRE) for c in changes]]),
-        read_versions=dict(out.read), changes=changes,
+        read_versions=dict(out.read), read_pending=sorted(out.pending), changes=changes,
         decisions=dict(out.decisions), llm_calls=out.usage.calls,
         prompt_tokens=out.usage.prompt_tokens, completion_tokens=out.usage.completion_tokens,
         model=model.name, prompt_version=model.prompt_version, error=out.error,
@@ -250,6 +250,11 @@ def apply_decision(store: MemoryStore, decision: JobDecision) -> Applied:
     if decision.status in (JobStatus.FAILED, JobStatus.FENCED):
         return Applied(found, decision.status, applied_seq=decision.applied_seq,
                        error=decision.error)
+    if decision.read_pending:  # what it read is not applied yet: that decision goes first
+        held = cursor.seq if cursor else 0
+        return Applied(Verdict.FENCED, JobStatus.FENCED, applied_seq=held,
+                       error=f"memory {decision.read_pending[0]} read as another decision of "
+                             f"job {decision.seq} left it, before that decision was applied")
     changes = decision.changes
     applied = store.ops_applied(scope, [c.change_id for c in changes])
     touched = set(decision.read_versions) | {c.memory_id for c in changes}

@@ -180,7 +180,7 @@ class Extractor:
             return self._decide(job, now)
 
     def _decide(self, job: ExtractionJob, now: float) -> JobOutcome:
-        out = JobOutcome()
+        out = JobOutcome(seq=job.seq)
         if job.tool is not None:
             return self._decide_tool(job, job.tool, now, out)
         if all_trivial(job):

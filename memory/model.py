@@ -57,6 +57,9 @@ class Source:
     # says which (the rules model does), else the job's newest message; None for tool
     # writes, windowed jobs and records written before it was kept
     event_ts: float | None = None
+    # the seq of the job whose decision wrote it (0: a tool write, a windowed job's or an
+    # older record): a version above the store's cursor is a half-applied decision's
+    job_seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ class Memory:
         data["type"] = self.type.value
         data["status"] = self.status.value
         data["source"]["message_ids"] = list(self.source.message_ids)
+        if not self.source.job_seq:  # records without it keep their bytes
+            del data["source"]["job_seq"]
         return data
 
     @classmethod

@@ -45,8 +45,14 @@ class JobOutcome:
     read: dict[str, int] = field(default_factory=dict)  # stored memory id -> version seen
     error: str | None = None  # a tool write that could not be done (nothing changes)
     erase: int | None = None  # forget-me: erase the user (how many version records it saw)
+    seq: int = 0  # the job's seq
+    # stored memory ids whose version read was written at the job's seq or later: by another
+    # decision of this job, half-applied (its cursor not written), which must be applied first
+    pending: set[str] = field(default_factory=set)
 
     def saw(self, hits: Sequence[tuple[Memory, float]]) -> None:
         """Remember the stored versions the decision read (checked again at apply time)."""
         for m, _ in hits:
             self.read[m.memory_id] = m.version
+            if self.seq and m.source.job_seq >= self.seq:
+                self.pending.add(m.memory_id)

@@ -20,12 +20,13 @@ door, so that nothing downstream (state snapshots, the store, other consumers) m
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import math
 import re
 from datetime import UTC, datetime
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -39,6 +40,7 @@ INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 MIN_YEAR, MAX_YEAR = 1970, 9999
 _INT_DIGITS = 20  # longer literals are out of range anyway; checked before int() runs
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 _HOLDS_DATES = (datetime, BaseModel, list, tuple, dict)
 
 # What a dead letter keeps, so that it always fits its topic (1 MiB max.message.bytes):
@@ -88,23 +90,40 @@ def _check_str(text: str, where: str) -> None:
         raise InvalidRecord("unicode", f"{where} contains a lone UTF-16 surrogate")
 
 
-def _check_tree(data: object) -> None:
-    """Depth, strings (keys too) and floats of a parsed JSON value, without recursion."""
-    stack: list[tuple[dict[str, Any] | list[Any], int]] = [([data], 0)]
+def _parse_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise InvalidRecord("number", "a number overflows to infinity")
+    return value
+
+
+def _check_depth(data: object) -> None:
+    """At most :data:`MAX_DEPTH` nested arrays/objects, one level at a time (a parsed
+    value's containers are exactly ``dict`` and ``list``)."""
+    level: list[Any] = [[data]]
+    for depth in range(MAX_DEPTH + 1):
+        below = [v for node in level for v in (node.values() if type(node) is dict else node)
+                 if type(v) is dict or type(v) is list]
+        if not below:
+            return
+        if depth >= MAX_DEPTH:
+            raise InvalidRecord("depth", f"nested deeper than {MAX_DEPTH} arrays/objects")
+        level = below
+
+
+def _check_strings(data: object) -> None:
+    """No lone surrogate in any string or key of a parsed JSON value, without recursion."""
+    stack: list[Any] = [data]
     while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
+        node = stack.pop()
+        if isinstance(node, str):
+            _check_str(node, "a string")
+        elif isinstance(node, dict):
             for k in node:
                 _check_str(k, "a key")
-        for v in node.values() if isinstance(node, dict) else node:
-            if isinstance(v, str):
-                _check_str(v, "a string")
-            elif isinstance(v, float) and not math.isfinite(v):
-                raise InvalidRecord("number", "a number overflows to infinity")
-            elif isinstance(v, dict | list):
-                if depth >= MAX_DEPTH:
-                    raise InvalidRecord("depth", f"nested deeper than {MAX_DEPTH} arrays/objects")
-                stack.append((v, depth + 1))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def parse_json(value: bytes) -> Any:
@@ -115,12 +134,16 @@ def parse_json(value: bytes) -> Any:
         raise InvalidRecord(
             "not_json", f"not UTF-8 JSON: {exc.reason} at byte {exc.start}") from None
     try:
-        data = json.loads(text, parse_int=_parse_int, parse_constant=_parse_constant)
+        data = json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
+                          parse_constant=_parse_constant)
     except json.JSONDecodeError as exc:
         raise InvalidRecord("not_json", f"not JSON: {exc.msg} at char {exc.pos}") from None
     except RecursionError:
         raise InvalidRecord("depth", f"nested deeper than {MAX_DEPTH} arrays/objects") from None
-    _check_tree(data)
+    _check_depth(data)
+    # strict UTF-8 holds no surrogate: a parsed string can only get one from an escape
+    if _ESCAPED_SURROGATE.search(text) is not None:
+        _check_strings(data)
     return data
 
 
@@ -143,8 +166,26 @@ def _check_datetime(value: datetime, where: str) -> None:
             "date", f"{where}: {value.isoformat()} is outside years {MIN_YEAR}..{MAX_YEAR}")
 
 
+def _holds_dates(tp: Any, seen: frozenset[type] = frozenset()) -> bool:
+    """Whether a value of type ``tp`` can hold a datetime once validated (``Any`` and other
+    plain JSON types cannot: pydantic leaves their strings as strings)."""
+    if isinstance(tp, type) and issubclass(tp, datetime):
+        return True
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return tp not in seen and bool(_date_fields(tp, seen | {tp}))
+    return any(_holds_dates(arg, seen) for arg in get_args(tp))
+
+
+@functools.cache
+def _date_fields(model: type[BaseModel], seen: frozenset[type] = frozenset()) -> tuple[str, ...]:
+    """The fields of ``model`` whose values can hold a datetime, by their types."""
+    return tuple(name for name, info in model.model_fields.items()
+                 if _holds_dates(info.annotation, seen | {model}))
+
+
 def check_datetimes(event: BaseModel) -> None:
-    """Every datetime anywhere in ``event`` converts to UTC within the sane range."""
+    """Every datetime anywhere in ``event`` converts to UTC within the sane range (only the
+    fields whose types can hold one are walked)."""
     stack: list[tuple[object, str]] = [(event, "")]
     while stack:
         node, where = stack.pop()
@@ -152,7 +193,7 @@ def check_datetimes(event: BaseModel) -> None:
             _check_datetime(node, where)
             continue
         if isinstance(node, BaseModel):
-            children: Any = ((f, getattr(node, f)) for f in type(node).model_fields)
+            children: Any = ((f, getattr(node, f)) for f in _date_fields(type(node)))
         elif isinstance(node, dict):
             children = node.items()
         elif isinstance(node, list | tuple):

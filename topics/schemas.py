@@ -438,6 +438,10 @@ class JobDecision(JobRange):
     status: JobStatus
     decision_id: str = ""
     read_versions: dict[str, int] = Field(default_factory=dict)
+    # of those, the memories whose version read was written at this job's seq or later: by
+    # another decision of the job left half-applied; the apply stage fences this decision
+    # until that one is applied (its changes published before any change acting on them)
+    read_pending: list[str] = Field(default_factory=list)
     applied_seq: int | None = None  # FENCED by the extract stage: the store's last seq
     changes: list[MemoryChange] = Field(default_factory=list)
     decisions: dict[str, int] = Field(default_factory=dict)

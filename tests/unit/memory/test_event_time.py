@@ -18,7 +18,7 @@ from memstream.memory.applying import apply_change, change_for
 from memstream.memory.decisions import Candidate, Context, Decision, IdMap, resolve
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, RulesModel
-from memstream.memory.model import Memory, OpKind, Source, Status
+from memstream.memory.model import Memory, MemoryType, OpKind, Source, Status
 from memstream.memory.store import Scope
 from memstream.memory.store.edge import EdgeStore
 from memstream.topics.schemas import ExtractionJob, JobMessage, TriggerReason
@@ -244,3 +244,17 @@ def test_a_replayed_restatement_is_applied_once_and_never_undoes_a_later_close(e
         apply_change(ex.store, c)
     assert [apply_change(ex.store, c) for c in changes] == [False, False]  # seen before
     assert [m.content for m in everything(ex) if m.live] == ["Lives in Madrid"]
+
+
+def test_a_version_records_the_seq_of_the_job_that_wrote_it():
+    """The apply stage tells a half-applied decision's versions (above the store's cursor)
+    from applied ones by it; a record without it (a tool write, an older record) keeps its
+    bytes."""
+    [op] = plan(OpKind.UPDATE, 60.0, 50.0)
+    after = op.after.evolve(type=MemoryType(op.after.type))
+    assert after.source.job_seq == 2  # ctx(): the job's seq
+    payload = after.to_payload()
+    assert payload["source"]["job_seq"] == 2 and Memory.from_payload(payload) == after
+    older = live_version(50.0).evolve(type=MemoryType.EPISODIC).to_payload()
+    assert "job_seq" not in older["source"]
+    assert Memory.from_payload(older).source.job_seq == 0

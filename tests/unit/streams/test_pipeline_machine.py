@@ -123,6 +123,10 @@ pytestmark = pytest.mark.unit
 #    drop the other copy's DONE as stale (decided twice). Now a job fenced while the store
 #    holds an earlier seq goes again as itself and stays in flight
 #    (tests/unit/memory/test_fencing.py shows the rule).
+# 5. (fixed) A copy decided against a half-applied store, which updated the version the
+#    other copy had added, was applied first: its UPDATE was published before that ADD and
+#    a replay failed. Now a decision that read a version written at its job's seq or later
+#    (``read_pending``) is fenced until that decision is applied.
 
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z, the simulated clock's start (whole seconds)
 P = Policy(min_new_messages=3, context_messages=2, idle_timeout_s=100, job_timeout_s=300,
@@ -742,7 +746,10 @@ def test_a_half_applied_decision_overtaken_publishes_its_events(env: Env) -> Non
     d1 = _decide(env, job, T0 + 100)  # ADD "Lives in Lisbon"
     with pytest.raises(Crash):  # killed after the change's write, before the cursor's
         apply_decision(Killable(env.live, 1), d1)
-    d2 = _decide(env, job, T0 + 400)  # the re-sent copy, against the half-applied store
+    # a copy decided against the half-applied store by a model that did not look there
+    # (one that read d1's write waits for d1: the next test)
+    d2 = _decide(env, job, T0 + 400).model_copy(update={"read_versions": {},
+                                                         "read_pending": []})
     assert d2.changes == [] and d2.decision_id != d1.decision_id  # NOOP: "already known"
     published = apply_decision(env.live, d2).publish  # handed over before d1
     again = apply_decision(env.live, d1)  # d1 comes back: DONE, d2's kept events (none)
@@ -751,3 +758,30 @@ def test_a_half_applied_decision_overtaken_publishes_its_events(env: Env) -> Non
     published += again.publish
     held = {m.source.op_id for m in env.live.list(Scope(tenant, "u1"), statuses=None)}
     assert held <= {c.change_id for c in published}, "a stored change never published"
+
+
+def test_a_copy_that_read_a_half_applied_decision_waits_for_it(env: Env) -> None:
+    """Found by the machine: d1 killed after its ADD; d2, decided against that store,
+    updated the ADD's version and was applied first, so its UPDATE was published before
+    the ADD (which only d1 publishes) and a replay of the topic failed on it."""
+    tenant = f"pm{next(_tenants)}"
+    job = _job(tenant, [("we have 2 kids", 0), ("so we have 3 kids now", 5)], 1)
+    d1 = _decide(env, job, T0 + 100)  # ADD 2 children, UPDATE it to 3
+    assert [c.op for c in d1.changes] == ["add", "update"]
+    with pytest.raises(Crash):  # killed after the ADD, before the UPDATE and the cursor
+        apply_decision(Killable(env.live, 1), d1)
+    d2 = _decide(env, job, T0 + 400)  # a copy, against the half-applied store
+    [added] = d2.read_pending  # it read the version d1 added
+    assert added == d1.changes[0].memory_id and d2.changes
+    first = apply_decision(env.live, d2)  # handed over before d1: not applied, goes again
+    assert (first.verdict, first.status, first.applied_seq) == (
+        Verdict.FENCED, JobStatus.FENCED, 0) and first.publish == []
+    published = apply_decision(env.live, d1).publish  # d1 back: completed
+    assert [c.op for c in published] == ["add", "update"]
+    retry = apply_decision(env.live, _decide(env, job, T0 + 500))  # the same job again
+    assert retry.verdict == Verdict.DONE
+    published += retry.publish
+    for change in published:  # the topic replays in its order
+        apply_change(env.replay, change)
+    assert _live(env, tenant) == ["Has 3 children"] == sorted(
+        m.content for m in env.replay.list(Scope(tenant, "u1")))

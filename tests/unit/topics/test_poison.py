@@ -292,3 +292,27 @@ def test_the_dead_letter_bounds_the_record_key():
     key, _ = dead_letter_record(pipeline(), InvalidRecord("key", "bad key"),
                                 record(b"{}", b"k" * 900_000))
     assert key is not None and 0 < len(key) <= 1024
+
+
+def test_the_date_walk_visits_every_field_whose_type_can_hold_a_date():
+    """check_datetimes walks only fields whose types can hold a datetime (by their types,
+    once per model): none may be missed, nested models and containers included."""
+    import typing
+
+    from memstream.topics import codec, schemas
+
+    def mentions_dates(tp: object, seen: frozenset = frozenset()) -> bool:
+        if tp is datetime:
+            return True
+        if isinstance(tp, type) and issubclass(tp, schemas.BaseModel) and tp not in seen:
+            return any(mentions_dates(f.annotation, seen | {tp})
+                       for f in tp.model_fields.values())
+        return any(mentions_dates(a, seen) for a in typing.get_args(tp))
+
+    models = [m for m in vars(schemas).values()
+              if isinstance(m, type) and issubclass(m, schemas.BaseModel)]
+    assert {ExtractionJob, JobResult, ChatMessage} <= set(models)
+    for model in models:
+        expected = {n for n, f in model.model_fields.items() if mentions_dates(f.annotation)}
+        assert set(codec._date_fields(model)) == expected, model.__name__
+    assert "messages" in codec._date_fields(ExtractionJob)  # a list of models with dates
