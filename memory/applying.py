@@ -55,13 +55,19 @@ def _prompt_version(job: ExtractionJob, model: MemoryModel) -> str:
 
 
 def _stamped(record: Memory, op: PlannedOp, kind: str, actor: str,
-             trigger: str = "") -> dict[str, object]:
+             trigger: str = "", seq: int = 0) -> dict[str, object]:
     """A version record with why it exists (the version an op opens) or why it was closed
-    (the version a DELETE-kind op closes): reason, lineage kind, actor, and what triggered
-    the job (threshold, explicit, session_end, idle, tool). No content."""
+    (the version a DELETE-kind op closes): reason, lineage kind, actor, what triggered the
+    job (threshold, explicit, session_end, idle, tool) and, for the version it opens, the
+    job's seq (:attr:`Memory.job_seq`). No content."""
     payload = record.to_payload()
+    marks: dict[str, object]
     if record.source.op_id == op.op_id:
         marks = {"reason": op.reason, "lineage_kind": kind, "actor": actor, "trigger": trigger}
+        if seq:
+            marks["job_seq"] = seq
+        elif "job_seq" in record.extra:  # never the seq of the version it was made from
+            payload["extra"] = {k: v for k, v in record.extra.items() if k != "job_seq"}
     elif record.extra.get("closed_by") == op.op_id and op.kind == OpKind.DELETE:
         marks = {"closed_reason": op.reason, "closed_kind": kind, "closed_actor": actor}
     else:
@@ -81,7 +87,7 @@ def change_for(op: PlannedOp, vector: list[float] | None, job: ExtractionJob,
         change_id=op.op_id, op=op.kind.value, tenant_id=job.tenant_id, user_id=job.user_id,
         memory_id=op.memory_id, version=op.after.version,
         before=op.before.to_payload() if op.before else None, after=op.after.to_payload(),
-        records=[_stamped(r, op, kind, actor, job.reason.value) for r in op.writes],
+        records=[_stamped(r, op, kind, actor, job.reason.value, job.seq) for r in op.writes],
         vector=vector,
         reason=op.reason,
         lineage=Lineage(session_id=job.session_id, from_seq=job.from_seq, to_seq=job.to_seq,

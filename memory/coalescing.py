@@ -337,7 +337,16 @@ def on_result(state: UserState, result: JobResult, now: float, policy: Policy) -
 def _on_tool_result(state: UserState, flight: InFlight, result: JobResult, now: float,
                     policy: Policy) -> Step:
     """A tool job is done (or failed for good: the extract stage retried it and set it
-    aside) and leaves the queue; a fenced one goes again under a seq above the store's."""
+    aside) and leaves the queue. A fenced one whose store holds an earlier seq (what it read
+    moved on, or is another copy's half-applied write) goes again as itself, in flight, like
+    an extraction job; one whose store holds its seq or a later one goes again under a seq
+    above the store's."""
+    if result.status == JobStatus.FENCED and (result.applied_seq or 0) < flight.seq \
+            and state.tools:
+        delay = _fenced_delay(policy, flight.attempt)
+        if delay:
+            return Step(replace(state, in_flight=replace(flight, retry_at=now + delay)))
+        return _resend_tool(state, flight, now)
     if result.status == JobStatus.FENCED:
         state = replace(state, next_seq=max(state.next_seq, (result.applied_seq or 0) + 1))
     else:
@@ -359,6 +368,13 @@ def _resend(state: UserState, flight: InFlight, now: float) -> Step:
     return Step(replace(state, in_flight=again), jobs=[job])
 
 
+def _resend_tool(state: UserState, flight: InFlight, now: float) -> Step:
+    """The tool job in flight, sent again: the same request, seq and id."""
+    again = replace(flight, sent_at=now, attempt=flight.attempt + 1, retry_at=None)
+    return Step(replace(state, in_flight=again),
+                jobs=[_tool_job(state, state.tools[0], now, flight.seq, again.attempt)])
+
+
 def on_tick(state: UserState, now: float, policy: Policy) -> Step:
     """Timers: re-send an unanswered job, forget quiet sessions, flush idle ones, retry."""
     flight = state.in_flight
@@ -366,9 +382,7 @@ def on_tick(state: UserState, now: float, policy: Policy) -> Step:
         if flight.kind == "tool":
             if not state.tools:  # nothing left to re-send (a state restored half-way)
                 return pump(replace(state, in_flight=None), now, policy)
-            again = replace(flight, sent_at=now, attempt=flight.attempt + 1, retry_at=None)
-            tool_job = _tool_job(state, state.tools[0], now, flight.seq, again.attempt)
-            return Step(replace(state, in_flight=again), jobs=[tool_job])
+            return _resend_tool(state, flight, now)
         return _resend(state, flight, now)
     busy = flight.session_id if flight is not None and flight.kind != "tool" else None
     stale = [

@@ -130,7 +130,7 @@ class Context:
 
     def source(self, op: str) -> Source:
         return Source(self.session_id, self.from_seq, self.to_seq, self.job_id, op,
-                      self.message_ids, self.event_ts, self.seq)
+                      self.message_ids, self.event_ts)
 
 
 def older_than_live(ctx: Context, target: Memory) -> bool:

@@ -57,9 +57,6 @@ class Source:
     # says which (the rules model does), else the job's newest message; None for tool
     # writes, windowed jobs and records written before it was kept
     event_ts: float | None = None
-    # the seq of the job whose decision wrote it (0: a tool write, a windowed job's or an
-    # older record): a version above the store's cursor is a half-applied decision's
-    job_seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,13 +97,18 @@ class Memory:
                  if t is not None]
         return max(float(t) for t in times) if times else None
 
+    @property
+    def job_seq(self) -> int:
+        """The seq of the job whose decision opened this version (``extra.job_seq``, set
+        with its change; 0 for records written before it was kept): a version above the
+        store's cursor is a half-applied decision's."""
+        return int(self.extra.get("job_seq") or 0)
+
     def to_payload(self) -> dict[str, Any]:
         data = asdict(self)
         data["type"] = self.type.value
         data["status"] = self.status.value
         data["source"]["message_ids"] = list(self.source.message_ids)
-        if not self.source.job_seq:  # records without it keep their bytes
-            del data["source"]["job_seq"]
         return data
 
     @classmethod

@@ -54,5 +54,5 @@ class JobOutcome:
         """Remember the stored versions the decision read (checked again at apply time)."""
         for m, _ in hits:
             self.read[m.memory_id] = m.version
-            if self.seq and m.source.job_seq >= self.seq:
+            if self.seq and m.job_seq >= self.seq:
                 self.pending.add(m.memory_id)

@@ -26,7 +26,8 @@ import json
 import math
 import re
 from datetime import UTC, datetime
-from typing import Any, NoReturn, TypeVar, get_args
+from enum import Enum
+from typing import Annotated, Any, Literal, NoReturn, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -166,14 +167,26 @@ def _check_datetime(value: datetime, where: str) -> None:
             "date", f"{where}: {value.isoformat()} is outside years {MIN_YEAR}..{MAX_YEAR}")
 
 
+_NO_DATES = (str, int, float, bool, bytes, type(None), Enum)
+_JSON_CONTAINERS = (dict, list, tuple, set, frozenset)  # bare: the parser's values only
+
+
 def _holds_dates(tp: Any, seen: frozenset[type] = frozenset()) -> bool:
-    """Whether a value of type ``tp`` can hold a datetime once validated (``Any`` and other
-    plain JSON types cannot: pydantic leaves their strings as strings)."""
-    if isinstance(tp, type) and issubclass(tp, datetime):
-        return True
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return tp not in seen and bool(_date_fields(tp, seen | {tp}))
-    return any(_holds_dates(arg, seen) for arg in get_args(tp))
+    """Whether a value of type ``tp`` can hold a datetime once validated. ``Any``, plain
+    JSON types and literals cannot (pydantic leaves their strings as strings); a type this
+    does not know (``AwareDatetime``, a ``TypedDict``, a forward reference) can, and a model
+    already on the path (a recursive one) is walked: never skip what may hold one."""
+    if tp is Any or tp is object or tp is Ellipsis or tp in _JSON_CONTAINERS \
+            or get_origin(tp) is Literal:
+        return False
+    if get_origin(tp) is Annotated:
+        return _holds_dates(get_args(tp)[0], seen)
+    if isinstance(tp, type) and get_origin(tp) is None:
+        if issubclass(tp, BaseModel):
+            return tp in seen or bool(_date_fields(tp, seen | {tp}))
+        return issubclass(tp, datetime) or not issubclass(tp, _NO_DATES)
+    args = get_args(tp)
+    return any(_holds_dates(arg, seen) for arg in args) if args else True
 
 
 @functools.cache

@@ -304,7 +304,10 @@ def run_jobs(jobs: Sequence[ExtractionJob], extractor: Extractor, model: MemoryM
             report.stopped, report.stopped_at, report.failed = f"error: {exc}", job, True
             return
         budget.spend(out.usage.calls)
-        applied = apply_decision(store, build_decision(job, out, model, now))
+        # a run killed mid-apply left a decision half-applied that no topic hands over again,
+        # and a replay publishes nothing: the job's new decision builds on what it left
+        decision = build_decision(job, out, model, now).model_copy(update={"read_pending": []})
+        applied = apply_decision(store, decision)
         if applied.status not in (JobStatus.DONE, JobStatus.TRIVIAL):
             raise RuntimeError(f"job {job.job_id} not applied: {applied.error}")
         report.done += 1

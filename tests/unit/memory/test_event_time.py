@@ -19,6 +19,7 @@ from memstream.memory.decisions import Candidate, Context, Decision, IdMap, reso
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, RulesModel
 from memstream.memory.model import Memory, MemoryType, OpKind, Source, Status
+from memstream.memory.outcome import JobOutcome
 from memstream.memory.store import Scope
 from memstream.memory.store.edge import EdgeStore
 from memstream.topics.schemas import ExtractionJob, JobMessage, TriggerReason
@@ -28,7 +29,7 @@ T0 = datetime(2026, 3, 1, tzinfo=UTC)
 
 
 def live_version(event_ts: float | None) -> Memory:
-    return Memory("m-1", "t1", "u1", "episodic", "Lives in Madrid", 5, 1.0, 1.0, 50.0,
+    return Memory("m-1", "t1", "u1", MemoryType.EPISODIC, "Lives in Madrid", 5, 1.0, 1.0, 50.0,
                   Source("s0", 0, 4, "j0", "op0", (), event_ts), slot="residence")
 
 
@@ -246,15 +247,20 @@ def test_a_replayed_restatement_is_applied_once_and_never_undoes_a_later_close(e
     assert [m.content for m in everything(ex) if m.live] == ["Lives in Madrid"]
 
 
-def test_a_version_records_the_seq_of_the_job_that_wrote_it():
+def test_a_version_records_the_seq_of_the_job_that_opened_it():
     """The apply stage tells a half-applied decision's versions (above the store's cursor)
-    from applied ones by it; a record without it (a tool write, an older record) keeps its
-    bytes."""
+    from applied ones by it. It is one of the marks a change stamps on the version it opens
+    (``extra``: a worker of an earlier release reads the record as before); the version it
+    closes keeps its own, and a record without it reads as 0."""
+    job = ExtractionJob(job_id="j1", seq=7, tenant_id="t1", user_id="u1", session_id="s1",
+                        from_seq=0, to_seq=1, reason=TriggerReason.THRESHOLD, messages=[],
+                        created_at=T0)
+    older = live_version(50.0).evolve(extra={"job_seq": 3})
     [op] = plan(OpKind.UPDATE, 60.0, 50.0)
-    after = op.after.evolve(type=MemoryType(op.after.type))
-    assert after.source.job_seq == 2  # ctx(): the job's seq
-    payload = after.to_payload()
-    assert payload["source"]["job_seq"] == 2 and Memory.from_payload(payload) == after
-    older = live_version(50.0).evolve(type=MemoryType.EPISODIC).to_payload()
-    assert "job_seq" not in older["source"]
-    assert Memory.from_payload(older).source.job_seq == 0
+    change = change_for(op, [0.0] * 4, job, JobOutcome(), RulesModel(), 100.0)
+    opened = [Memory.from_payload(r) for r in change.records
+              if r["source"]["op_id"] == op.op_id]
+    closed = [Memory.from_payload(r) for r in change.records
+              if r["source"]["op_id"] != op.op_id]
+    assert [m.job_seq for m in opened] == [7] and all(m.job_seq == 0 for m in closed)
+    assert older.job_seq == 3 and live_version(None).job_seq == 0

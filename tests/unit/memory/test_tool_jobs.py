@@ -116,6 +116,26 @@ def test_a_fenced_tool_result_reissues_under_a_seq_above_the_store():
     assert stale.duplicate and stale.state == again.state
 
 
+def test_a_tool_job_fenced_below_its_seq_goes_again_as_itself_and_stays_in_flight():
+    """What it read moved on, or is another copy's half-applied write, and the store holds
+    no job of its seq: the same tool job goes again (at once, then with backoff), so the
+    other copy's result still finds it; under a new seq, that copy would be fenced for
+    good and its write never published."""
+    step = on_tool(fresh(), tool_request(rid="c1"), 0.0, P)
+    first = step.jobs[0]
+    fenced = result(first, JobStatus.FENCED).model_copy(update={"applied_seq": 0})
+    again = on_result(step.state, fenced, 1.0, P)
+    [same] = again.jobs
+    assert (same.job_id, same.seq, same.tool, same.attempt) == (first.job_id, 1, first.tool, 2)
+    assert again.state.next_seq == step.state.next_seq and again.state.in_flight is not None
+    twice = on_result(again.state, fenced, 2.0, P)
+    assert twice.jobs == [] and twice.state.in_flight is not None, "a repeat backs off"
+    [third] = on_tick(twice.state, 2.0 + P.retry_backoff_s, P).jobs
+    assert (third.job_id, third.seq) == (first.job_id, 1)
+    done = on_result(twice.state, result(first), 3.0, P)  # the other copy's DONE
+    assert not done.duplicate and done.state.in_flight is None and done.state.tools == ()
+
+
 def test_an_unanswered_tool_job_is_resent_under_the_same_id_and_seq():
     step = on_tool(fresh(), tool_request(rid="c1"), 0.0, P)
     assert next_deadline(step.state, P) == 50.0

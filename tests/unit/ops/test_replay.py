@@ -247,6 +247,43 @@ def test_a_resumed_run_skips_what_the_store_holds(tmp_path):
     assert len(contents) == 6
 
 
+class _Killed(Exception):
+    pass
+
+
+class _KilledAfterOneWrite:
+    """The target store of a run killed between two writes of a job's decision."""
+
+    def __init__(self, store: EdgeStore) -> None:
+        self.store, self.writes = store, 0
+
+    def write(self, *args, **kwargs):
+        if self.writes == 1:
+            raise _Killed
+        self.writes += 1
+        return self.store.write(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_a_run_killed_mid_apply_is_resumed(tmp_path):
+    """The killed run's decision is never handed over again (no topic), so the resumed
+    run's decision of that job, which read what it left, builds on it instead of waiting
+    for it (the worker's fence for a half-applied decision's versions)."""
+    jobs = planned(exchange(6)).jobs  # 3 jobs, 2 user facts each
+    store = EdgeStore(tmp_path / "store", HashingEmbedder().dim)
+    report = Report(r.Plan(jobs=jobs), r.estimate(jobs, "combined", 5)[0], "combined", "x")
+    killed = _KilledAfterOneWrite(store)
+    with pytest.raises(_Killed):
+        run_jobs(jobs, Extractor(Combined(), HashingEmbedder(), killed), Combined(), killed,
+                 r.Budget(None), "combined", report, lambda s: None)
+    assert len(store.list(Scope("t1", "u1"))) == 1 and store.cursor(Scope("t1", "u1")) is None
+    store.close()
+    report, contents, cursor = _run(tmp_path, Combined(), "combined", None, jobs)
+    assert (report.done, len(contents), cursor.seq if cursor else 0) == (3, 6, 3)
+
+
 def test_forget_me_markers_are_read_when_they_verify_and_never_deleted():
     from pydantic import SecretStr
 

@@ -9,10 +9,13 @@ import hashlib
 import json
 from datetime import UTC, datetime
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import AwareDatetime, BaseModel
+from typing_extensions import TypedDict
 
 from memstream.core.errors import InvalidRecord
 from memstream.streams.counters import Counters
@@ -24,6 +27,7 @@ from memstream.topics.schemas import (
     ChatMessage,
     DeadLetter,
     ExtractionJob,
+    JobDecision,
     JobResult,
     SessionEvent,
 )
@@ -294,25 +298,35 @@ def test_the_dead_letter_bounds_the_record_key():
     assert key is not None and 0 < len(key) <= 1024
 
 
-def test_the_date_walk_visits_every_field_whose_type_can_hold_a_date():
-    """check_datetimes walks only fields whose types can hold a datetime (by their types,
-    once per model): none may be missed, nested models and containers included."""
-    import typing
+class _Node(BaseModel):
+    at: str = ""
+    kids: list[_Node] = []
+    when: AwareDatetime | None = None
 
-    from memstream.topics import codec, schemas
 
-    def mentions_dates(tp: object, seen: frozenset = frozenset()) -> bool:
-        if tp is datetime:
-            return True
-        if isinstance(tp, type) and issubclass(tp, schemas.BaseModel) and tp not in seen:
-            return any(mentions_dates(f.annotation, seen | {tp})
-                       for f in tp.model_fields.values())
-        return any(mentions_dates(a, seen) for a in typing.get_args(tp))
+class _Span(TypedDict):
+    start: datetime
 
-    models = [m for m in vars(schemas).values()
-              if isinstance(m, type) and issubclass(m, schemas.BaseModel)]
-    assert {ExtractionJob, JobResult, ChatMessage} <= set(models)
-    for model in models:
-        expected = {n for n, f in model.model_fields.items() if mentions_dates(f.annotation)}
-        assert set(codec._date_fields(model)) == expected, model.__name__
-    assert "messages" in codec._date_fields(ExtractionJob)  # a list of models with dates
+
+class _Odd(BaseModel):
+    tree: _Node
+    span: _Span | None = None
+    meta: dict[str, Any] = {}
+    vector: tuple[float, ...] = ()
+
+
+@pytest.mark.parametrize("value", [
+    {"tree": {"kids": [{"kids": [{"when": "0001-01-01T00:00:00+01:00"}]}]}},  # recursive
+    {"tree": {}, "span": {"start": "0001-01-01T00:00:00+01:00"}},  # a TypedDict
+])
+def test_the_date_walk_misses_no_date_whatever_holds_it(value):
+    """check_datetimes walks only the fields whose types can hold a datetime: a type it
+    does not know (AwareDatetime, a TypedDict) and a recursive model are walked, never
+    skipped; Any, plain JSON types and literals are not."""
+    with pytest.raises(InvalidRecord) as exc:
+        decode(_Odd, enc(value))
+    assert exc.value.kind == "date"
+    from memstream.topics import codec
+    assert set(codec._date_fields(_Odd)) == {"tree", "span"}
+    assert set(codec._date_fields(ExtractionJob)) >= {"messages", "created_at"}
+    assert "read_versions" not in codec._date_fields(JobDecision)
