@@ -51,7 +51,9 @@ stop_units() {
 }
 trap stop_units EXIT
 integration=0
-.venv/bin/python -m pytest -m integration --durations=15 || integration=$?
+# Two processes, a module to each at a time (--dist loadfile): a module's tests share its
+# worker and event loop; the tests' ports come from a block per process (conftest.free_port).
+.venv/bin/python -m pytest -m integration -n 2 --dist loadfile --durations=15 || integration=$?
 unit=0
 wait "$unit_pid" || unit=$?
 unit_pid=

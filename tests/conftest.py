@@ -23,6 +23,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.environ.get("MEMSTREAM_REQUIRE_INTEGRATION") != "1":
         return
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the controller
+        return  # sees every worker's reports and judges the run
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
         return

@@ -219,10 +219,25 @@ def end(session: str = "s1", user: str = "u1", tenant: str = "acme") -> SessionE
                         ts=datetime.now(UTC))
 
 
+# Ports for the tests' HTTP servers: below Linux's ephemeral range (32768-60999), so no
+# client connection is given one meanwhile, and a block per pytest-xdist worker (gw0, gw1,
+# ...), so two test processes never hand out the same port.
+_PORT_BLOCK = 500
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+_ports = iter(range(21000 + _PORT_BLOCK * int(_worker or 0),
+                    21000 + _PORT_BLOCK * (int(_worker or 0) + 1)))
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port of this test process's block that nothing listens on now."""
+    for port in _ports:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("this test process used its whole block of ports")
 
 
 T = TypeVar("T")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 import uuid
 
@@ -28,7 +27,7 @@ from memstream.dev.openai_stub import OpenAITestServer, Reply, chat, chat_json
 from memstream.topics.registry import all_topic_names
 from memstream.topics.schemas import DeadLetter, JobResult, JobStatus
 from tests.integration.conftest import chat as message
-from tests.integration.conftest import end
+from tests.integration.conftest import end, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -40,12 +39,6 @@ INPUT_TOPICS = ("messages", "session-events", "extraction-jobs", "tool-requests"
                 # the ingest stage's buffered messages and session windows (compacted: a
                 # forget-me drops the user's state, compaction within the erasure bound)
                 "ingest-state-changelog", "session-window-changelog")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def lying_model(request: dict) -> Reply:

@@ -8,7 +8,6 @@ are barriers on the memory-change topic.
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
@@ -20,12 +19,6 @@ from tests.integration.conftest import chat, end, turns, wait_covered
 
 pytestmark = pytest.mark.integration
 DAY = 86_400.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def changes_of(h, reader: TopicReader, tenant: str, user: str, kind: str | tuple[str, ...],

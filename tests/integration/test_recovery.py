@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +18,7 @@ import pytest
 from pydantic import SecretStr
 
 from memstream.dev.process import WorkerProcess
-from tests.integration.conftest import Harness, chat
+from tests.integration.conftest import Harness, chat, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -118,12 +117,6 @@ async def test_a_rebalance_after_a_recovery_neither_crashes_nor_loses_state(harn
     assert_jobs_cover_all_four(h, USERS[:4], "a")
     assert_jobs_cover_all_four(h, USERS[4:], "b")
     assert_no_recovery_crash(survivor, newcomer)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def status_of(url: str) -> int:
