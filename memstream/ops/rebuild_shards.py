@@ -8,7 +8,9 @@ every record). ``--swap`` (verified, or ``--force``) puts each rebuilt shard in 
 the live one with a checkpoint naming the offsets it holds: the worker adopts it at its
 next start (it catches up from there, as after a clean stop). A rebuilt copy that is not
 swapped in is deleted (``--keep`` keeps it), so no copy of users' memories outlives a
-forget-me out of its reach.
+forget-me out of its reach. The shards are built by ``rebuild_processes`` processes side by
+side (default one per CPU core), each a share of the partitions: the Qdrant Edge binding
+holds the GIL while it writes, so only processes build in parallel.
 
 The shards belong to a worker's process: run the command on the worker's host, with the
 worker stopped (a running worker holds its shards' write-ahead logs; it is refused in one
@@ -23,10 +25,13 @@ whole, from the vectors its change events carry.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import time
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from multiprocessing import get_context
 from pathlib import Path
 
 import click
@@ -73,8 +78,9 @@ def _verify(live: MemoryStore, new: MemoryStore) -> checksum.Verification:
                             checksum.digests(new.scan(vectors=True)))
 
 
-async def _rebuild_all(settings: Settings, into: Path, dim: int,
-                       ) -> tuple[list[Rebuilt], list[MemoryStore]]:
+async def _build(settings: Settings, into: Path, dim: int,
+                 partitions: list[int]) -> list[Rebuilt]:
+    """Build ``partitions``' shards one after another, each closed once built."""
     from memstream.memory.store.rebuild_topics import opener_for
     from memstream.topics.registry import registry
 
@@ -82,16 +88,52 @@ async def _rebuild_all(settings: Settings, into: Path, dim: int,
     topics = [reg.memory_changes.name, reg.job_results.name, reg.memory_access.name]
     opener, keys = await opener_for(settings, reg.user_keys.name)
     built: list[Rebuilt] = []
-    shards: list[MemoryStore] = []
     try:
-        for partition in range(settings.partitions):
+        for partition in partitions:
             shard, done = await _rebuild_one(settings, partition, into, dim, topics, opener)
-            shards.append(shard)
+            shard.close()
             built.append(done)
     finally:
         if keys is not None:
             await keys.stop()
-    return built, shards
+    return built
+
+
+def _build_in_process(settings: Settings, into: Path, dim: int,
+                      partitions: list[int]) -> list[Rebuilt]:
+    """One builder process's share (a process pool's task: picklable in and out)."""
+    return asyncio.run(_build(settings, into, dim, partitions))
+
+
+def shares(partitions: int, processes: int) -> list[list[int]]:
+    """The partitions dealt round-robin to at most ``processes`` builders (0: one per CPU
+    core), none empty."""
+    n = processes or os.cpu_count() or 1
+    n = max(1, min(n, partitions))
+    return [list(range(partitions))[i::n] for i in range(n)]
+
+
+def build_shards(settings: Settings, into: Path, dim: int,
+                 processes: int | None = None) -> list[Rebuilt]:
+    """Every partition's shard built into ``into/<p>`` and closed, by
+    ``settings.rebuild_processes`` processes side by side (or ``processes``); in this
+    process when one is enough. A builder's error is raised here once every builder has
+    stopped."""
+    groups = shares(settings.partitions,
+                    settings.rebuild_processes if processes is None else processes)
+    if len(groups) == 1:
+        return _build_in_process(settings, into, dim, groups[0])
+    # spawned, not forked: a fork would copy this process's threads and event loop state
+    with ProcessPoolExecutor(len(groups), mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(_build_in_process, settings, into, dim, g) for g in groups]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        for f in futures:
+            f.cancel()
+    errors = [e for f in futures if not f.cancelled() and (e := f.exception()) is not None]
+    if errors:  # a builder's own error (a killed builder: BrokenProcessPool)
+        raise errors[0]
+    return sorted((done for f in futures for done in f.result()),
+                  key=lambda done: done.partition)
 
 
 def _live_shards(settings: Settings, dim: int) -> dict[int, MemoryStore]:
@@ -130,7 +172,9 @@ def rebuild_partitioned(settings: Settings, into: Path | None, *, verify: bool, 
     built: list[Rebuilt] = []
     shards: list[MemoryStore] = []
     try:
-        built, shards = asyncio.run(_rebuild_all(settings, into, dim))
+        built = build_shards(settings, into, dim)
+        for done in built:
+            shards.append(_open(done.path, dim))
         ok = True
         for done, shard in zip(built, shards, strict=True):
             if (verify or swap) and done.partition in live:
@@ -147,7 +191,9 @@ def rebuild_partitioned(settings: Settings, into: Path | None, *, verify: bool, 
         store.close()
     seconds = time.perf_counter() - started
     changes = sum(d.changes for d in built)
-    click.echo(f"rebuilt {len(built)} shards into {into}: {changes} changes, {seconds:.2f} s")
+    click.echo(f"rebuilt {len(built)} shards into {into}: {changes} changes, {seconds:.2f} s "
+               f"({changes / max(seconds, 1e-9):,.0f} changes/s, "
+               f"{len(shares(settings.partitions, settings.rebuild_processes))} processes)")
     if swap and (ok or force):
         files = ShardFiles(root, settings.erasure_bound_s)
         now = time.time()

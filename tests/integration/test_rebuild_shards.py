@@ -68,6 +68,9 @@ async def test_shards_are_rebuilt_verified_and_adopted(live, tenant):
     assert verified.stdout.count("users equal") == h.settings.partitions - sum(
         "no live shard" in line for line in verified.stdout.splitlines())
     assert "verified only" in verified.stdout
+    # the shards built side by side, a process per core up to one per partition
+    builders = min(os.cpu_count() or 1, h.settings.partitions)
+    assert f"{builders} processes)" in verified.stdout, verified.stdout
     assert not stores.exists() or not any(stores.iterdir())  # no copy left behind
 
     # one record changed in alice's live shard: reported, not swapped in, exit 1
