@@ -106,7 +106,7 @@ class Settings(BaseSettings):
         0, ge=0, le=64, description="Processes that build the shards of the partitioned "
         "layout side by side in memstream rebuild, each a share of the partitions (the Qdrant "
         "Edge binding holds the GIL while it writes: threads do not help); 0: one per CPU "
-        "core, never more than the partitions")
+        "the command may run on, at most 8; never more than the partitions")
     metrics_key: SecretStr | None = Field(
         None, description="Key that opens /metrics and /v1/metrics/summary only (Prometheus "
         "scrapes with it; the admin key opens them too)")

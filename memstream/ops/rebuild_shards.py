@@ -9,8 +9,8 @@ the live one with a checkpoint naming the offsets it holds: the worker adopts it
 next start (it catches up from there, as after a clean stop). A rebuilt copy that is not
 swapped in is deleted (``--keep`` keeps it), so no copy of users' memories outlives a
 forget-me out of its reach. The shards are built by ``rebuild_processes`` processes side by
-side (default one per CPU core), each a share of the partitions: the Qdrant Edge binding
-holds the GIL while it writes, so only processes build in parallel.
+side (default one per CPU it may use, at most 8), each a share of the partitions: the
+Qdrant Edge binding holds the GIL while it writes, so only processes build in parallel.
 
 The shards belong to a worker's process: run the command on the worker's host, with the
 worker stopped (a running worker holds its shards' write-ahead logs; it is refused in one
@@ -105,10 +105,21 @@ def _build_in_process(settings: Settings, into: Path, dim: int,
     return asyncio.run(_build(settings, into, dim, partitions))
 
 
+AUTO_CAP = 8  # builders when rebuild_processes is 0: each holds a Python and a shard
+
+
+def cores() -> int:
+    """The CPUs this process may run on (a container's cpuset, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def shares(partitions: int, processes: int) -> list[list[int]]:
     """The partitions dealt round-robin to at most ``processes`` builders (0: one per CPU
-    core), none empty."""
-    n = processes or os.cpu_count() or 1
+    this process may use, at most ``AUTO_CAP``), none empty."""
+    n = processes or min(cores(), AUTO_CAP)
     n = max(1, min(n, partitions))
     return [list(range(partitions))[i::n] for i in range(n)]
 

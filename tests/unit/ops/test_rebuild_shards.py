@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from memstream.ops.rebuild_shards import shares
+from memstream.ops.rebuild_shards import AUTO_CAP, cores, shares
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +26,8 @@ def test_partitions_are_dealt_round_robin_so_builders_get_equal_shares():
     assert max(map(len, shares(12, 5))) - min(map(len, shares(12, 5))) <= 1
 
 
-def test_zero_processes_means_one_per_core_never_more_than_the_partitions():
-    cores = os.cpu_count() or 1
-    assert len(shares(64, 0)) == min(cores, 64)
+def test_zero_processes_means_one_per_usable_core_capped_never_more_than_the_partitions():
+    usable = len(os.sched_getaffinity(0))
+    assert len(shares(64, 0)) == min(usable, AUTO_CAP)
     assert len(shares(1, 0)) == 1
+    assert cores() == usable
