@@ -8,8 +8,9 @@ import os
 
 import pytest
 
-LAST = "tests/integration/test_benchmarks_smoke.py"  # the busiest module: after the
-# unit tests that scripts/test.sh runs beside the integration tests are done
+LAST = "tests/integration/test_benchmarks_smoke.py"  # the busiest module: last in a run of
+# one process. Under pytest-xdist (scripts/test.sh) the scheduler hands out the largest
+# modules first whatever this order, so there it starts at once (measured no slower).
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -25,10 +25,15 @@ whole, from the vectors its change events carry.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import multiprocessing
 import os
 import shutil
+import signal
 import time
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from multiprocessing import get_context
@@ -36,6 +41,7 @@ from pathlib import Path
 
 import click
 
+from memstream.core.errors import describe
 from memstream.core.settings import Settings
 from memstream.memory.store import MemoryStore, StoreError, checksum
 from memstream.memory.store.partitioned import SHARDS_DIR
@@ -101,8 +107,34 @@ async def _build(settings: Settings, into: Path, dim: int,
 
 def _build_in_process(settings: Settings, into: Path, dim: int,
                       partitions: list[int]) -> list[Rebuilt]:
-    """One builder process's share (a process pool's task: picklable in and out)."""
     return asyncio.run(_build(settings, into, dim, partitions))
+
+
+class BuilderFailed(click.ClickException):
+    """A builder's error as text naming its partitions (any error crosses back to the
+    command so: not every exception can be pickled)."""
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this builder when the command that started it dies (Linux), so
+    no builder goes on writing a copy of users' memories that nobody will delete."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before that
+        os._exit(1)
+
+
+def _builder(settings: Settings, into: Path, dim: int, partitions: list[int],
+             parent: int) -> list[Rebuilt]:
+    """One builder process's share (a process pool's task: picklable in and out)."""
+    _die_with(parent)
+    try:
+        return _build_in_process(settings, into, dim, partitions)
+    except BaseException as exc:
+        raise BuilderFailed(f"the builder of partitions {partitions}: {describe(exc)}") from None
 
 
 AUTO_CAP = 8  # builders when rebuild_processes is 0: each holds a Python and a shard
@@ -128,21 +160,28 @@ def build_shards(settings: Settings, into: Path, dim: int,
                  processes: int | None = None) -> list[Rebuilt]:
     """Every partition's shard built into ``into/<p>`` and closed, by
     ``settings.rebuild_processes`` processes side by side (or ``processes``); in this
-    process when one is enough. A builder's error is raised here once every builder has
-    stopped."""
+    process when one is enough. The first builder error stops the other builders and is
+    raised here (:class:`BuilderFailed`); a builder dies with this process."""
     groups = shares(settings.partitions,
                     settings.rebuild_processes if processes is None else processes)
     if len(groups) == 1:
         return _build_in_process(settings, into, dim, groups[0])
     # spawned, not forked: a fork would copy this process's threads and event loop state
     with ProcessPoolExecutor(len(groups), mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(_build_in_process, settings, into, dim, g) for g in groups]
-        wait(futures, return_when=FIRST_EXCEPTION)
-        for f in futures:
-            f.cancel()
-    errors = [e for f in futures if not f.cancelled() and (e := f.exception()) is not None]
-    if errors:  # a builder's own error (a killed builder: BrokenProcessPool)
-        raise errors[0]
+        futures = [pool.submit(_builder, settings, into, dim, g, os.getpid()) for g in groups]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        if any(f.exception() is not None for f in done):
+            # the rest of the rebuild is void: stop the other builders now (this command's
+            # only multiprocessing children) instead of letting them finish their shares
+            for child in multiprocessing.active_children():
+                child.kill()
+    errors = [e for f in futures if (e := f.exception()) is not None]
+    own = [e for e in errors if not isinstance(e, BrokenProcessPool)]
+    if own:
+        raise own[0]
+    if errors:
+        raise BuilderFailed("a builder process died (killed, or out of memory?); "
+                            "MEMSTREAM_REBUILD_PROCESSES=1 builds every shard in this process")
     return sorted((done for f in futures for done in f.result()),
                   key=lambda done: done.partition)
 

@@ -64,6 +64,9 @@ def kafka_bootstrap() -> Iterator[str]:
     if given:
         yield given
         return
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each process would start and stop its own
+        pytest.fail("with pytest-xdist (-n), start a broker and name it in "
+                    "MEMSTREAM_TEST_BOOTSTRAP (scripts/test.sh does)", pytrace=False)
     if _docker_answers():
         from testcontainers.kafka import KafkaContainer
 
