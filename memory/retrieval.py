@@ -108,7 +108,7 @@ def recall_near(store: MemoryStore, vector: list[float], q: Query, now: float,
                 weights: Weights, factor: int = 4, *, procedural: bool = True,
                 core: bool = True) -> Recall:
     """:func:`recall` with the query's vector already made (the API embeds concurrent
-    queries together: :mod:`memstream.web.embed_batching`)."""
+    queries together: :mod:`memstream.web.read_batching`)."""
     scored = ranked(store, vector, q, now, weights, factor)
     return Recall(scored, rules(store, q, now) if procedural else [],
                   core_blocks(store, q) if core else {})

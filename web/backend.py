@@ -230,6 +230,8 @@ class WorkerBackend(ReadBackend):
             "entries": rows, "next_cursor": page_token(offset + limit) if more else None})
 
     async def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
         if self._producer is not None:
             await self._producer.stop()
             self._producer = None

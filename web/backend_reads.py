@@ -27,7 +27,6 @@ from memstream.streams import privacy, window
 from memstream.streams.access import AccessRecorder, access_event
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.readiness import readiness, restoring
-from memstream.web.embed_batching import EmbedBatcher
 from memstream.web.http_base import ApiError
 from memstream.web.models.api import (
     Accepted,
@@ -41,6 +40,7 @@ from memstream.web.models.api import (
     SearchResponse,
     WindowMessage,
 )
+from memstream.web.read_batching import ReadBatcher
 
 LIST_MAX = 10_000  # version records of one user a list call reads
 
@@ -87,7 +87,7 @@ class ReadBackend:
     def __init__(self, p: Pipeline, recorder: AccessRecorder) -> None:
         self.p = p
         self.recorder = recorder
-        self.batcher: EmbedBatcher | None = None  # concurrent queries embedded together
+        self.batcher: ReadBatcher | None = None  # concurrent reads, in batches
         self.started = False
 
     def ready(self) -> bool:
@@ -125,13 +125,13 @@ class ReadBackend:
                       core: bool = True) -> tuple[str, retrieval.Recall]:
         found = retrieval.Recall([])
         if q.text.strip():
-            if self.batcher is None:
-                self.batcher = EmbedBatcher(self.p.services.embedder)
-            vector = await self.batcher.embed(q.text)
-            found = await asyncio.to_thread(
-                retrieval.recall_near, self.p.services.store, vector, q, self.p.clock(),
-                weights(self.p.settings), self.p.settings.retrieval_candidates,
-                procedural=procedural, core=core)
+            s, store = self.p.settings, self.p.services.store
+            if self.batcher is None:  # a store across the network: round trips overlap
+                self.batcher = ReadBatcher(self.p.services.embedder,
+                                           in_flight=1 if s.store == "edge" else 4)
+            found = await self.batcher.read(q.text, lambda vector: retrieval.recall_near(
+                store, vector, q, self.p.clock(), weights(s), s.retrieval_candidates,
+                procedural=procedural, core=core))
         self.p.counters.searches += 1
         return uuid.uuid4().hex, _fence(self.p, q.tenant_id, q.user_id, found)
 

@@ -53,7 +53,10 @@ def bad(message: str) -> ApiError:
 
 
 def ok(model: BaseModel, status: int = 200) -> web.Response:
-    return web.json_response(model.model_dump(mode="json"), status=status)
+    """The model as the JSON body, encoded by pydantic-core in one pass (UTF-8, compact)
+    rather than dumped to Python objects and encoded again."""
+    return web.Response(body=model.__pydantic_serializer__.to_json(model), status=status,
+                        content_type="application/json", charset="utf-8")
 
 
 # --- key and scope ---------------------------------------------------------------------

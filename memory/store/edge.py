@@ -48,6 +48,7 @@ class EdgeStore:
 
         self._qe = qe
         self._lock = threading.Lock()  # the shard is shared by the worker's threads
+        self._doc_only = qe.PayloadSelector.Include([_DOC])
         self._dim = dim
         path.mkdir(parents=True, exist_ok=True)
         shard_dir = path / "shard"
@@ -109,16 +110,28 @@ class EdgeStore:
             # No flush per write: updates go through the shard's write-ahead log, and the
             # memory-change topic can rebuild the store anyway. close() flushes.
 
+    def _records(self, points: Sequence[Any]) -> list[dict[str, Any]]:
+        """The records of points read with their ``_doc`` only (a read of a hot path: the
+        binding converts a payload key by key); a record written before packing has no
+        ``_doc`` and is read again whole. Called with the lock held."""
+        docs = [(p.payload or {}).get(_DOC) for p in points]
+        older = [p.id for p, d in zip(points, docs, strict=True) if not isinstance(d, str)]
+        whole = {str(r.id): unpack(r.payload)
+                 for r in (self._shard.retrieve(older, True, False) if older else ())}
+        return [_loads(d) if isinstance(d, str) else whole.get(str(p.id), {})
+                for p, d in zip(points, docs, strict=True)]
+
     def search(self, scope: Scope, vector: list[float], k: int,
                statuses: Sequence[str] = ("active",), *, types: Sequence[str] | None = None,
                exclude_slots: Sequence[str] = ()) -> list[tuple[Memory, float]]:
         qe = self._qe
         where = self._filter(scope, statuses, self._kinds(types, None), exclude_slots)
         request = qe.QueryRequest(limit=k, query=qe.Query.Nearest(vector), filter=where,
-                                  with_payload=True)
+                                  with_payload=self._doc_only)
         with self._lock:
             hits = self._shard.query(request)
-        return [(Memory.from_payload(unpack(h.payload)), float(h.score)) for h in hits]
+            docs = self._records(hits)
+        return [(Memory.from_payload(d), float(h.score)) for h, d in zip(hits, docs, strict=True)]
 
     def list(self, scope: Scope, statuses: Sequence[str] | None = ("active",),
              limit: int = 10_000, *, types: Sequence[str] | None = None,
@@ -127,8 +140,9 @@ class EdgeStore:
         where = self._filter(scope, statuses, self._kinds(types, slots))
         with self._lock:
             records, _ = self._shard.scroll(qe.ScrollRequest(
-                limit=limit, filter=where, with_payload=True))
-        return [Memory.from_payload(unpack(r.payload)) for r in records]
+                limit=limit, filter=where, with_payload=self._doc_only))
+            docs = self._records(records)
+        return [Memory.from_payload(d) for d in docs]
 
     def op_applied(self, scope: Scope, op_id: str) -> bool:
         qe = self._qe
@@ -240,8 +254,8 @@ class EdgeStore:
             return {}
         ids: list[Any] = [access_point_id(scope.tenant_id, scope.user_id, m) for m in memory_ids]
         with self._lock:
-            found = self._shard.retrieve(ids, True, False)
-        return access_from(scope, (unpack(r.payload) for r in found))
+            found = self._records(self._shard.retrieve(ids, self._doc_only, False))
+        return access_from(scope, found)
 
     def put_access(self, scope: Scope, stats: Sequence[AccessStats]) -> None:
         qe = self._qe
@@ -292,7 +306,16 @@ def unpack(payload: dict[str, Any] | None) -> dict[str, Any]:
     """The record a payload holds (records written before packing are returned as read)."""
     payload = payload or {}
     doc = payload.get(_DOC)
-    return json.loads(doc) if isinstance(doc, str) else dict(payload)
+    return _loads(doc) if isinstance(doc, str) else dict(payload)
+
+
+def _loads(doc: str) -> Any:
+    """``json.loads`` by pydantic-core (the same values, 2x faster: a search reads ~25
+    records, a restore every one)."""
+    try:
+        return pydantic_core.from_json(doc)
+    except (ValueError, TypeError):  # what only Python's decoder takes (a lone surrogate)
+        return json.loads(doc)
 
 
 def _dense(vector: Any) -> list[float] | None:

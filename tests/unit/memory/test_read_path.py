@@ -1,0 +1,106 @@
+"""The search path's faster parts give what the slower ones gave: a memory from its record,
+unit vectors in numpy, records read by their ``_doc`` (older records whole), JSON decoded
+by pydantic-core, and the API's answer encoded in one pass."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memstream.memory.access_stats import AccessStats
+from memstream.memory.embedding import _unit, units
+from memstream.memory.model import Memory, MemoryType, Source, Status
+from memstream.memory.store import Scope
+from memstream.memory.store.edge import EdgeStore, _loads, pack
+from memstream.web.http_checks import ok
+from memstream.web.models.api import MemoryOut, ScoredMemory, SearchResponse
+
+pytestmark = pytest.mark.unit
+
+
+def memory(i: int = 1, user: str = "u1", **kw: object) -> Memory:
+    base: dict = dict(memory_id=f"m{i}", tenant_id="t", user_id=user,
+                      type=MemoryType.EPISODIC, content=f"fact {i} 中文", importance=5,
+                      created_at=1.7e9 + i, updated_at=1.7e9 + i, valid_from=1.7e9,
+                      source=Source("s1", 0, 4, "j1", f"op{i}", message_ids=("a", "b")))
+    return Memory(**{**base, **kw})
+
+
+def test_a_memory_reads_back_from_its_record_field_for_field() -> None:
+    for m in (memory(), memory(2, version=3, status=Status.SUPERSEDED, valid_to=5.0,
+                               expires_at=9.0, slot="residence", access_count=4,
+                               extra={"job_seq": 7, "restated_ts": 1.0})):
+        back = Memory.from_payload(json.loads(json.dumps(m.to_payload())))
+        assert back == m and back.point_id == m.point_id
+        assert back.evolve(importance=9).importance == 9  # still a frozen dataclass
+        with pytest.raises(AttributeError):
+            back.content = "changed"  # type: ignore[misc]
+
+
+def test_a_record_missing_a_field_is_refused_and_defaults_fill_the_rest() -> None:
+    data = memory().to_payload()
+    for key in ("version", "slot", "extra", "access_count", "unknown_later_field"):
+        data.pop(key, None)
+    data["unknown_later_field"] = 1  # a newer release's key: ignored
+    a, b = Memory.from_payload(dict(data)), Memory.from_payload(dict(data))
+    assert a.version == 1 and a.slot is None and a.extra == {} and a.access_count == 0
+    assert a.extra is not b.extra  # each its own dict
+    del data["content"]
+    with pytest.raises(TypeError, match="content"):
+        Memory.from_payload(data)
+    with pytest.raises(ValueError):
+        Memory.from_payload({**memory().to_payload(), "type": "nonsense"})
+
+
+def test_units_are_the_python_unit_vectors_exactly() -> None:
+    rows = np.random.default_rng(3).standard_normal((9, 512)).astype(np.float32)
+    rows[4] = 0.0  # a zero vector stays zero
+    assert units(rows) == [_unit([float(x) for x in row]) for row in rows]
+    assert units(np.zeros((0, 512), dtype=np.float32)) == []
+
+
+def test_pydantic_core_decodes_what_json_decodes() -> None:
+    rng = random.Random(5)
+    doc = json.dumps({"f": [rng.uniform(-1e12, 1e12) for _ in range(2000)], "i": 2**70,
+                      "s": "中文 \u00e9 \U0001f600", "n": None, "b": [True, False],
+                      "inf": float("inf")})
+    assert _loads(doc) == json.loads(doc)
+    assert _loads(json.dumps({"s": "lone \ud800"})) == {"s": "lone \ud800"}  # json's path
+
+
+def test_records_written_before_packing_are_still_read_whole(tmp_path: Path) -> None:
+    store = EdgeStore(tmp_path / "edge", 4)
+    new, old = memory(1), memory(2)
+    store.write([new], [[1.0, 0.0, 0.0, 0.0]])
+    qe = store._qe  # an older release wrote the record as it was, without "_doc"
+    store._shard.update(qe.UpdateOperation.upsert_points(
+        [qe.Point(old.point_id, [0.9, 0.1, 0.0, 0.0], old.to_payload())]))
+    store.put_access(Scope("t", "u1"), [AccessStats("m1", 5.0, 2)])
+    scope = Scope("t", "u1")
+    found = {m.memory_id: m for m, _ in store.search(scope, [1.0, 0.0, 0.0, 0.0], 5)}
+    assert found == {"m1": new, "m2": old}
+    assert {m.memory_id: m for m in store.list(scope)} == {"m1": new, "m2": old}
+    assert store.access_stats(scope, ["m1", "m2"]) == {"m1": AccessStats("m1", 5.0, 2)}
+    assert pack(new.to_payload())["_doc"]  # what a write keeps
+    store.close()
+
+
+def test_an_answer_is_its_models_json_in_utf8() -> None:
+    m = memory()
+    out = MemoryOut(memory_id=m.memory_id, version=1, type="episodic", content=m.content,
+                    importance=5, status="active", scope="user", slot=None,
+                    created_at=m.created_at, updated_at=m.updated_at, valid_from=m.valid_from,
+                    valid_to=None, expires_at=None, last_accessed_at=None, access_count=0)
+    scored = ScoredMemory(**out.model_dump(), score=0.5, recency=0.25, importance_score=0.5,
+                          relevance=0.75)
+    model = SearchResponse(query_id="q1", memories=[scored], procedural=[out])
+    response = ok(model, 200)
+    assert response.status == 200
+    assert response.headers["Content-Type"] == "application/json; charset=utf-8"
+    assert isinstance(response.body, bytes)
+    assert json.loads(response.body) == model.model_dump(mode="json")
+    assert "中文".encode() in response.body  # UTF-8, not escaped
