@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from memstream.memory.store import (
 )
 
 _DOC = "_doc"
+LIST_KEPT_RECORDS = 64  # list answers up to this long are kept (EdgeStore.list) ...
+LIST_KEPT_ANSWERS = 4096  # ... this many, the least recently read dropped first
 _TOP = tuple(k for k in INDEXED_KEYWORDS if "." not in k)
 _NESTED = tuple(tuple(k.split(".", 1)) for k in INDEXED_KEYWORDS if "." in k)
 
@@ -49,6 +52,7 @@ class EdgeStore:
         self._qe = qe
         self._lock = threading.Lock()  # the shard is shared by the worker's threads
         self._doc_only = qe.PayloadSelector.Include([_DOC])
+        self._lists: OrderedDict[tuple[Any, ...], tuple[Memory, ...]] = OrderedDict()
         self._dim = dim
         path.mkdir(parents=True, exist_ok=True)
         shard_dir = path / "shard"
@@ -101,6 +105,7 @@ class EdgeStore:
         qe = self._qe
         points = [qe.Point(pid, v, pack(p)) for pid, p, v in records if v is not None]
         with self._lock:
+            self._memories_changed()
             if points:
                 self._shard.update(qe.UpdateOperation.upsert_points(points))
             for pid, payload, v in records:
@@ -136,13 +141,33 @@ class EdgeStore:
     def list(self, scope: Scope, statuses: Sequence[str] | None = ("active",),
              limit: int = 10_000, *, types: Sequence[str] | None = None,
              slots: Sequence[str] | None = None) -> list[Memory]:
+        """A short answer (a user's rules, core blocks) is kept until the next write of a
+        memory record here (:meth:`_memories_changed`): every search reads the rules."""
         qe = self._qe
-        where = self._filter(scope, statuses, self._kinds(types, slots))
+        key = (scope.tenant_id, tuple(scope.users()), None if statuses is None else
+               tuple(statuses), limit, None if types is None else tuple(types),
+               None if slots is None else tuple(slots))
         with self._lock:
+            kept = self._lists.get(key)
+            if kept is not None:
+                self._lists.move_to_end(key)
+                return list(kept)
             records, _ = self._shard.scroll(qe.ScrollRequest(
-                limit=limit, filter=where, with_payload=self._doc_only))
-            docs = self._records(records)
-        return [Memory.from_payload(d) for d in docs]
+                limit=limit, filter=self._filter(scope, statuses, self._kinds(types, slots)),
+                with_payload=self._doc_only))
+            found = [Memory.from_payload(d) for d in self._records(records)]
+            if len(found) <= LIST_KEPT_RECORDS and (
+                    statuses is None or not set(statuses) & set(HIDDEN_STATUSES)):
+                self._lists[key] = tuple(found)
+                if len(self._lists) > LIST_KEPT_ANSWERS:
+                    self._lists.popitem(last=False)
+        return found
+
+    def _memories_changed(self) -> None:
+        """Every write that may add, change or remove a memory record calls this (with the
+        lock held): the kept list answers are void. (Hit statistics and cursors are no
+        memory records: no list answer holds them.)"""
+        self._lists.clear()
 
     def op_applied(self, scope: Scope, op_id: str) -> bool:
         qe = self._qe
@@ -225,6 +250,7 @@ class EdgeStore:
     def delete_records(self, point_ids: Sequence[str]) -> None:
         if point_ids:
             with self._lock:
+                self._memories_changed()
                 self._shard.update(self._qe.UpdateOperation.delete_points(list(point_ids)))
 
     def erase(self, scope: Scope) -> int:
@@ -236,6 +262,7 @@ class EdgeStore:
         qe = self._qe
         n = 0
         with self._lock:
+            self._memories_changed()
             for scope in scopes:
                 own = Scope(scope.tenant_id, scope.user_id)  # never the global user's
                 everything = qe.Filter(

@@ -104,3 +104,36 @@ def test_an_answer_is_its_models_json_in_utf8() -> None:
     assert isinstance(response.body, bytes)
     assert json.loads(response.body) == model.model_dump(mode="json")
     assert "中文".encode() in response.body  # UTF-8, not escaped
+
+
+def test_a_kept_list_answer_never_outlives_a_write_of_a_memory(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    from memstream.memory.store import edge
+
+    monkeypatch.setattr(edge, "LIST_KEPT_ANSWERS", 3)
+    store = EdgeStore(tmp_path / "edge", 4)
+    scope, v = Scope("t", "u1", include_global=True), [1.0, 0.0, 0.0, 0.0]
+    rule = memory(1, type=MemoryType.PROCEDURAL)
+    store.write([rule], [v])
+    rules = store.list(scope, types=["procedural"])
+    assert rules == [rule] and store.list(scope, types=["procedural"]) == [rule]
+    assert len(store._lists) == 1  # kept
+    store.put_access(Scope("t", "u1"), [AccessStats("m1", 5.0, 2)])  # no memory record
+    assert len(store._lists) == 1
+    rules.clear()  # a caller's list is its own
+    assert store.list(scope, types=["procedural"]) == [rule]
+    newer = memory(2, type=MemoryType.PROCEDURAL)
+    store.write([newer], [v])  # a write: the next answer has it
+    assert sorted(m.memory_id for m in store.list(scope, types=["procedural"])) == ["m1", "m2"]
+    store.write([newer.evolve(status=Status.SUPERSEDED)], [v])
+    assert [m.memory_id for m in store.list(scope, types=["procedural"])] == ["m1"]
+    store.delete_records([rule.point_id])
+    assert store.list(scope, types=["procedural"]) == []
+    store.write([rule], [v])
+    assert store.list(scope, types=["procedural"]) == [rule]
+    store.erase(Scope("t", "u1"))
+    assert store.list(scope, types=["procedural"]) == []
+    for user in ("a", "b", "c", "d"):  # the least recently read answer goes first
+        store.list(Scope("t", user), types=["procedural"])
+    assert len(store._lists) == 3
+    store.close()
