@@ -16,6 +16,7 @@ import hashlib
 import math
 import re
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from memstream.core.errors import MemstreamError
@@ -84,6 +85,75 @@ class HashingEmbedder:
         return _unit(vec)
 
 
+class _Pending:
+    """One caller's texts, waiting for a shared call."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self.vectors: list[list[float]] | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+
+class SharedCalls:
+    """Concurrent ``embed`` calls from several threads (the extract stage decides several
+    jobs at once, the API's reads thread embeds beside them) share one call of ``embed``:
+    a caller that finds no call under way makes one for every text waiting, then again for
+    those that came meanwhile, until none waits; a caller that finds one under way waits
+    for the call that takes its texts. A pass of the bundled model over eight texts costs
+    about two of one. A failure reaches every caller of its call."""
+
+    def __init__(self, embed: Callable[[list[str]], list[list[float]]],
+                 max_texts: int = 64) -> None:
+        self._embed = embed
+        self._max_texts = max_texts
+        self._lock = threading.Lock()
+        self._waiting: list[_Pending] = []
+        self._running = False
+
+    def __call__(self, texts: list[str]) -> list[list[float]]:
+        mine = _Pending(texts)
+        with self._lock:
+            self._waiting.append(mine)
+            lead, self._running = not self._running, True
+        if lead:
+            self._lead()
+        mine.done.wait()
+        if mine.error is not None:
+            raise mine.error
+        assert mine.vectors is not None
+        return mine.vectors
+
+    def _lead(self) -> None:
+        while True:
+            with self._lock:
+                batch: list[_Pending] = []
+                n = 0
+                while self._waiting and (not batch or n + len(self._waiting[0].texts)
+                                         <= self._max_texts):
+                    batch.append(self._waiting.pop(0))
+                    n += len(batch[-1].texts)
+                if not batch:
+                    self._running = False
+                    return
+            self._serve(batch)
+
+    def _serve(self, batch: list[_Pending]) -> None:
+        texts = list(dict.fromkeys(t for p in batch for t in p.texts))
+        try:
+            vectors = self._embed(texts)
+            if len(vectors) != len(texts):
+                raise EmbeddingError(f"{len(vectors)} vectors for {len(texts)} texts")
+            by_text = dict(zip(texts, vectors, strict=True))
+            for p in batch:
+                p.vectors = [list(by_text[t]) for t in p.texts]
+        except BaseException as exc:  # every caller of the call gets it
+            for p in batch:
+                p.error = exc
+        for p in batch:
+            p.done.set()
+
+
 class UseEmbedder:
     """The bundled multilingual USE v3 (pure numpy); loaded lazily, thread-safe."""
 
@@ -98,6 +168,7 @@ class UseEmbedder:
         self._threads = threads
         self._model: Any = None
         self._lock = threading.Lock()
+        self._shared = SharedCalls(self._encode)
 
     def _load(self) -> Any:
         with self._lock:
@@ -122,6 +193,9 @@ class UseEmbedder:
     def embed(self, texts: list[str]) -> list[list[float]]:
         if not texts:
             return []
+        return self._shared(texts)
+
+    def _encode(self, texts: list[str]) -> list[list[float]]:
         return units(self._load().encode(texts))
 
 

@@ -137,3 +137,67 @@ def test_a_kept_list_answer_never_outlives_a_write_of_a_memory(tmp_path: Path,
         store.list(Scope("t", user), types=["procedural"])
     assert len(store._lists) == 3
     store.close()
+
+
+def test_concurrent_embed_calls_share_one_call_and_each_gets_its_own_vectors() -> None:
+    import threading
+
+    from memstream.memory.embedding import HashingEmbedder, SharedCalls
+
+    inner = HashingEmbedder(dim=8)
+    calls: list[list[str]] = []
+    entered, release = threading.Event(), threading.Event()
+
+    def embed(texts: list[str]) -> list[list[float]]:
+        calls.append(list(texts))
+        if len(calls) == 1:  # the first call holds on until the others have queued
+            entered.set()
+            release.wait(10)
+        return inner.embed(texts)
+
+    shared = SharedCalls(embed, max_texts=4)
+    got: dict[str, list[list[float]]] = {}
+
+    def call(name: str, texts: list[str]) -> None:
+        got[name] = shared(texts)
+
+    first = threading.Thread(target=call, args=("first", ["a"]))
+    first.start()
+    assert entered.wait(10)
+    others = [threading.Thread(target=call, args=(f"t{i}", texts)) for i, texts in
+              enumerate((["b", "c"], ["c", "d"], ["e", "f", "g"]))]
+    for t in others:
+        t.start()
+    while len(shared._waiting) < 3:  # all three queued behind the running call
+        threading.Event().wait(0.001)
+    release.set()
+    for t in (first, *others):
+        t.join(10)
+    assert calls == [["a"], ["b", "c", "d"], ["e", "f", "g"]]  # at most 4 texts a call,
+    # identical texts once, the rest together
+    for name, texts in (("first", ["a"]), ("t0", ["b", "c"]), ("t1", ["c", "d"]),
+                        ("t2", ["e", "f", "g"])):
+        assert got[name] == inner.embed(texts)
+    assert got["t0"][1] is not got["t1"][0]  # each caller its own lists
+    assert not shared._running and not shared._waiting
+
+
+def test_a_shared_call_that_fails_fails_each_of_its_callers_not_the_next() -> None:
+    from memstream.memory.embedding import HashingEmbedder, SharedCalls
+
+    broken = [True]
+
+    def embed(texts: list[str]) -> list[list[float]]:
+        if broken[0]:
+            raise RuntimeError("model gone")
+        return HashingEmbedder(dim=4).embed(texts)
+
+    shared = SharedCalls(embed)
+    with pytest.raises(RuntimeError, match="model gone"):
+        shared(["x"])
+    broken[0] = False
+    assert shared(["x"]) == HashingEmbedder(dim=4).embed(["x"])
+    from memstream.memory.embedding import EmbeddingError
+
+    with pytest.raises(EmbeddingError, match="0 vectors for 2 texts"):
+        SharedCalls(lambda texts: [])(["y", "z"])
