@@ -86,22 +86,26 @@ class HashingEmbedder:
 
 
 class _Pending:
-    """One caller's texts, waiting for a shared call."""
+    """One caller's texts, waiting for a shared call (or to be told to make the next)."""
 
     def __init__(self, texts: list[str]) -> None:
         self.texts = texts
         self.vectors: list[list[float]] | None = None
         self.error: BaseException | None = None
-        self.done = threading.Event()
+        self.served = False
+        self.lead = False  # this caller makes the calls until its own texts are served
+        self.woken = threading.Event()
 
 
 class SharedCalls:
     """Concurrent ``embed`` calls from several threads (the extract stage decides several
-    jobs at once, the API's reads thread embeds beside them) share one call of ``embed``:
-    a caller that finds no call under way makes one for every text waiting, then again for
-    those that came meanwhile, until none waits; a caller that finds one under way waits
-    for the call that takes its texts. A pass of the bundled model over eight texts costs
-    about two of one. A failure reaches every caller of its call."""
+    jobs at once, the API's reads thread embeds beside them) share one call of ``embed``.
+    A caller that finds no call under way leads: it makes one call for the texts waiting
+    (its own first in line, at most ``max_texts`` unless one caller's alone are more), then
+    again until its own are served, and then hands the lead to the first caller still
+    waiting, so nobody serves others for long. A caller that finds a lead waits until a
+    call has served it or it is told to lead. A pass of the bundled model over eight texts
+    costs about two of one. A failure reaches every caller of its call."""
 
     def __init__(self, embed: Callable[[list[str]], list[list[float]]],
                  max_texts: int = 64) -> None:
@@ -109,34 +113,46 @@ class SharedCalls:
         self._max_texts = max_texts
         self._lock = threading.Lock()
         self._waiting: list[_Pending] = []
-        self._running = False
+        self._running = False  # a caller leads
 
     def __call__(self, texts: list[str]) -> list[list[float]]:
         mine = _Pending(texts)
         with self._lock:
             self._waiting.append(mine)
-            lead, self._running = not self._running, True
-        if lead:
-            self._lead()
-        mine.done.wait()
+            if not self._running:
+                self._running = mine.lead = True
+        if not mine.lead:
+            mine.woken.wait()  # served, or told to lead
+        if mine.lead:
+            self._lead(mine)
         if mine.error is not None:
             raise mine.error
         assert mine.vectors is not None
         return mine.vectors
 
-    def _lead(self) -> None:
-        while True:
+    def _lead(self, mine: _Pending) -> None:
+        try:
+            while not mine.served:
+                with self._lock:
+                    batch = self._take()
+                self._serve(batch)
+        finally:
             with self._lock:
-                batch: list[_Pending] = []
-                n = 0
-                while self._waiting and (not batch or n + len(self._waiting[0].texts)
-                                         <= self._max_texts):
-                    batch.append(self._waiting.pop(0))
-                    n += len(batch[-1].texts)
-                if not batch:
+                if self._waiting:  # the next in line leads
+                    self._waiting[0].lead = True
+                    self._waiting[0].woken.set()
+                else:
                     self._running = False
-                    return
-            self._serve(batch)
+
+    def _take(self) -> list[_Pending]:
+        """The callers the next call serves, first come first (the lock held)."""
+        batch: list[_Pending] = []
+        n = 0
+        while self._waiting and (not batch or n + len(self._waiting[0].texts)
+                                 <= self._max_texts):
+            batch.append(self._waiting.pop(0))
+            n += len(batch[-1].texts)
+        return batch
 
     def _serve(self, batch: list[_Pending]) -> None:
         texts = list(dict.fromkeys(t for p in batch for t in p.texts))
@@ -151,7 +167,8 @@ class SharedCalls:
             for p in batch:
                 p.error = exc
         for p in batch:
-            p.done.set()
+            p.served = True
+            p.woken.set()
 
 
 class UseEmbedder:

@@ -115,7 +115,7 @@ class ReadBatcher:
             for r in batch:
                 r.future.cancel()
             raise
-        except Exception as exc:  # the runner itself failed
+        except BaseException as exc:  # the runner itself failed: no read may hang on it
             outcomes = [(False, exc)] * len(batch)
         finally:
             self.busy -= 1

@@ -302,6 +302,7 @@ class EdgeStore:
 
     def close(self) -> None:
         with self._lock:
+            self._lists.clear()  # a read after close fails as before, never a kept answer
             self._shard.flush()
             self._shard.close()
 

@@ -201,3 +201,37 @@ def test_a_shared_call_that_fails_fails_each_of_its_callers_not_the_next() -> No
 
     with pytest.raises(EmbeddingError, match="0 vectors for 2 texts"):
         SharedCalls(lambda texts: [])(["y", "z"])
+
+
+def test_a_caller_that_leads_returns_once_served_and_hands_the_lead_on() -> None:
+    import threading
+
+    from memstream.memory.embedding import HashingEmbedder, SharedCalls
+
+    inner = HashingEmbedder(dim=8)
+    gates: list[threading.Event] = []
+    started: list[threading.Event] = [threading.Event(), threading.Event()]
+
+    def embed(texts: list[str]) -> list[list[float]]:
+        gate = threading.Event()
+        gates.append(gate)
+        started[len(gates) - 1].set()
+        assert gate.wait(10)
+        return inner.embed(texts)
+
+    shared = SharedCalls(embed)
+    got: dict[str, list[list[float]]] = {}
+    first = threading.Thread(target=lambda: got.update(a=shared(["a"])))
+    first.start()
+    assert started[0].wait(10)
+    second = threading.Thread(target=lambda: got.update(b=shared(["b"])))
+    second.start()
+    while not shared._waiting:  # b queued behind a's call
+        threading.Event().wait(0.001)
+    gates[0].set()
+    first.join(10)
+    assert not first.is_alive() and got["a"] == inner.embed(["a"])  # a did not serve b
+    assert started[1].wait(10)  # b leads its own call
+    gates[1].set()
+    second.join(10)
+    assert got["b"] == inner.embed(["b"]) and not shared._running
