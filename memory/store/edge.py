@@ -39,6 +39,11 @@ from memstream.memory.store import (
 _DOC = "_doc"
 LIST_KEPT_RECORDS = 64  # list answers up to this long are kept (EdgeStore.list) ...
 LIST_KEPT_ANSWERS = 4096  # ... this many, the least recently read dropped first
+# The shard's search pool: one thread. A pool reads a shard's segments in parallel, and a
+# shard here is one segment (nothing optimizes it into more), so a second thread only adds
+# a hand-off: a filtered search of 100k memories took 337 us with one thread against 463
+# us with the default (one per CPU, 2 here), and 548 us with 2 (benchmarks: docs/benchmarks.md).
+SEARCH_THREADS = 1
 _TOP = tuple(k for k in INDEXED_KEYWORDS if "." not in k)
 _NESTED = tuple(tuple(k.split(".", 1)) for k in INDEXED_KEYWORDS if "." in k)
 
@@ -58,17 +63,22 @@ class EdgeStore:
         shard_dir = path / "shard"
         # The write-ahead log stays on, a rebuild's new store included: it cannot be turned
         # on later, and a store the worker serves must not lose an acknowledged write.
-        config = qe.EdgeConfig(vectors=qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine))
+        config = qe.EdgeConfig(vectors=qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine),
+                               max_search_threads=SEARCH_THREADS)
         try:
             if shard_dir.exists() and any(shard_dir.iterdir()):
-                self._shard = qe.EdgeShard.load(str(shard_dir))
+                self._shard = qe.EdgeShard.load(str(shard_dir), config)
             else:
                 self._shard = qe.EdgeShard.create(str(shard_dir), config)
                 for name in INDEXED_KEYWORDS:
                     self._shard.update(qe.UpdateOperation.create_field_index(
                         name, qe.PayloadSchemaType.Keyword))
         except Exception as exc:
-            raise StoreError(f"cannot open the Qdrant Edge shard at {shard_dir}: {exc}") from exc
+            hint = (f" (the embedder's vectors have {dim} dimensions: start with the embedder "
+                    "the store was built with, or rebuild it with this one)"
+                    if "incompatible" in str(exc).lower() else "")
+            raise StoreError(f"cannot open the Qdrant Edge shard at {shard_dir}: {exc}{hint}"
+                             ) from exc
 
     def _filter(self, scope: Scope, statuses: Sequence[str] | None,
                 extra: list[Any] | None = None, exclude_slots: Sequence[str] = ()) -> Any:

@@ -235,3 +235,29 @@ def test_a_caller_that_leads_returns_once_served_and_hands_the_lead_on() -> None
     gates[1].set()
     second.join(10)
     assert got["b"] == inner.embed(["b"]) and not shared._running
+
+
+def test_a_shard_opens_with_one_search_thread_and_refuses_another_vector_size(
+        tmp_path: Path) -> None:
+    import qdrant_edge as qe
+
+    from memstream.memory.store import StoreError
+    from memstream.memory.store.edge import SEARCH_THREADS
+
+    # a shard created before the setting (the binding's default pool), with a record in it
+    shard = qe.EdgeShard.create(str(tmp_path / "shard"), qe.EdgeConfig(
+        vectors=qe.EdgeVectorParams(size=4, distance=qe.Distance.Cosine)))
+    shard.update(qe.UpdateOperation.upsert_points(
+        [qe.Point(memory().point_id, [1.0, 0, 0, 0], pack(memory().to_payload()))]))
+    shard.flush()
+    shard.close()
+    store = EdgeStore(tmp_path, 4)
+    try:
+        [(found, _)] = store.search(Scope("t", "u1"), [1.0, 0, 0, 0], 5)
+        assert found == memory()
+    finally:
+        store.close()
+    config = json.loads((tmp_path / "shard" / "edge_config.json").read_text())
+    assert config["max_search_threads"] == SEARCH_THREADS == 1
+    with pytest.raises(StoreError, match="vectors have 8 dimensions"):  # not opened to fail later
+        EdgeStore(tmp_path, 8)
