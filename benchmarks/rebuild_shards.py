@@ -8,12 +8,17 @@ One synthetic change log (benchmarks/changegen.py, as ``rebuild.py``: 512-dim ve
 updates, deletes, re-published duplicates, forget-mes) is produced, keyed by user, to the
 memory-change topic of a fresh topic set with ``--partitions`` partitions. Then, per repeat
 and alternating, every shard is built from the topics by
-``memstream.ops.rebuild_shards.build_shards`` (what ``memstream rebuild`` runs: the
+``memstream.streams.shard_builders.build_shards`` (what ``memstream rebuild`` runs: the
 worker's own restore, each partition's shard into a fresh directory, closed) with each
 process count of ``--processes``. It reports changes/s by the wall clock from the call to
 the last shard closed (the builder processes' start included), medians of ``--repeats``,
 each count against the first, and checks that every count built the same shards
-(per-user checksums of every record). One JSON line last.
+(per-user checksums of every record). ``--worker``: then, per repeat and alternating, a
+worker with an empty data dir is started for each process count (``rebuild_processes``,
+every full restore in a builder process when more than one: ``restore_in_process_below``
+0), and the seconds from its start to every partition taken by its apply stage are
+reported, with its shards checked equal to the built ones after it stopped. One JSON line
+last.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from benchmarks.changegen import changes
 from memstream.core.settings import Settings
 from memstream.memory.store import checksum
 from memstream.memory.store.edge import EdgeStore
-from memstream.ops.rebuild_shards import build_shards
+from memstream.streams.shard_builders import build_shards
 
 DIM = 512
 SMOKE = {"users": 20, "per_user": 5, "repeats": 1}
@@ -82,6 +87,31 @@ def digests(root: Path, partitions: int) -> checksum.Digests:
     return found
 
 
+def worker_restore(settings: Settings, work: Path, processes: int) -> tuple[float, Path]:
+    """A worker started on an empty data dir: the seconds until its apply stage has taken
+    every partition (each shard restored from the topics), and where its shards are."""
+    from memstream.dev.process import WorkerProcess
+    from memstream.memory.store.partitioned import SHARDS_DIR
+
+    name = f"restore-{uuid.uuid4().hex[:8]}"
+    own = settings.model_copy(update={"app_id": name, "data_dir": work / name,
+                                      "rebuild_processes": processes,
+                                      "restore_in_process_below": 0, "web_enabled": False})
+    worker = WorkerProcess(own, work / f"{name}.log")
+    started = time.perf_counter()
+    worker.spawn()
+    wanted = {f"apply partition {p} taken" for p in range(settings.partitions)}
+    try:
+        while not all(w in worker.log_text() for w in wanted):
+            if not worker.alive() or time.perf_counter() - started > 600:
+                raise RuntimeError(f"worker ({processes} processes) did not take every "
+                                   f"partition: {worker.log_text()[-2000:]}")
+            time.sleep(0.05)
+        return time.perf_counter() - started, own.data_dir / SHARDS_DIR
+    finally:
+        worker.stop()
+
+
 def load() -> str:
     one, five, _ = os.getloadavg()
     return f"load {one:.1f}/{five:.1f} on {os.cpu_count()} CPUs"
@@ -95,6 +125,8 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--processes", default="1,2", help="process counts, compared in order")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--worker", action="store_true",
+                    help="also a worker's restore on an empty data dir per process count")
     args = smoke.parse(ap, SMOKE)
     counts = [int(n) for n in args.processes.split(",")]
     log = list(changes(args.users, args.per_user, DIM, duplicates=0.02, forget_every=50))
@@ -108,6 +140,8 @@ def main() -> None:
     seconds: dict[int, list[float]] = {k: [] for k in counts}
     built: dict[int, int] = {}
     found: dict[int, checksum.Digests] = {}
+    restored: dict[int, list[float]] = {k: [] for k in counts}
+    verdicts_worker: dict[int, checksum.Verification] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for _ in range(args.repeats):
@@ -118,6 +152,12 @@ def main() -> None:
                     seconds[k].append(time.perf_counter() - started)
                     built[k] = sum(d.changes for d in done)
                     found[k] = digests(into, args.partitions)
+            for _ in range(args.repeats if args.worker else 0):
+                for k in counts:
+                    taken, shards = worker_restore(settings, Path(tmp), k)
+                    restored[k].append(taken)
+                    verdicts_worker[k] = checksum.compare(found[counts[0]],
+                                                          digests(shards, args.partitions))
     finally:
         asyncio.run(drop(settings))
     first = counts[0]
@@ -132,6 +172,19 @@ def main() -> None:
         rows[str(k)] = {"seconds": [round(x, 3) for x in seconds[k]],
                         "changes_per_s": round(n / s), "ratio": round(ratio, 2),
                         "changes_built": built[k]}
+    if args.worker:
+        print(f"a worker's restore on an empty data dir, start -> every partition taken "
+              f"(medians of {args.repeats})")
+        for k in counts:
+            s = statistics.median(restored[k])
+            ratio = statistics.median(restored[first]) / s
+            print(f"{k:>9} {s:8.2f} {n / s:10,.0f} {ratio:6.2f}x  "
+                  f"{[round(x, 2) for x in restored[k]]}  shards vs built: "
+                  f"{verdicts_worker[k].summary()}")
+            rows[str(k)]["worker_seconds"] = [round(x, 3) for x in restored[k]]
+            rows[str(k)]["worker_changes_per_s"] = round(n / s)
+            rows[str(k)]["worker_ratio"] = round(ratio, 2)
+            rows[str(k)]["worker_equal"] = verdicts_worker[k].ok
     verdicts = {k: checksum.compare(found[first], found[k]) for k in counts[1:]}
     for k, verdict in verdicts.items():
         print(f"checksums {first} vs {k} processes: {verdict.summary()}")

@@ -20,6 +20,7 @@ from memstream.streams.cluster import Cluster, ClusterMap, Worker, must_leave, w
 from memstream.streams.cluster_trust import Trust
 from memstream.streams.owned_loop import halt
 from memstream.streams.pipeline import Pipeline
+from memstream.streams.shard_builders import worker_builders
 from memstream.streams.shards import ShardKeeper
 from memstream.streams.standby import GlobalCopy, Standbys
 from memstream.streams.store_layout import EXIT_SHARED, shared_refusal, single_layout
@@ -54,6 +55,7 @@ def register(p: Pipeline) -> None:
         return p.user_keys.opener()
 
     keeper = ShardKeeper(s, store, open_shard, topics, opener, clock=p.clock)
+    keeper.builders = worker_builders(s, dim)
     standbys = Standbys(s, store, open_shard, topics, opener, keeper.files, clock=p.clock)
     keeper.standbys = standbys
     standbys.busy = lambda: set(keeper.restoring)

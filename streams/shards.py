@@ -10,6 +10,9 @@ their changelog, as Kafka Streams and Faust tables keep their state.
   user's cursor: a job that changed nothing leaves no change event, yet fences its seq), then
   the hit statistics of the memory-access topic, all ``read_committed`` to the ends as they
   are after the fence.
+  A full restore of a long log runs in a builder process of its own
+  (:mod:`streams.shard_builders`, ``rebuild_processes``, ``restore_in_process_below``): the
+  shard it builds is then caught up here from the offsets it holds, like a checkpoint's.
 - **Release** (revoked): a partition the new map names this worker a standby of keeps its
   shard as the standby, followed from the offsets it holds (a join's moved partitions are
   then read from the old owner while the new one restores them); any other is closed and
@@ -30,116 +33,23 @@ import shutil
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from aiokafka.structs import TopicPartition
-from pydantic import BaseModel
-
-from memstream.core.errors import describe
-from memstream.core.topic_reader import Record, end_offsets, read_ranges
-from memstream.memory.applying import apply_change
+from memstream.core.topic_reader import end_offsets
 from memstream.memory.fencing import Cursor
-from memstream.memory.store import MemoryStore, Scope
+from memstream.memory.store import MemoryStore
 from memstream.memory.store.partitioned import SHARDS_DIR, PartitionedStore
-from memstream.memory.store.rebuild_fold import Fold, Opener, fold_access
-from memstream.topics.schemas import AccessEvent, JobResult, JobStatus, MemoryChange
+from memstream.streams.shard_builders import STAGING_SUFFIX, BuilderFailed, ShardBuilders
+from memstream.streams.shard_restore import Offsets, Restore, UserKey, restore
+
+__all__ = ["Offsets", "OpenShard", "Restore", "ShardFiles", "ShardKeeper", "UserKey", "restore"]
 
 log = logging.getLogger(__name__)
-_Parsed = TypeVar("_Parsed", bound=BaseModel)
 
 
-def _parsed(model: type[_Parsed], record: Record) -> _Parsed | None:
-    """``record``'s value as ``model``, or None (a tombstone, or a record that does not
-    validate: logged by where it is, never by what it holds)."""
-    if record.value is None:
-        return None
-    try:
-        return model.model_validate_json(record.value)
-    except ValueError as exc:
-        log.warning("%s[%d]@%d is no %s (%s); skipped in the restore", record.topic,
-                    record.partition, record.offset, model.__name__, describe(exc))
-        return None
 ENDS_S = 5.0  # reading the access topic's ends as a shard becomes a standby
 CLOSE_ENDS_S = 10.0  # ... at shutdown, for the checkpoints
 OpenShard = Callable[[Path], MemoryStore]
-Offsets = dict[str, int]  # topic -> the next offset to fold, of one partition
-
-
-UserKey = tuple[str, str]
-
-
-class Restore:
-    """One partition's shard brought up to the topics' ends (see the module doc).
-
-    Changes are folded as they come; job results and hit statistics are gathered and
-    folded by :meth:`finish`, after every change: a result's cursor must never run ahead
-    of its job's changes, whatever order the three topics are read in. ``cursors``: the
-    cursors gathered so far (a standby's, handed over with its shard).
-    """
-
-    def __init__(self, shard: MemoryStore, opener: Opener | None, *, empty: bool,
-                 cursors: dict[UserKey, Cursor] | None = None) -> None:
-        self.shard = shard
-        self.opener = opener
-        self.fold = Fold(shard, opener) if empty else None
-        self.erased: dict[UserKey, float] = {}
-        self.accesses: list[AccessEvent] = []
-        self.cursors: dict[UserKey, Cursor] = dict(cursors or {})
-        self.changes = 0
-
-    def on_changes(self, records: list[Record]) -> None:
-        for r in records:
-            if r.value is None:
-                continue
-            change = MemoryChange.model_validate_json(r.value)
-            self.changes += 1
-            if self.fold is not None:
-                self.fold.add(change)
-                continue
-            opened = self.opener(change) if self.opener is not None else change
-            if opened is not None and not opened.sealed:
-                apply_change(self.shard, opened)
-                if opened.op == "erase":
-                    self.erased[(opened.tenant_id, opened.user_id)] = \
-                        opened.decided_at.timestamp()
-
-    def on_results(self, records: list[Record]) -> None:
-        """A job the apply stage reported done holds the user's cursor at its seq. A record
-        that is no job result (anyone who may write the topic can write one; the ingest
-        stage sets it aside) holds nothing: skipped."""
-        for r in records:
-            result = _parsed(JobResult, r)
-            if result is None:
-                continue
-            if result.status != JobStatus.DONE or not result.seq:
-                continue
-            key = (result.tenant_id, result.user_id)
-            held = self.cursors.get(key)
-            if held is None or held.seq < result.seq:
-                self.cursors[key] = Cursor(result.seq, result.job_id)
-
-    def on_access(self, records: list[Record]) -> None:
-        """Hits, to fold; a record that is no access event is skipped (the access stage sets
-        it aside)."""
-        self.accesses.extend(e for e in (_parsed(AccessEvent, r) for r in records)
-                             if e is not None)
-
-    def finish(self, *, cursors: bool = True) -> None:
-        """What is gathered, folded: the changes held, then (``cursors``) the results'
-        cursors, then the hits. A standby keeps its cursors gathered (``cursors=False``)
-        until it is handed over: its changes may lag its results."""
-        if self.fold is not None:
-            self.fold.finish()
-            self.erased.update(self.fold.erased)
-            self.fold = None
-        if cursors:
-            for (tenant, user), cursor in self.cursors.items():
-                scope = Scope(tenant, user)
-                held = self.shard.cursor(scope)
-                if held is None or held.seq < cursor.seq:
-                    self.shard.set_cursor(scope, cursor)
-        fold_access(self.shard, self.accesses, None, self.erased)
-        self.accesses.clear()
 
 
 class ShardFiles:
@@ -180,31 +90,10 @@ class ShardFiles:
         self._checkpoint(partition).unlink(missing_ok=True)
 
     def wipe(self, partition: int | str) -> None:
+        """The shard, its checkpoint and a builder's unfinished copy of it gone."""
         self.drop_checkpoint(partition)
         shutil.rmtree(self.path(partition), ignore_errors=True)
-
-
-async def restore(settings: Any, topics: list[str], partition: int, shard: MemoryStore,
-                  opener: Opener | None, start: Offsets | None, *,
-                  cursors: dict[UserKey, Cursor] | None = None, fold_cursors: bool = True,
-                  ) -> tuple[Offsets, Restore]:
-    """Fold ``topics`` (changes, results, access) of ``partition`` from ``start`` (None: an
-    empty shard, from the beginning) to their ends now, with one reader; returns the ends
-    and the fold (its ``changes`` counted, its ``cursors`` gathered)."""
-    job = Restore(shard, opener, empty=start is None, cursors=cursors)
-    handlers = dict(zip(topics, (job.on_changes, job.on_results, job.on_access), strict=True))
-    tps = [TopicPartition(t, partition) for t in topics]
-    ends: dict[TopicPartition, int] = {}
-
-    async def handle(tp: TopicPartition, records: list[Record]) -> None:
-        await asyncio.to_thread(handlers[tp.topic], records)
-        ends[tp] = records[-1].offset + 1
-
-    await read_ranges(settings, tps, handle, start={
-        tp: start[tp.topic] for tp in tps if start and tp.topic in start})
-    await asyncio.to_thread(job.finish, cursors=fold_cursors)
-    done = {tp.topic: ends.get(tp, (start or {}).get(tp.topic, 0)) for tp in tps}
-    return done, job
+        shutil.rmtree(self.root / f"{partition}{STAGING_SUFFIX}", ignore_errors=True)
 
 
 class ShardKeeper:
@@ -225,6 +114,7 @@ class ShardKeeper:
         self.restores: list[tuple[int, int, float]] = []  # partition, changes, seconds
         self.standbys: Any = None  # streams.standby.Standbys, which hands over warm copies
         self.held: dict[int, Offsets] = {}  # owned partition -> the topics' offsets in it
+        self.builders: ShardBuilders | None = None  # full restores of long logs (scaling.py)
 
     async def take(self, partitions: set[int]) -> None:
         for partition in sorted(partitions - set(self.store.owned)):
@@ -233,17 +123,19 @@ class ShardKeeper:
             try:
                 warm = await self.standbys.hand_over(partition) if self.standbys else None
                 gathered: dict[UserKey, Cursor] = {}
+                built = 0  # changes a builder process folded
                 if warm is not None:
                     shard, start, gathered = warm
                 else:
                     start = self.files.checkpoint(partition, self.clock(), self.topics)
                     if start is None:
                         self.files.wipe(partition)
+                        start, built = await self._built(partition)
                     shard = await asyncio.to_thread(self.open_shard, self.files.path(partition))
                 self.files.drop_checkpoint(partition)  # open: no longer a clean copy
                 done, job = await restore(self.settings, self.topics, partition, shard,
                                           await self.opener(), start, cursors=gathered)
-                changes = job.changes
+                changes = job.changes + built
                 self.store.owned[partition] = shard
                 self.held[partition] = done
             finally:
@@ -251,8 +143,34 @@ class ShardKeeper:
             seconds = time.perf_counter() - started
             self.restores.append((partition, changes, seconds))
             log.info("shard %d: %s, %d change(s) folded in %.2fs", partition,
-                     "promoted" if warm else ("caught up" if start else "restored"), changes,
-                     seconds)
+                     "promoted" if warm else ("built and caught up" if built else
+                                              "caught up" if start else "restored"),
+                     changes, seconds)
+
+    async def _built(self, partition: int) -> tuple[Offsets | None, int]:
+        """A full restore of a long log done by a builder process (see
+        :mod:`streams.shard_builders`): the offsets the shard it built holds, which the take
+        then catches up from, and the changes it folded; (None, 0): restored here (a short
+        log, no builders, or a builder that failed: logged, its copy wiped, and the
+        partition restored in this process instead)."""
+        if self.builders is None:
+            return None, 0
+        try:
+            ends = await end_offsets(self.settings, self.topics[:1])
+        except Exception as exc:  # the restore here reads the topics and says what failed
+            log.warning("shard %d: the change log's end not read (%s): restored here",
+                        partition, type(exc).__name__)
+            return None, 0
+        if ends.get(self.topics[0], {}).get(partition, 0) < self.settings.restore_in_process_below:
+            return None, 0
+        try:
+            done = await self.builders.build(partition, self.files.root)
+        except BuilderFailed as exc:
+            log.warning("shard %d: %s; restored in this process instead", partition, exc)
+            self.files.wipe(partition)
+            return None, 0
+        log.info("shard %d: %d change(s) folded in a builder process", partition, done.changes)
+        return done.offsets, done.changes
 
     def order(self, partitions: set[int]) -> list[int]:
         """The quickest takes first: a warm standby (its tail), then a clean checkpoint

@@ -104,9 +104,18 @@ class Settings(BaseSettings):
         "transaction lives up to 60 s)")
     rebuild_processes: int = Field(
         0, ge=0, le=64, description="Processes that build the shards of the partitioned "
-        "layout side by side in memstream rebuild, each a share of the partitions (the Qdrant "
-        "Edge binding holds the GIL while it writes: threads do not help); 0: one per CPU "
-        "the command may run on, at most 8; never more than the partitions")
+        "layout side by side, in memstream rebuild (each a share of the partitions) and in a "
+        "worker restoring partitions in full (one partition each; see "
+        "restore_in_process_below). The Qdrant Edge binding holds the GIL while it writes: "
+        "threads do not help. 0: one per CPU the process may run on, at most 8; never more "
+        "than the partitions; 1: every shard built in the command's or worker's own process")
+    restore_in_process_below: int = Field(
+        20_000, ge=0, description="A worker restores a partition's shard in full in its own "
+        "process when the end offset of the partition's memory-change log is below this "
+        "(records and transaction markers), and in a builder process (rebuild_processes) "
+        "otherwise: a builder takes a second or two to start, and meanwhile the worker's own "
+        "process goes on serving. A partition the worker's standby warmed for the hand-over "
+        "is restored in the worker, as a standby is")
     metrics_key: SecretStr | None = Field(
         None, description="Key that opens /metrics and /v1/metrics/summary only (Prometheus "
         "scrapes with it; the admin key opens them too)")

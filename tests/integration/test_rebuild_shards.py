@@ -2,23 +2,31 @@
 while a worker holds its shards; with the worker stopped, every partition's shard rebuilt
 from the topics verifies equal to the live one and the rebuilt copies are deleted; a shard
 that differs is reported and never swapped in; ``--swap`` puts the rebuilt shards in place
-with checkpoints, and the restarted worker serves them and goes on writing."""
+with checkpoints, and the restarted worker serves them and goes on writing. A worker whose
+shards are gone (a new disk) restores each in a builder process of its own and serves the
+same memories."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
 from memstream.client import AsyncMemoryClient
 from memstream.dev.process import settings_env
-from memstream.memory.store import Scope
+from memstream.memory.store import Scope, checksum
 from memstream.memory.store.edge import EdgeStore
 from memstream.memory.store.partitioned import SHARDS_DIR, partition_of
+from memstream.streams.shard_builders import ShardBuilders
 from tests.integration.conftest import free_port, run_conversations, running, until
 
 pytestmark = pytest.mark.integration
@@ -100,3 +108,44 @@ async def test_shards_are_rebuilt_verified_and_adopted(live, tenant):
     assert await until(served, "the adopted shards to serve", timeout=90) == before
     await run_conversations(h, LATER, tenant)  # the worker goes on writing into them
     assert (await memories(tenant, LATER))["dave"] == ["Has 2 children", "Lives in Oslo"]
+
+    # the shards gone (a new disk): each restored in full by a builder process, then caught
+    # up and served by the worker
+    everything = await memories(tenant, {**FIRST, **LATER})
+    worker.stop()
+    shutil.rmtree(root)
+    worker.settings = worker.settings.model_copy(update={"restore_in_process_below": 0,
+                                                         "rebuild_processes": 2})
+    worker.start()
+
+    async def restored():
+        found = await memories(tenant, {**FIRST, **LATER})
+        return found if found == everything else None
+
+    assert await until(restored, "the restored shards to serve", timeout=90) == everything
+    # each partition restored once: by a builder process when the take restores it, or,
+    # when the standby warming it for the hand-over got to it first, in the worker
+    text = worker.log_text()
+    built = re.findall(r"\] shard (\d+): \d+ change\(s\) folded in a builder process", text)
+    warmed = re.findall(r"\] standby shard (\d+): restored", text)
+    assert sorted(map(int, built + warmed)) == list(range(h.settings.partitions)), (built,
+                                                                                     warmed)
+
+    # the worker's builders themselves, side by side (both partitions at once): each shard
+    # built whole in its staging directory, moved into place, equal to the worker's own
+    worker.stop()
+    into = Path(tempfile.mkdtemp())
+    builders = ShardBuilders(h.settings, 512, 2)
+    done = await asyncio.gather(*(builders.build(n, into) for n in range(h.settings.partitions)))
+    assert [d.path for d in done] == [into / str(n) for n in range(h.settings.partitions)]
+    assert sorted(p.name for p in into.iterdir()) == [str(n) for n in range(h.settings.partitions)]
+    for d in done:
+        ours, theirs = EdgeStore(d.path, 512), EdgeStore(root / str(d.partition), 512)
+        try:
+            verdict = checksum.compare(checksum.digests(theirs.scan(vectors=True)),
+                                       checksum.digests(ours.scan(vectors=True)))
+        finally:
+            ours.close()
+            theirs.close()
+        assert verdict.ok, verdict.summary()
+    shutil.rmtree(into)

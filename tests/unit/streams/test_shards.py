@@ -16,6 +16,7 @@ from benchmarks.changegen import changes
 from memstream.memory.fencing import Cursor
 from memstream.memory.store import Scope, checksum
 from memstream.memory.store.rebuild_fold import rebuild
+from memstream.streams import shard_restore
 from memstream.streams import shards as shards_module
 from memstream.streams.shards import Restore, ShardFiles, restore
 from memstream.topics.schemas import AccessEvent, JobResult, JobStatus, MemoryChange
@@ -278,7 +279,7 @@ async def test_restore_reads_changes_then_results_then_hits_and_returns_the_ends
             read += len(todo)
         return read
 
-    monkeypatch.setattr(shards_module, "read_ranges", fake_read_ranges)
+    monkeypatch.setattr(shard_restore, "read_ranges", fake_read_ranges)
     shard = make_store("server", tmp_path, DIM)
     ends, folded = await restore(None, topics, 3, shard, None, None)
     assert calls == [("changes", 3, None), ("results", 3, None), ("access", 3, None)]
@@ -314,7 +315,7 @@ async def test_a_result_read_before_its_changes_never_makes_them_skipped(
         await handle(by_topic["changes"], records(entries)[half:])
         return len(results) + len(tail)
 
-    monkeypatch.setattr(shards_module, "read_ranges", results_first)
+    monkeypatch.setattr(shard_restore, "read_ranges", results_first)
     shard = make_store("server", tmp_path, DIM)
     rebuild(shard, entries[:half])
     await restore(None, topics, 0, shard, None, {"changes": half, "results": 0, "access": 0})
@@ -336,7 +337,7 @@ async def test_a_standby_keeps_its_cursors_gathered_until_handed_over(entries, t
         await handle(by_topic["results"], records([job_result(user, top + 5)]))
         return len(entries) + 1
 
-    monkeypatch.setattr(shards_module, "read_ranges", read)
+    monkeypatch.setattr(shard_restore, "read_ranges", read)
     shard = make_store("server", tmp_path, DIM)
     _, job = await restore(None, topics, 0, shard, None, None, fold_cursors=False)
     assert shard.cursor(Scope(TENANT, user)) == Cursor(top, shard.cursor(
@@ -546,3 +547,86 @@ async def test_a_hand_over_of_a_partition_without_a_copy_does_not_wait_for_other
         assert not waiting.done()  # waits for that restore to end
         standbys.opening = None
     assert await waiting is None
+
+
+@pytest.mark.parametrize("log_length, builder", [(50, "ok"), (10, "ok"), (50, "fails")])
+async def test_a_long_full_restore_is_built_by_a_builder_then_caught_up_here(
+        tmp_path, monkeypatch, log_length, builder):
+    """No warm copy, no checkpoint: a change log of at least ``restore_in_process_below``
+    records goes to a builder process, and the take catches the shard it built up from the
+    offsets it holds; a shorter log, or a builder that fails (its leftovers wiped), is
+    restored here from the beginning."""
+    from types import SimpleNamespace
+
+    from memstream.memory.store.partitioned import PartitionedStore
+    from memstream.streams.shard_builders import BuilderFailed, Rebuilt
+    from memstream.streams.shards import ShardKeeper
+
+    store = PartitionedStore(lambda tenant, user: 0)
+    settings = SimpleNamespace(data_dir=tmp_path, erasure_bound_s=100.0,
+                               restore_in_process_below=20)
+    topics = ["changes", "results", "access"]
+    opened: list = []
+
+    def open_shard(path):
+        opened.append(path)
+        # a failed builder's leftovers are wiped before the restore here
+        assert (path / "left").exists() == (builder == "ok" and log_length >= 20)
+        return make_store("edge", path, DIM)
+
+    async def no_opener():
+        return None
+
+    keeper = ShardKeeper(settings, store, open_shard, topics, no_opener)  # type: ignore[arg-type]
+    built: list[int] = []
+
+    class Builders:
+        async def build(self, partition, root):
+            built.append(partition)
+            assert root == keeper.files.root
+            make_store("edge", root / str(partition), DIM).close()  # what a builder leaves
+            (root / str(partition) / "left").write_text("")
+            if builder == "fails":
+                raise BuilderFailed("the builder of partition 4 died")
+            return Rebuilt(partition, root / str(partition),
+                           {"changes": 50, "results": 6, "access": 3}, 48, None)
+
+    keeper.builders = Builders()  # type: ignore[assignment]
+
+    async def ends(settings_, wanted):
+        assert wanted == ["changes"]
+        return {"changes": {4: log_length}}
+
+    restores: list = []
+
+    async def fake_restore(settings_, topics_, partition, shard, opener, start, **kw):
+        restores.append(start)
+        return {"changes": 52, "results": 6, "access": 3}, SimpleNamespace(changes=2)
+
+    monkeypatch.setattr(shards_module, "end_offsets", ends)
+    monkeypatch.setattr(shards_module, "restore", fake_restore)
+    (tmp_path / "store").mkdir()
+    keeper.files.write_checkpoint(4, {"changes": 1}, now=-1000.0)  # past the bound: none
+    await keeper.take({4})
+    assert opened == [keeper.files.path(4)] and 4 in store.owned
+    if log_length >= 20 and builder == "ok":
+        assert built == [4] and restores == [{"changes": 50, "results": 6, "access": 3}]
+        assert keeper.restores[-1][:2] == (4, 50)  # the builder's 48 and the tail's 2
+    else:
+        assert built == ([4] if log_length >= 20 else []) and restores == [None]
+        assert keeper.restores[-1][:2] == (4, 2)
+    assert keeper.held[4] == {"changes": 52, "results": 6, "access": 3}
+    assert keeper.files.checkpoint(4, 0.0, topics) is None  # open: no clean copy
+    store.owned.pop(4).close()
+
+
+def test_a_wipe_takes_a_builders_unfinished_copy_too(tmp_path):
+    """A worker killed while a builder built partition 3 leaves ``3.build``: the next take's
+    wipe removes it with the shard (no copy of users' memories out of forget-me's reach)."""
+    from memstream.streams.shard_builders import STAGING_SUFFIX
+
+    files = ShardFiles(tmp_path, erasure_bound_s=100.0)
+    for name in ("3", f"3{STAGING_SUFFIX}", "4", f"4{STAGING_SUFFIX}"):
+        (tmp_path / name / "shard").mkdir(parents=True)
+    files.wipe(3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["4", f"4{STAGING_SUFFIX}"]
