@@ -125,11 +125,15 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def builders_for(partitions: int, processes: int) -> int:
+    """How many builders ``processes`` means (0: one per CPU this process may use, at most
+    ``AUTO_CAP``): at least one, never more than the partitions."""
+    return max(1, min(processes or min(cores(), AUTO_CAP), partitions))
+
+
 def shares(partitions: int, processes: int) -> list[list[int]]:
-    """The partitions dealt round-robin to at most ``processes`` builders (0: one per CPU
-    this process may use, at most ``AUTO_CAP``), none empty."""
-    n = processes or min(cores(), AUTO_CAP)
-    n = max(1, min(n, partitions))
+    """The partitions dealt round-robin to :func:`builders_for` builders, none empty."""
+    n = builders_for(partitions, processes)
     return [list(range(partitions))[i::n] for i in range(n)]
 
 
@@ -237,6 +241,5 @@ def worker_builders(settings: Settings, dim: int) -> ShardBuilders | None:
     """The builders a worker restores with: ``rebuild_processes`` of them (0: one per CPU
     it may use, at most ``AUTO_CAP``); None when that is one (restores in the worker's own
     process) or the worker has a single partition."""
-    n = settings.rebuild_processes or min(cores(), AUTO_CAP)
-    n = min(n, settings.partitions)
+    n = builders_for(settings.partitions, settings.rebuild_processes)
     return ShardBuilders(settings, dim, n) if n > 1 else None

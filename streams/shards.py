@@ -39,7 +39,12 @@ from memstream.core.topic_reader import end_offsets
 from memstream.memory.fencing import Cursor
 from memstream.memory.store import MemoryStore
 from memstream.memory.store.partitioned import SHARDS_DIR, PartitionedStore
-from memstream.streams.shard_builders import STAGING_SUFFIX, BuilderFailed, ShardBuilders
+from memstream.streams.shard_builders import (
+    STAGING_SUFFIX,
+    BuilderFailed,
+    Rebuilt,
+    ShardBuilders,
+)
 from memstream.streams.shard_restore import Offsets, Restore, UserKey, restore
 
 __all__ = ["Offsets", "OpenShard", "Restore", "ShardFiles", "ShardKeeper", "UserKey", "restore"]
@@ -123,19 +128,20 @@ class ShardKeeper:
             try:
                 warm = await self.standbys.hand_over(partition) if self.standbys else None
                 gathered: dict[UserKey, Cursor] = {}
-                built = 0  # changes a builder process folded
+                built: Rebuilt | None = None  # by a builder process
                 if warm is not None:
                     shard, start, gathered = warm
                 else:
                     start = self.files.checkpoint(partition, self.clock(), self.topics)
                     if start is None:
                         self.files.wipe(partition)
-                        start, built = await self._built(partition)
+                        built = await self._built(partition)
+                        start = built.offsets if built is not None else None
                     shard = await asyncio.to_thread(self.open_shard, self.files.path(partition))
                 self.files.drop_checkpoint(partition)  # open: no longer a clean copy
                 done, job = await restore(self.settings, self.topics, partition, shard,
                                           await self.opener(), start, cursors=gathered)
-                changes = job.changes + built
+                changes = job.changes + (built.changes if built is not None else 0)
                 self.store.owned[partition] = shard
                 self.held[partition] = done
             finally:
@@ -143,34 +149,34 @@ class ShardKeeper:
             seconds = time.perf_counter() - started
             self.restores.append((partition, changes, seconds))
             log.info("shard %d: %s, %d change(s) folded in %.2fs", partition,
-                     "promoted" if warm else ("built and caught up" if built else
-                                              "caught up" if start else "restored"),
+                     "promoted" if warm else ("built and caught up" if built is not None
+                                              else "caught up" if start else "restored"),
                      changes, seconds)
 
-    async def _built(self, partition: int) -> tuple[Offsets | None, int]:
+    async def _built(self, partition: int) -> Rebuilt | None:
         """A full restore of a long log done by a builder process (see
-        :mod:`streams.shard_builders`): the offsets the shard it built holds, which the take
-        then catches up from, and the changes it folded; (None, 0): restored here (a short
-        log, no builders, or a builder that failed: logged, its copy wiped, and the
-        partition restored in this process instead)."""
+        :mod:`streams.shard_builders`): the shard it built, whose offsets the take then
+        catches up from; None: restored here (a short log, no builders, or a builder that
+        failed: logged, its copy wiped, and the partition restored in this process
+        instead)."""
         if self.builders is None:
-            return None, 0
+            return None
         try:
             ends = await end_offsets(self.settings, self.topics[:1])
         except Exception as exc:  # the restore here reads the topics and says what failed
             log.warning("shard %d: the change log's end not read (%s): restored here",
                         partition, type(exc).__name__)
-            return None, 0
+            return None
         if ends.get(self.topics[0], {}).get(partition, 0) < self.settings.restore_in_process_below:
-            return None, 0
+            return None
         try:
             done = await self.builders.build(partition, self.files.root)
         except BuilderFailed as exc:
             log.warning("shard %d: %s; restored in this process instead", partition, exc)
             self.files.wipe(partition)
-            return None, 0
+            return None
         log.info("shard %d: %d change(s) folded in a builder process", partition, done.changes)
-        return done.offsets, done.changes
+        return done
 
     def order(self, partitions: set[int]) -> list[int]:
         """The quickest takes first: a warm standby (its tail), then a clean checkpoint
