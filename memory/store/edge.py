@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections import OrderedDict
@@ -48,6 +49,18 @@ _TOP = tuple(k for k in INDEXED_KEYWORDS if "." not in k)
 _NESTED = tuple(tuple(k.split(".", 1)) for k in INDEXED_KEYWORDS if "." in k)
 
 
+@functools.lru_cache(maxsize=8192)
+def matching(key: str, values: tuple[str, ...]) -> Any:
+    """The condition "``key`` is one of ``values``", made once: the binding takes ~7 us to
+    build a ``MatchAny`` condition (it tries the match types in turn) against 0.3 us for
+    one ``MatchValue``, and every search, list and count builds three or four (a user's,
+    the statuses, the slots kept out). One value is a ``MatchValue``, the same match."""
+    import qdrant_edge as qe
+
+    match = qe.MatchValue(values[0]) if len(values) == 1 else qe.MatchAny(list(values))
+    return qe.FieldCondition(key=key, match=match)
+
+
 class EdgeStore:
     """Persistent on disk at ``path``; one process owns a path."""
 
@@ -82,29 +95,23 @@ class EdgeStore:
 
     def _filter(self, scope: Scope, statuses: Sequence[str] | None,
                 extra: list[Any] | None = None, exclude_slots: Sequence[str] = ()) -> Any:
-        qe = self._qe
-        must = [
-            qe.FieldCondition(key="tenant_id", match=qe.MatchValue(scope.tenant_id)),
-            qe.FieldCondition(key="user_id", match=qe.MatchAny(scope.users())),
-            *(extra or []),
-        ]
+        must = [matching("tenant_id", (scope.tenant_id,)),
+                matching("user_id", tuple(scope.users())), *(extra or [])]
         must_not = []
         if statuses is not None:
-            must.append(qe.FieldCondition(key="status", match=qe.MatchAny(list(statuses))))
+            must.append(matching("status", tuple(statuses)))
         else:
-            must_not.append(qe.FieldCondition(key="status",
-                                              match=qe.MatchAny(list(HIDDEN_STATUSES))))
+            must_not.append(matching("status", HIDDEN_STATUSES))
         if exclude_slots:
-            must_not.append(qe.FieldCondition(key="slot", match=qe.MatchAny(list(exclude_slots))))
-        return qe.Filter(must=must, must_not=must_not or None)
+            must_not.append(matching("slot", tuple(exclude_slots)))
+        return self._qe.Filter(must=must, must_not=must_not or None)
 
     def _kinds(self, types: Sequence[str] | None, slots: Sequence[str] | None) -> list[Any]:
-        qe = self._qe
         conds = []
         if types is not None:
-            conds.append(qe.FieldCondition(key="type", match=qe.MatchAny(list(types))))
+            conds.append(matching("type", tuple(types)))
         if slots is not None:
-            conds.append(qe.FieldCondition(key="slot", match=qe.MatchAny(list(slots))))
+            conds.append(matching("slot", tuple(slots)))
         return conds
 
     def write(self, memories: Sequence[Memory], vectors: Sequence[list[float] | None]) -> None:

