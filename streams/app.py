@@ -42,6 +42,7 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
             return time.time() + offset
 
     app = faust_setup.App(settings.app_id, **faust_setup.faust_kwargs(settings))
+    app.broker_wait_s = settings.broker_wait_s
     reg = registry(settings)
     pipeline = Pipeline(
         settings=settings,

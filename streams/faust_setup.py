@@ -12,22 +12,33 @@ app starts and stops (:mod:`memstream.streams.lifecycle`). Two things stock faus
 - **Logs.** With the broker unreachable, aiokafka's reconnect loops log ~70 lines a second.
   :class:`ThrottleFilter` lets the first of each repeated client message through and then one
   per interval, with the count of those it held back.
+- **A broker away at start.** Faust's own producer and consumer bootstrap once as the app
+  starts, and one failure ends the worker; the broker can go away between the worker's
+  topic check (which waits ``broker_wait_s``) and that moment (a rolling restart). Their
+  starts wait for it too (:class:`PatientTransport`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
+from faust.transport.drivers import aiokafka as driver
 from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
+from memstream.core.errors import describe
 from memstream.core.kafka import faust_credentials
+from memstream.core.retry import RetryPolicy, retry_async
 from memstream.core.settings import Settings
+
+log = logging.getLogger(__name__)
 
 #: Loggers whose repeated messages are throttled: the Kafka client and Faust's driver for it.
 THROTTLED_LOGGERS = ("aiokafka", "faust.transport")
@@ -46,11 +57,85 @@ class OwnViewsWeb(AiohttpWeb):
 
 
 class App(faust.App):
-    """``faust.App`` that serves only memstream's own views (its Kafka clients: see
+    """``faust.App`` that serves only memstream's own views and whose own Kafka clients wait
+    ``broker_wait_s`` for a broker that is away as they start (the pipeline's clients: see
     :mod:`streams.lifecycle`)."""
+
+    broker_wait_s = 60.0  # Settings.broker_wait_s, set by streams.app
 
     def _new_web(self) -> OwnViewsWeb:
         return OwnViewsWeb(self)
+
+    def _new_transport(self) -> PatientTransport:
+        return PatientTransport(self.conf.broker_consumer, self)
+
+    def _new_producer_transport(self) -> PatientTransport:
+        return PatientTransport(self.conf.broker_producer, self)
+
+
+# --- Kafka clients ------------------------------------------------------------------------
+
+
+async def patiently(start: Callable[[], Awaitable[None]], what: str, wait_s: float,
+                    undo: Callable[[], Awaitable[None]], *,
+                    clock: Callable[[], float] = time.monotonic,
+                    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
+    """``start()`` again after a transient failure (the broker away: a connection refused, a
+    timeout) for at most ``wait_s``; ``undo()`` drops what a failed attempt left. A
+    permanent error, or no time left, is raised as it is (the worker stops, as before)."""
+
+    async def attempt() -> None:
+        try:
+            await start()
+        except Exception:
+            with contextlib.suppress(Exception):
+                await undo()
+            raise
+
+    def logged(n: int, exc: BaseException, delay: float) -> None:
+        log.warning("%s: the broker is not reachable (%s); trying again in %.1fs (attempt %d)",
+                    what, describe(exc)[:200], delay, n)
+
+    await retry_async(attempt, policy=RetryPolicy(first_delay_s=0.5, max_delay_s=5.0),
+                      deadline=clock() + wait_s, clock=clock, sleep=sleep, on_retry=logged)
+
+
+def _wait_s(transport: Any) -> float:
+    return float(getattr(transport.app, "broker_wait_s", App.broker_wait_s))
+
+
+class PatientProducer(driver.Producer):
+    async def on_start(self) -> None:
+        await patiently(super().on_start, "Faust's producer", _wait_s(self.transport),
+                        self._drop)
+
+    async def _drop(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.client.close()
+
+
+class PatientConsumerThread(driver.AIOKafkaConsumerThread):
+    async def on_start(self) -> None:
+        await patiently(super().on_start, "Faust's consumer", _wait_s(self.transport),
+                        self._drop)
+
+    async def _drop(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+
+class PatientConsumer(driver.Consumer):
+    def _new_consumer_thread(self) -> PatientConsumerThread:
+        return PatientConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class PatientTransport(driver.Transport):
+    """Faust's aiokafka transport with :class:`PatientProducer` and :class:`PatientConsumer`."""
+
+    Producer = PatientProducer
+    Consumer = PatientConsumer
 
 
 # --- logs --------------------------------------------------------------------------------

@@ -6,8 +6,11 @@ caller at run time).
 Faust reads no topic of the pipeline and holds no table (the stages run in their own loops,
 streams/owned_loop.py); what is left:
 
-- ``streams/faust_setup.py`` overrides ``Web._enabled_blueprints``, ``App._new_web`` and
-  ``Worker.on_setup_root_logger``;
+- ``streams/faust_setup.py`` overrides ``Web._enabled_blueprints``, ``App._new_web``,
+  ``Worker.on_setup_root_logger``, and, for clients that wait for a broker away at start,
+  ``App._new_transport`` / ``_new_producer_transport``, the aiokafka driver's
+  ``Transport.Producer`` / ``Consumer``, ``Producer.on_start``,
+  ``Consumer._new_consumer_thread`` and ``AIOKafkaConsumerThread.on_start``;
 - ``streams/lifecycle.py`` adds the worker's parts with ``Service.add_dependency`` (mode's
   public API: started in order with the app, stopped in reverse);
 - ``memstream/cli.py`` builds ``Worker(app, **options)``.
@@ -28,12 +31,15 @@ from typing import Any
 
 import faust
 import faust.app.base
+import faust.transport.base
+import faust.transport.consumer
 import faust.web.base
 import mode.services
 import mode.worker
 import pytest
 from faust.app.base import BootStrategy
 from faust.transport.consumer import Consumer
+from faust.transport.drivers import aiokafka as driver
 from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
 from memstream.core.settings import Settings
@@ -76,6 +82,11 @@ OVERRIDDEN = [
     (faust_setup.OwnViewsWeb, AiohttpWeb, "_enabled_blueprints", ["self"]),
     (faust_setup.App, faust.App, "_new_web", ["self"]),
     (faust_setup.Worker, faust.Worker, "on_setup_root_logger", ["self", "logger", "level"]),
+    (faust_setup.App, faust.App, "_new_transport", ["self"]),
+    (faust_setup.App, faust.App, "_new_producer_transport", ["self"]),
+    (faust_setup.PatientProducer, driver.Producer, "on_start", ["self"]),
+    (faust_setup.PatientConsumer, driver.Consumer, "_new_consumer_thread", ["self"]),
+    (faust_setup.PatientConsumerThread, driver.AIOKafkaConsumerThread, "on_start", ["self"]),
 ]
 
 
@@ -94,6 +105,11 @@ def test_each_override_replaces_a_faust_method_of_the_same_signature(ours, their
     (faust.web.base, "_enabled_blueprints"),
     (faust.app.base, "_new_web"),
     (mode.worker, "on_setup_root_logger"),
+    (faust.app.base, "_new_transport"),
+    (faust.app.base, "_new_producer_transport"),
+    (faust.transport.consumer, "_new_consumer_thread"),
+    (faust.transport.base, "Producer"),
+    (faust.transport.base, "Consumer"),
 ])
 def test_faust_still_calls_the_overridden_methods(module, hook):
     source = Path(module.__file__).read_text()
@@ -114,6 +130,16 @@ CALLED = [
 @pytest.mark.parametrize(("fn", "params"), CALLED, ids=[f.__qualname__ for f, _ in CALLED])
 def test_the_faust_functions_we_call_keep_their_parameters(fn, params):
     assert names(fn) == params
+
+
+def test_the_patient_transport_is_the_drivers_with_patient_clients():
+    assert issubclass(faust_setup.PatientTransport, driver.Transport)
+    assert faust.transport.by_url("kafka://x") is driver.Transport  # what it stands in for
+    app = faust_setup.App("contract", broker="kafka://127.0.0.1:1")
+    for transport in (app.transport, app._new_producer_transport()):
+        assert type(transport) is faust_setup.PatientTransport
+        assert transport.Producer is faust_setup.PatientProducer
+        assert transport.Consumer is faust_setup.PatientConsumer
 
 
 def test_worker_takes_the_app_first_and_keyword_options():

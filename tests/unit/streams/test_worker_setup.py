@@ -171,3 +171,65 @@ def test_every_loops_assignor_signs_with_the_cluster_secret_of_the_settings(tmp_
         else:
             assert verify(key_for(secret, MEMBER), raw["sig"], raw["worker"], raw["url"],
                           "1" if raw["single"] else "0", f"{raw['since']:.6f}")
+
+
+# --- Faust's clients wait for a broker that is away at start ------------------------------
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+async def test_a_client_start_waits_for_the_broker_and_drops_each_failed_attempt(caplog):
+    from aiokafka.errors import KafkaConnectionError
+
+    from memstream.streams.faust_setup import patiently
+
+    clock, calls = FakeClock(), []
+
+    async def start() -> None:
+        calls.append("start")
+        if calls.count("start") < 3:
+            raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]")
+
+    async def undo() -> None:
+        calls.append("undo")
+
+    with caplog.at_level(logging.WARNING, logger="memstream.streams.faust_setup"):
+        await patiently(start, "Faust's producer", 60.0, undo, clock=clock, sleep=clock.sleep)
+    assert calls == ["start", "undo", "start", "undo", "start"]
+    assert 0 < clock.now < 5  # backed off, not the whole wait
+    assert "Faust's producer: the broker is not reachable" in caplog.text
+
+
+async def test_a_client_start_gives_up_after_the_wait_and_at_once_on_a_permanent_error():
+    from aiokafka.errors import KafkaConnectionError
+
+    from memstream.core.retry import RetriesExhausted
+    from memstream.streams.faust_setup import patiently
+
+    clock, undone = FakeClock(), []
+
+    async def away() -> None:
+        raise KafkaConnectionError("Unable to bootstrap")
+
+    async def undo() -> None:
+        undone.append(1)
+
+    with pytest.raises(RetriesExhausted):
+        await patiently(away, "Faust's consumer", 10.0, undo, clock=clock, sleep=clock.sleep)
+    assert clock.now <= 10.0 and len(undone) >= 3
+
+    async def refused() -> None:  # e.g. a bad credential: waiting does not mend it
+        raise ValueError("not a broker problem")
+
+    clock.now, undone[:] = 0.0, []
+    with pytest.raises(ValueError):
+        await patiently(refused, "Faust's consumer", 10.0, undo, clock=clock, sleep=clock.sleep)
+    assert clock.now == 0.0 and undone == [1]
