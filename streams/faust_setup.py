@@ -15,7 +15,8 @@ app starts and stops (:mod:`memstream.streams.lifecycle`). Two things stock faus
 - **A broker away at start.** Faust's own producer and consumer bootstrap once as the app
   starts, and one failure ends the worker; the broker can go away between the worker's
   topic check (which waits ``broker_wait_s``) and that moment (a rolling restart). Their
-  starts wait for it too (:class:`PatientTransport`).
+  starts, and Faust's declaration of its leader topic, wait for it too, each up to
+  ``broker_wait_s`` (:class:`PatientTransport`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import faust
 from faust.transport.drivers import aiokafka as driver
 from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
-from memstream.core.errors import describe
+from memstream.core.errors import MemstreamError, describe
 from memstream.core.kafka import faust_credentials
 from memstream.core.retry import RetryPolicy, retry_async
 from memstream.core.settings import Settings
@@ -67,27 +68,34 @@ class App(faust.App):
         return OwnViewsWeb(self)
 
     def _new_transport(self) -> PatientTransport:
+        # the app's producer and consumer both come from it (App._new_producer/_new_consumer)
         return PatientTransport(self.conf.broker_consumer, self)
-
-    def _new_producer_transport(self) -> PatientTransport:
-        return PatientTransport(self.conf.broker_producer, self)
 
 
 # --- Kafka clients ------------------------------------------------------------------------
 
 
+class StartAbandoned(MemstreamError):
+    """A client's start given up because its service is stopping (a SIGTERM while the
+    broker is away)."""
+
+
 async def patiently(start: Callable[[], Awaitable[None]], what: str, wait_s: float,
                     undo: Callable[[], Awaitable[None]], *,
+                    stopping: Callable[[], bool] = lambda: False,
                     clock: Callable[[], float] = time.monotonic,
                     sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
     """``start()`` again after a transient failure (the broker away: a connection refused, a
     timeout) for at most ``wait_s``; ``undo()`` drops what a failed attempt left. A
-    permanent error, or no time left, is raised as it is (the worker stops, as before)."""
+    permanent error, or no time left, is raised as it is (the worker stops, as before);
+    so is :class:`StartAbandoned` once ``stopping()`` (``sleep`` should end early then)."""
 
     async def attempt() -> None:
+        if stopping():
+            raise StartAbandoned(f"{what}: not started, the worker is stopping")
         try:
             await start()
-        except Exception:
+        except BaseException:  # cancelled too: nothing half-started is left open
             with contextlib.suppress(Exception):
                 await undo()
             raise
@@ -96,7 +104,7 @@ async def patiently(start: Callable[[], Awaitable[None]], what: str, wait_s: flo
         log.warning("%s: the broker is not reachable (%s); trying again in %.1fs (attempt %d)",
                     what, describe(exc)[:200], delay, n)
 
-    await retry_async(attempt, policy=RetryPolicy(first_delay_s=0.5, max_delay_s=5.0),
+    await retry_async(attempt, policy=RetryPolicy(first_delay_s=0.5, max_delay_s=2.0),
                       deadline=clock() + wait_s, clock=clock, sleep=sleep, on_retry=logged)
 
 
@@ -104,21 +112,42 @@ def _wait_s(transport: Any) -> float:
     return float(getattr(transport.app, "broker_wait_s", App.broker_wait_s))
 
 
+async def _nothing() -> None:
+    return None
+
+
 class PatientProducer(driver.Producer):
+    """Faust's producer whose connect waits for the broker, as does a topic it declares
+    (Faust's leader topic, declared right after the consumer starts)."""
+
     async def on_start(self) -> None:
-        await patiently(super().on_start, "Faust's producer", _wait_s(self.transport),
-                        self._drop)
+        await super(driver.Producer, self).on_start()  # the base's part (its buffer), once
+        await patiently(self._connect, "Faust's producer", _wait_s(self.transport),
+                        self._drop, stopping=lambda: self.should_stop, sleep=self.sleep)
+
+    async def _connect(self) -> None:
+        """``driver.Producer.on_start`` without its base's part (checked against Faust's by
+        tests/unit/streams/test_faust_contract.py)."""
+        producer = self._producer = self._new_producer()
+        self.beacon.add(producer)
+        await producer.start()
 
     async def _drop(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            await producer.client.close()
+            self.beacon.discard(producer)
+            await producer.stop()
+
+    async def create_topic(self, *args: Any, **kwargs: Any) -> None:
+        await patiently(lambda: super(PatientProducer, self).create_topic(*args, **kwargs),
+                        "Faust's topic declaration", _wait_s(self.transport), _nothing,
+                        stopping=lambda: self.should_stop, sleep=self.sleep)
 
 
 class PatientConsumerThread(driver.AIOKafkaConsumerThread):
     async def on_start(self) -> None:
         await patiently(super().on_start, "Faust's consumer", _wait_s(self.transport),
-                        self._drop)
+                        self._drop, stopping=lambda: self.should_stop, sleep=self.sleep)
 
     async def _drop(self) -> None:
         consumer, self._consumer = self._consumer, None

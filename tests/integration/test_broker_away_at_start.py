@@ -59,7 +59,7 @@ async def test_faust_clients_start_once_the_broker_answers(kafka_bootstrap, clie
     logger = logging.getLogger("memstream.streams.faust_setup")
     logger.addHandler(refusals)
     service = app.producer if client == "producer" else app.consumer
-    proxy, refused = None, None
+    proxy, refused, starting = None, None, None
     try:
         starting = asyncio.ensure_future(service.start())
         refused = asyncio.ensure_future(refusals.seen.wait())
@@ -77,9 +77,11 @@ async def test_faust_clients_start_once_the_broker_answers(kafka_bootstrap, clie
             assert thread._consumer is not None and thread._consumer._client.cluster.brokers()
     finally:
         logger.removeHandler(refusals)
-        if refused is not None:
-            refused.cancel()
+        for task in (refused, starting):
+            if task is not None and not task.done():
+                task.cancel()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(service.stop(), 30)
         if proxy is not None:
             proxy.close()
+            await proxy.wait_closed()

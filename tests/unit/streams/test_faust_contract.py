@@ -8,8 +8,8 @@ streams/owned_loop.py); what is left:
 
 - ``streams/faust_setup.py`` overrides ``Web._enabled_blueprints``, ``App._new_web``,
   ``Worker.on_setup_root_logger``, and, for clients that wait for a broker away at start,
-  ``App._new_transport`` / ``_new_producer_transport``, the aiokafka driver's
-  ``Transport.Producer`` / ``Consumer``, ``Producer.on_start``,
+  ``App._new_transport``, the aiokafka driver's ``Transport.Producer`` / ``Consumer``,
+  ``Producer.on_start`` (whose body it restates) and ``create_topic``,
   ``Consumer._new_consumer_thread`` and ``AIOKafkaConsumerThread.on_start``;
 - ``streams/lifecycle.py`` adds the worker's parts with ``Service.add_dependency`` (mode's
   public API: started in order with the app, stopped in reverse);
@@ -83,7 +83,6 @@ OVERRIDDEN = [
     (faust_setup.App, faust.App, "_new_web", ["self"]),
     (faust_setup.Worker, faust.Worker, "on_setup_root_logger", ["self", "logger", "level"]),
     (faust_setup.App, faust.App, "_new_transport", ["self"]),
-    (faust_setup.App, faust.App, "_new_producer_transport", ["self"]),
     (faust_setup.PatientProducer, driver.Producer, "on_start", ["self"]),
     (faust_setup.PatientConsumer, driver.Consumer, "_new_consumer_thread", ["self"]),
     (faust_setup.PatientConsumerThread, driver.AIOKafkaConsumerThread, "on_start", ["self"]),
@@ -106,7 +105,8 @@ def test_each_override_replaces_a_faust_method_of_the_same_signature(ours, their
     (faust.app.base, "_new_web"),
     (mode.worker, "on_setup_root_logger"),
     (faust.app.base, "_new_transport"),
-    (faust.app.base, "_new_producer_transport"),
+    (faust.app.base, "transport.create_producer"),  # the app's producer, from _new_transport
+    (faust.app.base, "transport.create_consumer"),
     (faust.transport.consumer, "_new_consumer_thread"),
     (faust.transport.base, "Producer"),
     (faust.transport.base, "Consumer"),
@@ -136,10 +136,22 @@ def test_the_patient_transport_is_the_drivers_with_patient_clients():
     assert issubclass(faust_setup.PatientTransport, driver.Transport)
     assert faust.transport.by_url("kafka://x") is driver.Transport  # what it stands in for
     app = faust_setup.App("contract", broker="kafka://127.0.0.1:1")
-    for transport in (app.transport, app._new_producer_transport()):
-        assert type(transport) is faust_setup.PatientTransport
-        assert transport.Producer is faust_setup.PatientProducer
-        assert transport.Consumer is faust_setup.PatientConsumer
+    assert type(app.transport) is faust_setup.PatientTransport
+    assert type(app.producer) is faust_setup.PatientProducer
+    assert type(app.consumer) is faust_setup.PatientConsumer
+    assert type(app.consumer._thread) is faust_setup.PatientConsumerThread
+
+
+def test_the_patient_producer_restates_the_drivers_start():
+    """PatientProducer.on_start runs the base's part once and then retries the driver's own
+    lines: they must still be what the driver's on_start does."""
+    body = [line.strip() for line in inspect.getsource(driver.Producer.on_start).splitlines()
+            if line.strip() and not line.strip().startswith(('"""', "async def"))]
+    assert body == ["await super().on_start()",
+                    "producer = self._producer = self._new_producer()",
+                    "self.beacon.add(producer)", "await producer.start()"]
+    assert names(driver.Producer.create_topic)[:4] == ["self", "topic", "partitions",
+                                                      "replication"]
 
 
 def test_worker_takes_the_app_first_and_keyword_options():

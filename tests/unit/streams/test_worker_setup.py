@@ -233,3 +233,23 @@ async def test_a_client_start_gives_up_after_the_wait_and_at_once_on_a_permanent
     with pytest.raises(ValueError):
         await patiently(refused, "Faust's consumer", 10.0, undo, clock=clock, sleep=clock.sleep)
     assert clock.now == 0.0 and undone == [1]
+
+
+async def test_a_client_start_ends_when_the_worker_stops_while_it_waits():
+    from aiokafka.errors import KafkaConnectionError
+
+    from memstream.streams.faust_setup import StartAbandoned, patiently
+
+    clock, tries = FakeClock(), []
+
+    async def away() -> None:
+        tries.append(clock.now)
+        raise KafkaConnectionError("Unable to bootstrap")
+
+    async def undo() -> None:
+        return None
+
+    with pytest.raises(StartAbandoned, match="stopping"):  # a SIGTERM after the 2nd try
+        await patiently(away, "Faust's consumer", 60.0, undo, stopping=lambda: len(tries) >= 2,
+                        clock=clock, sleep=clock.sleep)
+    assert len(tries) == 2 and clock.now < 10
