@@ -147,9 +147,17 @@ async def load(settings: Settings, filters: pure.Filters,
     """Messages and session ends that pass the filters; (…, invalid, forgotten)."""
     topics = registry(settings)
     b = settings
-    raw_msgs, raw_ends, raw_keys = await asyncio.gather(
-        _read(b, topics.messages.name), _read(b, topics.session_events.name),
-        _read(b, topics.user_keys.name))
+    # a task group, not gather: when one read fails (no broker, a refused login) the others
+    # are cancelled and waited for, so each stops its consumer (gather left them running
+    # into asyncio.run's shutdown, and a consumer could be collected unclosed)
+    try:
+        async with asyncio.TaskGroup() as reads:
+            msgs = reads.create_task(_read(b, topics.messages.name))
+            session_ends = reads.create_task(_read(b, topics.session_events.name))
+            keys = reads.create_task(_read(b, topics.user_keys.name))
+    except BaseExceptionGroup as failed:  # the first failure, as the CLI reports one
+        raise failed.exceptions[0] from None
+    raw_msgs, raw_ends, raw_keys = msgs.result(), session_ends.result(), keys.result()
     forgotten_at = _forgotten(settings, raw_keys, topics.user_keys.name)
     invalid = forgotten = 0
     messages: list[ChatMessage] = []

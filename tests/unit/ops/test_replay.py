@@ -344,3 +344,34 @@ def test_the_target_is_never_the_store_the_worker_was_switched_to(tmp_path):
     set_current_store_path(s, tmp_path / "rebuilt-1")
     with pytest.raises(ConfigError, match="live store"):
         open_target(s, Options(into=tmp_path / "rebuilt-1"), 8)
+
+
+async def test_a_failed_topic_read_stops_the_other_reads_before_the_error_is_raised(monkeypatch):
+    """The three reads of replay's load run together; when one fails (no broker, a refused
+    login), the others are cancelled and their consumers stopped before the error leaves
+    load, never left running into the loop's shutdown (a consumer collected unclosed
+    printed its warning after the command's one-line error)."""
+    import asyncio
+
+    from aiokafka.errors import KafkaConnectionError
+
+    from memstream.core.settings import Settings
+    from memstream.memory import reextraction as pure
+    from memstream.ops import replay
+
+    stopped: list[str] = []
+
+    async def read(settings, topic):
+        if topic.endswith("messages"):
+            await asyncio.sleep(0)
+            raise KafkaConnectionError("Unable to bootstrap")
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            stopped.append(topic)  # the consumer's stop
+        return []
+
+    monkeypatch.setattr(replay, "_read", read)
+    with pytest.raises(KafkaConnectionError, match="Unable to bootstrap"):  # as one error
+        await replay.load(Settings(), pure.Filters())
+    assert sorted(t.rsplit(".", 1)[-1] for t in stopped) == ["session-events", "user-keys"]
