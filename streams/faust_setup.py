@@ -35,7 +35,7 @@ from faust.transport.drivers import aiokafka as driver
 from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
 from memstream.core.errors import MemstreamError, describe
-from memstream.core.kafka import faust_credentials
+from memstream.core.kafka import faust_credentials, stopped
 from memstream.core.retry import RetryPolicy, retry_async
 from memstream.core.settings import Settings
 
@@ -152,7 +152,7 @@ class PatientConsumerThread(driver.AIOKafkaConsumerThread):
     async def _drop(self) -> None:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            await consumer.stop()
+            await stopped(consumer)  # aiokafka can raise CancelledError from a bare stop()
 
 
 class PatientConsumer(driver.Consumer):
