@@ -13,10 +13,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from memstream.memory import fencing
+from memstream.memory.archive import ARCHIVE_OP, turn_point_id
 from memstream.memory.decisions import PlannedOp, op_id
 from memstream.memory.extraction import JobOutcome, MemoryModel
 from memstream.memory.fencing import Cursor, Touch, Verdict, moved_on, verdict
@@ -118,14 +120,16 @@ def erase_change(job: ExtractionJob, versions: int, model: MemoryModel,
 
 
 def build_decision(job: ExtractionJob, out: JobOutcome, model: MemoryModel,
-                   now: float) -> JobDecision:
+                   now: float, archived: Sequence[MemoryChange] = ()) -> JobDecision:
     """The decision record of one decided job: its changes, the versions it read, its id
     (no wall clock in it: the same job decided to the same ops at another time has the
-    same id; the changes keep ``decided_at``)."""
+    same id; the changes keep ``decided_at``). ``archived``: the job's turns for the
+    episodic archive (:mod:`memory.archive`), after its memories' changes."""
     status = JobStatus.TRIVIAL if out.trivial else JobStatus.DONE
     changes = [change_for(op, vec, job, out, model, now) for op, vec in out.ops]
     if out.erase is not None:
         changes.append(erase_change(job, out.erase, model, now))
+    changes += archived
     return JobDecision(
         **JobRange.fields_of(job), status=status,
         decision_id=fencing.decision_id(
@@ -142,6 +146,13 @@ def build_decision(job: ExtractionJob, out: JobOutcome, model: MemoryModel,
 
 def _write(store: MemoryStore, change: MemoryChange) -> None:
     """Write every record of the change (deterministic point ids: rewriting is harmless)."""
+    if change.op == ARCHIVE_OP:  # an archived turn: one record, not a memory
+        turns = [(turn_point_id(str(r["memory_id"])), r, change.vector) for r in change.records]
+        if any((r.get("tenant_id"), r.get("user_id")) != (change.tenant_id, change.user_id)
+               for _, r, _ in turns):
+            raise ValueError(f"change {change.change_id} writes outside its user's scope")
+        store.write_records(turns)
+        return
     records = [Memory.from_payload(r) for r in change.records]
     for r in records:
         if (r.tenant_id, r.user_id) != (change.tenant_id, change.user_id):
@@ -231,11 +242,13 @@ def overtaken_writes(store: MemoryStore, scope: Scope, decision: JobDecision,
                    if c.op != "erase" and c.change_id not in published]
     applied = store.ops_applied(scope, [c.change_id for c in unpublished])
     orphans = [c for c in unpublished if c.change_id in applied]
+    turns = [c for c in orphans if c.op == ARCHIVE_OP]  # a turn's record is its message's
+    orphans = [c for c in orphans if c.op != ARCHIVE_OP]
     if not orphans:
-        return []
+        return turns
     held = store.list(scope, statuses=None)
     return [c for c in orphans if _marks(c.change_id, held) == _marks(
-        c.change_id, [Memory.from_payload(r) for r in c.records])]
+        c.change_id, [Memory.from_payload(r) for r in c.records])] + turns
 
 
 def apply_decision(store: MemoryStore, decision: JobDecision) -> Applied:
@@ -262,10 +275,11 @@ def apply_decision(store: MemoryStore, decision: JobDecision) -> Applied:
                        error=f"memory {decision.read_pending[0]} read as another decision of "
                              f"job {decision.seq} left it, before that decision was applied")
     changes = decision.changes
-    applied = store.ops_applied(scope, [c.change_id for c in changes])
-    touched = set(decision.read_versions) | {c.memory_id for c in changes}
+    memories = [c for c in changes if c.op != ARCHIVE_OP]  # turns read and move nothing
+    applied = store.ops_applied(scope, [c.change_id for c in memories])
+    touched = set(decision.read_versions) | {c.memory_id for c in memories}
     live = store.live_versions(scope, sorted(touched))
-    stale = moved_on(decision.read_versions, live, map(_touch, changes), applied)
+    stale = moved_on(decision.read_versions, live, map(_touch, memories), applied)
     if stale is not None:
         held = cursor.seq if cursor else 0
         return Applied(Verdict.FENCED, JobStatus.FENCED, applied_seq=held,

@@ -226,7 +226,7 @@ def pump(state: UserState, now: float, policy: Policy) -> Step:
         _, sid, reason = min(due)
         s = state.sessions[sid]
         job = _job_for(state, sid, s, reason, now)
-        if all(m.trivial or m.role != Role.USER for m in s.buffer if m.seq >= s.watermark):
+        if all(_nothing_to_keep(m, policy) for m in s.buffer if m.seq >= s.watermark):
             resolved.append(_trivial_result(job, now))
             done = replace(s, watermark=s.count, pending=None, failures=0, retry_at=None)
             state = _close(state, sid, done, policy)
@@ -236,6 +236,14 @@ def pump(state: UserState, now: float, policy: Policy) -> Step:
                         next_seq=job.seq + 1)
         return Step(state, jobs=[job], resolved=resolved)
     return Step(state, resolved=resolved)
+
+
+def _nothing_to_keep(m: Msg, policy: Policy) -> bool:
+    """A message that needs no job: a trivial user turn, a system or tool message, and an
+    assistant turn unless the archive keeps it."""
+    if m.role == Role.USER:
+        return m.trivial
+    return not (policy.archive and m.role == Role.ASSISTANT and not is_trivial(m.content))
 
 
 def _with_resolved(step: Step, resolved: list[JobResult]) -> Step:

@@ -43,9 +43,9 @@ CONVERSATION_KINDS = frozenset({"extraction", "tool"})
 DEAD_LETTER_CLASSES = frozenset({
     "empty", "too_large", "not_json", "depth", "number", "unicode", "version", "schema",
     "date", "key", "extraction_failed", "apply_failed", "internal", "undecryptable"})
-CHANGE_OPS = frozenset({"add", "update", "delete", "erase", "restate"})
+CHANGE_OPS = frozenset({"add", "update", "delete", "erase", "restate", "archive"})
 LINEAGE_KINDS = frozenset({"extraction", "tool", "reflection", "consolidation", "decay",
-                           "deletion", "rollback", "forget"})
+                           "deletion", "rollback", "forget", "archive"})
 TRIGGERS = frozenset({"threshold", "explicit", "session_end", "idle", "tool"})
 
 

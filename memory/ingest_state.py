@@ -28,6 +28,9 @@ class Policy:
     ended_dedup_ids: int = 64  # message ids an ended session keeps (producer retries)
     max_queued_tools: int = 1000  # tool writes waiting per user; more are refused
     tool_dedup_ids: int = 256  # tool request ids remembered per user (client retries)
+    # the episodic archive is on: a range resolves inline only when its assistant turns are
+    # trivial too (they are archived by the job, without an LLM call: memory.archive)
+    archive: bool = False
 
 
 @dataclass(frozen=True)

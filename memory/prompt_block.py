@@ -11,6 +11,8 @@ Layout (a section is left out when it has no line)::
     ## What you remember about the user
     - (2026-01-05) Lives in Berlin.
     - (2025-11-02) (general knowledge) The office closes at 18:00.
+    ## From earlier conversations
+    - (2025-10-30) [assistant] How was the move? / [user] Done! Berlin at last.
 
 Global-scope memories (``user_id == GLOBAL_USER``) stay in the ranked list, marked
 ``(general knowledge)``, rather than getting a section of their own: one list keeps the
@@ -29,12 +31,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 
+from memstream.memory.archive import Turn
 from memstream.memory.model import GLOBAL_USER, Memory
 from memstream.memory.scoring import Scored
 
 CORE_HEADER = "## Core memory"
 PROCEDURAL_HEADER = "## How to act"
 MEMORIES_HEADER = "## What you remember about the user"
+TURNS_HEADER = "## From earlier conversations"
 GENERAL = "(general knowledge)"
 
 # Scripts where one character is about one token (or more) in BPE tokenizers.
@@ -74,6 +78,7 @@ class Block:
     text: str
     truncated: bool  # the budget left something out
     kept: int  # how many of the scored memories made it in
+    turns: tuple[Turn, ...] = ()  # the archived turns that made it in
 
 
 def one_line(text: str) -> str:
@@ -95,6 +100,15 @@ def memory_line(memory: Memory, tz: tzinfo = UTC) -> str:
     """``- (YYYY-MM-DD) content``, dated by ``valid_from``: the day the fact became known."""
     mark = f" {GENERAL}" if memory.user_id == GLOBAL_USER else ""
     return f"- ({_day(memory.valid_from, tz)}){mark} {one_line(memory.content)}"
+
+
+def turn_line(turn: Turn, tz: tzinfo = UTC) -> str:
+    """``- (YYYY-MM-DD) [role] context / [role] text``, dated by the turn's event time."""
+    said = f"[{one_line(turn.role)}] {one_line(turn.content)}"
+    ctx = turn.context or {}
+    if str(ctx.get("content") or "").strip():
+        said = f"[{one_line(str(ctx.get('role', '')))}] {one_line(str(ctx['content']))} / {said}"
+    return f"- ({_day(turn.ts, tz)}) {said}"
 
 
 def core_lines(core: Mapping[str, str]) -> list[str]:
@@ -136,15 +150,18 @@ class _Budget:
 
 def prompt_block(core: Mapping[str, str], memories: Sequence[Scored],
                  procedural: Sequence[Memory], *, budget_chars: int | None = None,
-                 budget_tokens: int | None = None, tz: tzinfo = UTC) -> Block:
+                 budget_tokens: int | None = None, tz: tzinfo = UTC,
+                 turns: Sequence[Turn] = ()) -> Block:
     """Render the block within the budgets: core first, then procedural rules, then the
-    memories in rank order, whole lines only. ``truncated`` is set when anything was left
-    out; both budgets, when given, hold for the whole text."""
+    memories in rank order, then the archived turns in rank order, whole lines only.
+    ``truncated`` is set when anything was left out; both budgets, when given, hold for
+    the whole text."""
     budget = _Budget(budget_chars, budget_tokens)
     wanted = [core_lines(core),
               [f"- {one_line(m.content)}" for m in procedural if m.content.strip()],
-              [memory_line(s.memory, tz) for s in memories]]
-    headers = (CORE_HEADER, PROCEDURAL_HEADER, MEMORIES_HEADER)
+              [memory_line(s.memory, tz) for s in memories],
+              [turn_line(t, tz) for t in turns]]
+    headers = (CORE_HEADER, PROCEDURAL_HEADER, MEMORIES_HEADER, TURNS_HEADER)
     added = [budget.section(h, lines) for h, lines in zip(headers, wanted, strict=True)]
     truncated = any(n < len(lines) for n, lines in zip(added, wanted, strict=True))
-    return Block("\n".join(budget.lines), truncated, added[2])
+    return Block("\n".join(budget.lines), truncated, added[2], tuple(turns[:added[3]]))

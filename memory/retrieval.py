@@ -12,6 +12,7 @@ from typing import Any
 
 from memstream.memory.access_stats import AccessStats
 from memstream.memory.embedding import Embedder
+from memstream.memory.hybrid import Fusion, Item, fuse, turn_candidates
 from memstream.memory.model import GLOBAL_USER, Memory, MemoryType
 from memstream.memory.scoring import Scored, Weights, rank, visible
 from memstream.memory.store import MemoryStore, Scope
@@ -39,6 +40,8 @@ class Recall:
     scored: list[Scored]
     procedural: list[Memory] = field(default_factory=list)
     core: dict[str, str] = field(default_factory=dict)
+    # memories and archived turns fused (memory.hybrid); empty without a fusion asked for
+    items: list[Item] = field(default_factory=list)
 
 
 def with_stats(memory: Memory, stats: AccessStats | None) -> Memory:
@@ -95,23 +98,32 @@ def core_blocks(store: MemoryStore, q: Query, created_after: float | None = None
 
 
 def recall(store: MemoryStore, embedder: Embedder, q: Query, now: float, weights: Weights,
-           factor: int = 4, *, procedural: bool = True, core: bool = True) -> Recall:
+           factor: int = 4, *, procedural: bool = True, core: bool = True,
+           fusion: Fusion | None = None) -> Recall:
     """Everything one retrieval returns: the ranked memories, plus (when asked for) the
-    procedural rules and the core memory blocks."""
+    procedural rules, the core memory blocks, and the memories fused with the user's
+    archived turns."""
     if not q.text.strip():
         return Recall([])
     return recall_near(store, embedder.embed([q.text])[0], q, now, weights, factor,
-                       procedural=procedural, core=core)
+                       procedural=procedural, core=core, fusion=fusion)
 
 
 def recall_near(store: MemoryStore, vector: list[float], q: Query, now: float,
                 weights: Weights, factor: int = 4, *, procedural: bool = True,
-                core: bool = True) -> Recall:
+                core: bool = True, fusion: Fusion | None = None) -> Recall:
     """:func:`recall` with the query's vector already made (the API embeds concurrent
     queries together: :mod:`memstream.web.read_batching`)."""
+    if fusion is not None:
+        weights = fusion.memory_weights(weights)
     scored = ranked(store, vector, q, now, weights, factor)
+    items: list[Item] = []
+    if fusion is not None:
+        dense, sparse = turn_candidates(store, Scope(q.tenant_id, q.user_id), vector, q.text,
+                                        fusion, now)
+        items = fuse(scored, dense, sparse, fusion, q.k)
     return Recall(scored, rules(store, q, now) if procedural else [],
-                  core_blocks(store, q) if core else {})
+                  core_blocks(store, q) if core else {}, items)
 
 
 def memory_dict(m: Memory) -> dict[str, Any]:
@@ -122,6 +134,25 @@ def memory_dict(m: Memory) -> dict[str, Any]:
             "created_at": m.created_at, "updated_at": m.updated_at,
             "valid_from": m.valid_from, "valid_to": m.valid_to, "expires_at": m.expires_at,
             "last_accessed_at": m.last_accessed_at, "access_count": m.access_count}
+
+
+def item_dict(item: Item) -> dict[str, Any]:
+    """A fused result as the API shows it (web.models.api.RecallItem): its kind, text, score,
+    event time and source ids."""
+    if item.memory is not None:
+        m = item.memory.memory
+        return {"kind": "memory", "id": m.memory_id, "content": m.content,
+                "score": round(item.score, 6), "event_time": m.stated_ts or m.valid_from,
+                "session_id": m.source.session_id, "message_ids": list(m.source.message_ids),
+                "role": None, "context": None}
+    t = item.turn
+    assert t is not None
+    return {"kind": "turn", "id": t.memory_id, "content": t.content,
+            "score": round(item.score, 6), "event_time": t.ts, "session_id": t.session_id,
+            "message_ids": list(t.message_ids), "role": t.role,
+            "context": None if not t.context else {
+                "role": str(t.context.get("role", "")),
+                "content": str(t.context.get("content", ""))}}
 
 
 def scored_dict(s: Scored) -> dict[str, Any]:

@@ -12,6 +12,7 @@ rather than a silent coercion the schema never promised.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -69,7 +70,11 @@ class ConversationSearchArgs(_Args):
                        description="Words or a phrase to find in past messages.")
     session_id: str | None = Field(
         None, min_length=1, max_length=128,
-        description="Only this conversation (default: the current one).")
+        description="Only this conversation (default: every past conversation of the user).")
+    since: datetime | None = Field(
+        None, description="Only messages said at or after this time (ISO 8601).")
+    until: datetime | None = Field(
+        None, description="Only messages said before this time (ISO 8601).")
     limit: int | None = Field(None, ge=1, le=50,
                               description="How many messages to return (default 10).")
 
@@ -96,9 +101,10 @@ _DESCRIPTIONS = {
         "new_content; with old_content empty, appends new_content as a new line. Each block "
         f"holds at most {CORE_MAX_CHARS} characters, so keep it to the essentials."),
     "conversation_search": (
-        "Search the raw messages of past conversations for words or a phrase. Use it to find "
-        "what exactly was said, when long-term memory has no answer; by default it searches "
-        "the current conversation."),
+        "Search the raw messages of past conversations by words and meaning. Use it to find "
+        "what exactly was said, and when, if long-term memory has no answer; it searches "
+        "every conversation of the user unless given one, optionally within a time range. "
+        "Returns the matching messages, each with its date."),
 }
 
 

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from memstream.core.errors import InvalidRecord, describe
 from memstream.core.retry import is_transient, retry_async
-from memstream.memory import fencing
+from memstream.memory import archive, fencing
 from memstream.memory import governance_metrics as metrics
 from memstream.memory.applying import Applied, apply_decision
 from memstream.memory.model import GLOBAL_USER
@@ -169,6 +169,7 @@ class ApplyStage(StageBase):
         self.tables: tuple[LoopTable, ...] = (fold.table,) if fold is not None else ()
         self.max_records = p.settings.ingest_batch_records
         self.rolls = privacy.RollSchedule(p.settings)
+        self.next_sweep = 0.0  # archived turns past archive_days: swept at the first round
 
     def assigned(self, partitions: set[int]) -> None:
         if self.fold is not None:
@@ -196,7 +197,9 @@ class ApplyStage(StageBase):
 
     async def punctuate(self, partition: int, now: float) -> Work | None:
         """The windowed jobs due on ``partition`` (their tool requests), and the segment
-        roll of the maintenance table's changelog."""
+        roll of the maintenance table's changelog; every ``archive_sweep_s``, the archived
+        turns older than ``archive_days`` swept from the store."""
+        await self._sweep(now)
         if self.fold is None:
             return None
         work = Work()
@@ -205,6 +208,19 @@ class ApplyStage(StageBase):
             if self.rolls.due(partition, now):  # compaction drops erased data
                 privacy.roll_tables(self.fold.table)
         return work
+
+    async def _sweep(self, now: float) -> None:
+        s = self.p.settings
+        oldest = archive.cutoff(now, s.archive_days)
+        if oldest is None or not self.decisions or now < self.next_sweep:
+            return
+        self.next_sweep = now + s.archive_sweep_s
+        try:
+            swept = await asyncio.to_thread(self.p.services.store.sweep_turns, oldest)
+        except Exception as exc:  # the store's trouble: tried again next period
+            log.warning("archive sweep failed: %s", describe(exc)[:200])
+            return
+        self.p.counters.turns_swept += swept
 
     async def handle(self, partition: int, records: list[Any]) -> Work:
         work, users = Work(), set()

@@ -24,6 +24,7 @@ class Counters:
     jobs_emitted: int = 0
     jobs_resent: int = 0
     trivial_resolved: int = 0
+    turns_swept: int = 0  # archived turns past archive_days deleted from the store
     results_done: int = 0
     results_failed: int = 0
     results_fenced: int = 0  # re-issued under a new seq (memory.fencing)

@@ -22,6 +22,7 @@ from memstream.core.retry import RetryPolicy, retry_async
 from memstream.core.settings import Settings
 from memstream.memory import fencing
 from memstream.memory.applying import build_decision
+from memstream.memory.archive import archive_changes
 from memstream.memory.store import Scope
 from memstream.memory.store.partitioned import ShardNotHere
 from memstream.streams.counters import Counters
@@ -77,7 +78,9 @@ async def decide_with_retries(p: Pipeline, job: ExtractionJob) -> JobDecision:
 
     def decided(now: float) -> JobDecision:  # (in a worker thread: not the loops' time)
         out = p.services.extractor.decide(job, now, deadline)
-        return build_decision(job, out, p.services.model, now)
+        embedder = p.services.embedder
+        turns = archive_changes(job, embedder.embed, embedder.name, now) if s.archive else []
+        return build_decision(job, out, p.services.model, now, turns)
 
     async def attempt() -> JobDecision:
         return await asyncio.to_thread(decided, p.clock())

@@ -34,6 +34,7 @@ def policy_from(settings: Settings) -> Policy:
         dedup_window=settings.dedup_window,
         forget_after_s=settings.session_forget_after_s,
         late_grace_s=settings.session_late_grace_s,
+        archive=settings.archive,
     )
 
 

@@ -26,7 +26,7 @@ from memstream.topics.schemas import Event, MemoryChange, Timestamp
 
 EventOp = Literal["add", "update", "delete", "erase"]
 # changelog ops that are no public event (MemoryEvent.is_public)
-PRIVATE_OPS = frozenset({"restate"})
+PRIVATE_OPS = frozenset({"restate", "archive"})
 
 
 def _time(value: Any) -> datetime | None:

@@ -387,7 +387,7 @@ class Lineage(BaseModel):
     message_ids: list[str] = Field(default_factory=list)
     seq: int = 0  # the job's per-user sequence number
     kind: Literal["extraction", "tool", "reflection", "consolidation", "decay", "deletion",
-                  "rollback", "forget"] = "extraction"
+                  "rollback", "forget", "archive"] = "extraction"
     actor: str = ""  # tool writes: the API key that asked (key id, or "admin")
 
 
@@ -403,8 +403,9 @@ class MemoryChange(Event):
 
     change_id: str  # the deterministic op id: downstream consumers deduplicate on it
     # erase: a forget-me (memory_id "*"); restate: a live version restamped by a newer
-    # statement of it (same version; not a public event: topics.events.MemoryEvent.is_public)
-    op: Literal["add", "update", "delete", "erase", "restate"]
+    # statement of it (same version; not a public event: topics.events.MemoryEvent.is_public);
+    # archive: a turn kept in the episodic archive (memory.archive; not a public event either)
+    op: Literal["add", "update", "delete", "erase", "restate", "archive"]
     tenant_id: str
     user_id: str
     memory_id: str

@@ -92,7 +92,7 @@ class WorkerBackend(ReadBackend):
             if req.name == "memory_search":
                 return await self._memory_search(tenant, user, req, args)
             if req.name == "conversation_search":
-                return self._conversation_search(tenant, user, req, args)
+                return await self._conversation_search(tenant, user, req, args)
             return await self._write(tenant, user, req, args, principal, idempotency_key)
         except ToolError as exc:
             return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="error",
@@ -112,19 +112,36 @@ class WorkerBackend(ReadBackend):
                           data={"query_id": query_id,
                                 "memories": [retrieval.scored_dict(x) for x in found.scored]})
 
-    def _conversation_search(self, tenant: str, user: str, req: ToolCallRequest,
-                             args: Any) -> ToolResult:
-        session = args.session_id or req.session_id
-        if not session:
+    async def _conversation_search(self, tenant: str, user: str, req: ToolCallRequest,
+                                   args: Any) -> ToolResult:
+        """The user's archive (every past conversation, or one, in a time range), and the
+        session's recent messages not archived yet (the window); without the archive, the
+        window of one session only."""
+        session = args.session_id or (None if self.p.settings.archive else req.session_id)
+        if not session and not self.p.settings.archive:
             raise ToolError("invalid_arguments", "conversation_search needs a session_id")
-        if not ID_PATTERN.fullmatch(session):
+        if session and not ID_PATTERN.fullmatch(session):
             raise ToolError("invalid_arguments", "session_id is not a valid session id")
-        rows = window.rows(self.p.window, tenant, user, session, window.keep(self.p.settings))
-        hits = windows.search(rows, args.query, args.limit or 10)
-        lines = [f"[{r[4][:16]}] {r[2]}: {r[3]}" for r in hits]
+        limit = args.limit or 10
+        current = session or req.session_id
+        rows = window.rows(self.p.window, tenant, user, current,
+                           window.keep(self.p.settings)) if current else []
+        since, until = (None if t is None else t.timestamp() for t in (args.since, args.until))
+        rows = [r for r in rows if _within(r[4], since, until)]
+        hits = windows.search(rows, args.query, limit)
+        turns = await self.archive_search(tenant, user, args.query, limit,
+                                          session, since, until)
+        seen = {t.message_id for t in turns}
+        messages: list[dict[str, Any]] = [{"seq": t.seq, "message_id": t.message_id, "role": t.role,
+                     "content": t.content, "ts": datetime.fromtimestamp(t.ts, UTC).isoformat(),
+                     "session_id": t.session_id} for t in turns]
+        messages += [{**w.model_dump(), "session_id": current}
+                     for w in window_out(hits) if w.message_id not in seen]
+        messages = messages[:limit]
+        lines = [f"[{m['ts'][:16]}] {m['role']}: {m['content']}" for m in messages]
         return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="ok",
                           content="\n".join(lines) or "no matching messages",
-                          data={"messages": [w.model_dump() for w in window_out(hits)]})
+                          data={"messages": messages})
 
     async def _write(self, tenant: str, user: str, req: ToolCallRequest, args: Any,
                      principal: Principal, idempotency_key: str | None) -> ToolResult:
@@ -235,3 +252,11 @@ class WorkerBackend(ReadBackend):
         if self._producer is not None:
             await self._producer.stop()
             self._producer = None
+
+
+def _within(iso: str, since: float | None, until: float | None) -> bool:
+    try:
+        at = datetime.fromisoformat(iso).timestamp()
+    except ValueError:
+        return since is None and until is None
+    return (since is None or at >= since) and (until is None or at < until)

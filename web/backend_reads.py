@@ -13,15 +13,18 @@ import hashlib
 import json
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from memstream.memory import retrieval
 from memstream.memory import short_term as windows
+from memstream.memory.archive import Turn
+from memstream.memory.hybrid import Fusion, Item, fuse, turn_candidates
 from memstream.memory.model import Memory, MemoryType
 from memstream.memory.prompt_block import prompt_block
 from memstream.memory.scoring import Scored
 from memstream.memory.services import weights
-from memstream.memory.store import Scope
+from memstream.memory.store import Scope, TurnWindow
 from memstream.memory.tools import TOOLS
 from memstream.streams import privacy, window
 from memstream.streams.access import AccessRecorder, access_event
@@ -78,7 +81,17 @@ def _fence(p: Pipeline, tenant: str, user: str, found: retrieval.Recall) -> retr
     scored = [x for x in found.scored if shown(x.memory)]
     core = retrieval.core_blocks(p.services.store, retrieval.Query(tenant, user, "-", 1),
                                  created_after=at) if found.core else {}
-    return retrieval.Recall(scored, [m for m in found.procedural if shown(m)], core)
+    items = [i for i in found.items  # a turn said before the forget-me is the user's too
+             if (shown(i.memory.memory) if i.memory is not None
+                 else i.turn is not None and i.turn.ts > at)]
+    return retrieval.Recall(scored, [m for m in found.procedural if shown(m)], core, items)
+
+
+def fused_items(found: retrieval.Recall) -> list[Item]:
+    """The fused results; without the archive, the memories in their own order."""
+    if found.items:
+        return found.items
+    return [Item("memory", x.score, memory=x) for x in found.scored]
 
 
 class ReadBackend:
@@ -121,8 +134,21 @@ class ReadBackend:
                ) -> retrieval.Query:
         return retrieval.Query(tenant, user, text, k or self.p.settings.retrieval_k, **kw)
 
+    def fusion(self, req: SearchRequest | None = None) -> Fusion | None:
+        """How memories and archived turns are fused (None: the archive is off); a search
+        request may narrow it to one kind or one way of matching turns."""
+        s = self.p.settings
+        if not s.archive:
+            return None
+        f = Fusion(weights=s.fusion_weights, k=s.fusion_k, turns_k=s.archive_k,
+                   archive_days=s.archive_days)
+        if req is not None:
+            f = replace(f, sources=req.sources, match=req.turn_match, recency=req.recency)
+        return f
+
     async def _recall(self, q: retrieval.Query, *, procedural: bool = True,
-                      core: bool = True) -> tuple[str, retrieval.Recall]:
+                      core: bool = True, fusion: Fusion | None = None,
+                      ) -> tuple[str, retrieval.Recall]:
         found = retrieval.Recall([])
         if q.text.strip():
             s, store = self.p.settings, self.p.services.store
@@ -131,9 +157,30 @@ class ReadBackend:
                                            in_flight=1 if s.store == "edge" else 4)
             found = await self.batcher.read(q.text, lambda vector: retrieval.recall_near(
                 store, vector, q, self.p.clock(), weights(s), s.retrieval_candidates,
-                procedural=procedural, core=core))
+                procedural=procedural, core=core, fusion=fusion))
         self.p.counters.searches += 1
         return uuid.uuid4().hex, _fence(self.p, q.tenant_id, q.user_id, found)
+
+    async def archive_search(self, tenant: str, user: str, text: str, limit: int,
+                             session_id: str | None = None, since: float | None = None,
+                             until: float | None = None) -> list[Turn]:
+        """The user's archived turns best matching ``text`` (by meaning and words, fused) in
+        one session and/or an event-time range; none without the archive."""
+        f = self.fusion()
+        if f is None or not text.strip():
+            return []
+        f = replace(f, sources="turns")
+        store, embedder, at = self.p.services.store, self.p.services.embedder, self.p.clock()
+        fence = privacy.fenced(self.p, tenant, user)
+
+        def read() -> list[Turn]:
+            vector = embedder.embed([text])[0]
+            dense, sparse = turn_candidates(store, Scope(tenant, user), vector, text, f, at,
+                                            TurnWindow(session_id, since, until))
+            turns = [i.turn for i in fuse([], dense, sparse, f, limit) if i.turn is not None]
+            return [t for t in turns if fence is None or t.ts > fence]
+
+        return await asyncio.to_thread(read)
 
     def _hits(self, q: retrieval.Query, query_id: str, returned: list[Scored]) -> None:
         """Record what the caller was given (queued: the read never waits on Kafka)."""
@@ -181,23 +228,27 @@ class ReadBackend:
         started = time.perf_counter()
         q = self._query(tenant, user, req.query, req.k, include_global=req.include_global,
                         statuses=tuple(req.statuses), include_expired=req.include_expired)
-        query_id, found = await self._recall(q, core=False)
+        query_id, found = await self._recall(q, core=False, fusion=self.fusion(req))
         if req.record_hits:
             self._hits(q, query_id, found.scored)
         self._served(started, found.scored)
         return SearchResponse.model_validate({
             "query_id": query_id, "memories": [retrieval.scored_dict(x) for x in found.scored],
-            "procedural": [retrieval.memory_dict(m) for m in found.procedural]})
+            "procedural": [retrieval.memory_dict(m) for m in found.procedural],
+            "items": [retrieval.item_dict(i) for i in fused_items(found)]})
 
     async def context(self, tenant: str, user: str, req: ContextRequest) -> ContextResponse:
         started = time.perf_counter()
         q = self._query(tenant, user, req.query, req.k)
-        query_id, found = await self._recall(q)
+        query_id, found = await self._recall(q, fusion=self.fusion())
         rows = (window.rows(self.p.window, tenant, user, req.session_id,
                             self.p.settings.short_term_turns) if req.session_id else [])
-        block = prompt_block(found.core, found.scored, found.procedural,
-                             budget_chars=req.budget_chars, budget_tokens=req.budget_tokens)
-        kept = found.scored[:block.kept]  # what the budget let in: only these count as hits
+        items = fused_items(found)
+        block = prompt_block(found.core, [i.memory for i in items if i.memory is not None],
+                             found.procedural, budget_chars=req.budget_chars,
+                             budget_tokens=req.budget_tokens,
+                             turns=[i.turn for i in items if i.turn is not None])
+        kept = [i.memory for i in items if i.memory is not None][:block.kept]  # budget's: hits
         if req.record_hits:
             self._hits(q, query_id, kept)
         self._served(started, kept)
@@ -205,7 +256,10 @@ class ReadBackend:
             "query_id": query_id, "memories": [retrieval.scored_dict(x) for x in kept],
             "procedural": [retrieval.memory_dict(m) for m in found.procedural],
             "core": found.core, "window": [w.model_dump() for w in window_out(rows)],
-            "prompt_block": block.text, "truncated": block.truncated})
+            "prompt_block": block.text, "truncated": block.truncated,
+            "items": [retrieval.item_dict(i) for i in items
+                      if (i.memory is not None and i.memory in kept)
+                      or (i.turn is not None and i.turn in block.turns)]})
 
     async def feedback(self, tenant: str, user: str, req: FeedbackRequest) -> Accepted:
         scope = Scope(tenant, user, include_global=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -12,17 +13,23 @@ from typing import Any
 
 import pydantic_core
 
+from memstream.memory import lexical
 from memstream.memory.access_stats import AccessStats
+from memstream.memory.archive import TURN_STATUS
 from memstream.memory.fencing import Cursor, Published
 from memstream.memory.model import Memory
 from memstream.memory.store import (
     APPLIED_BY,
     CURSOR_STATUS,
     HIDDEN_STATUSES,
+    INDEXED_FLOATS,
     INDEXED_KEYWORDS,
+    NOT_OPS,
+    SPARSE,
     Record,
     Scope,
     StoreError,
+    TurnWindow,
     access_from,
     access_payload,
     access_point_id,
@@ -34,6 +41,7 @@ from memstream.memory.store import (
     published_from,
     published_payload,
     published_point_id,
+    turn_words,
     unit_vector,
 )
 
@@ -45,7 +53,8 @@ LIST_KEPT_ANSWERS = 4096  # ... this many, the least recently read dropped first
 # a hand-off: a filtered search of 100k memories took 337 us with one thread against 463
 # us with the default (one per CPU, 2 here), and 548 us with 2 (benchmarks: docs/benchmarks.md).
 SEARCH_THREADS = 1
-_TOP = tuple(k for k in INDEXED_KEYWORDS if "." not in k)
+_TOP = tuple(k for k in INDEXED_KEYWORDS if "." not in k) + INDEXED_FLOATS
+log = logging.getLogger(__name__)
 _NESTED = tuple(tuple(k.split(".", 1)) for k in INDEXED_KEYWORDS if "." in k)
 
 
@@ -76,16 +85,28 @@ class EdgeStore:
         shard_dir = path / "shard"
         # The write-ahead log stays on, a rebuild's new store included: it cannot be turned
         # on later, and a store the worker serves must not lose an acknowledged write.
-        config = qe.EdgeConfig(vectors=qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine),
-                               max_search_threads=SEARCH_THREADS)
+        config = _config(qe, dim, sparse=True)
+        self.lexical = True  # the archive's words are indexed (a shard made before: not)
         try:
             if shard_dir.exists() and any(shard_dir.iterdir()):
-                self._shard = qe.EdgeShard.load(str(shard_dir), config)
+                try:
+                    self._shard = qe.EdgeShard.load(str(shard_dir), config)
+                except Exception as exc:
+                    if "incompatible" not in str(exc).lower():
+                        raise
+                    self._shard = qe.EdgeShard.load(str(shard_dir), _config(qe, dim, sparse=False))
+                    self.lexical = False
+                    log.warning("the store at %s predates the archive's word index: archived "
+                                "turns are searched by meaning only until it is rebuilt "
+                                "(memstream rebuild)", shard_dir)
             else:
                 self._shard = qe.EdgeShard.create(str(shard_dir), config)
                 for name in INDEXED_KEYWORDS:
                     self._shard.update(qe.UpdateOperation.create_field_index(
                         name, qe.PayloadSchemaType.Keyword))
+                for name in INDEXED_FLOATS:
+                    self._shard.update(qe.UpdateOperation.create_field_index(
+                        name, qe.PayloadSchemaType.Float))
         except Exception as exc:
             hint = (f" (the embedder's vectors have {dim} dimensions: start with the embedder "
                     "the store was built with, or rebuild it with this one)"
@@ -94,14 +115,15 @@ class EdgeStore:
                              ) from exc
 
     def _filter(self, scope: Scope, statuses: Sequence[str] | None,
-                extra: list[Any] | None = None, exclude_slots: Sequence[str] = ()) -> Any:
+                extra: list[Any] | None = None, exclude_slots: Sequence[str] = (),
+                hidden: tuple[str, ...] = HIDDEN_STATUSES) -> Any:
         must = [matching("tenant_id", (scope.tenant_id,)),
                 matching("user_id", tuple(scope.users())), *(extra or [])]
         must_not = []
         if statuses is not None:
             must.append(matching("status", tuple(statuses)))
         else:
-            must_not.append(matching("status", HIDDEN_STATUSES))
+            must_not.append(matching("status", hidden))
         if exclude_slots:
             must_not.append(matching("slot", tuple(exclude_slots)))
         return self._qe.Filter(must=must, must_not=must_not or None)
@@ -120,7 +142,8 @@ class EdgeStore:
 
     def write_records(self, records: Sequence[Record]) -> None:
         qe = self._qe
-        points = [qe.Point(pid, v, pack(p)) for pid, p, v in records if v is not None]
+        points = [qe.Point(pid, self._vectors(p, v), pack(p)) for pid, p, v in records
+                  if v is not None]
         with self._lock:
             self._memories_changed()
             if points:
@@ -131,6 +154,47 @@ class EdgeStore:
                                                                             pack(payload)))
             # No flush per write: updates go through the shard's write-ahead log, and the
             # memory-change topic can rebuild the store anyway. close() flushes.
+
+    def _vectors(self, payload: dict[str, Any], vector: list[float]) -> Any:
+        """A record's vectors: an archived turn's words too (:func:`turn_words`)."""
+        words = turn_words(payload, self.lexical)
+        if words is None:
+            return vector
+        sparse = self._qe.SparseVector(indices=list(words.indices), values=list(words.values))
+        return {"": vector, SPARSE: sparse}
+
+    def search_turns(self, scope: Scope, k: int, *, vector: list[float] | None = None,
+                     sparse: lexical.Sparse | None = None, window: TurnWindow | None = None,
+                     ) -> list[tuple[dict[str, Any], float]]:
+        qe = self._qe
+        own = Scope(scope.tenant_id, scope.user_id)
+        where = self._filter(own, (TURN_STATUS,), _window(qe, window))
+        if vector is not None:
+            request = qe.QueryRequest(limit=k, query=qe.Query.Nearest(vector), filter=where,
+                                      with_payload=self._doc_only)
+        elif sparse and self.lexical:
+            corpus = self._filter(own, (TURN_STATUS,))
+            request = qe.QueryRequest(
+                limit=k, filter=where, with_payload=self._doc_only,
+                query=qe.Query.Nearest(qe.SparseVector(indices=list(sparse.indices),
+                                                       values=list(sparse.values)), using=SPARSE),
+                params=qe.SearchParams(idf=qe.IdfParams(corpus=corpus)))
+        else:
+            return []
+        with self._lock:
+            hits = self._shard.query(request)
+            docs = self._records(hits)
+        return [(d, float(h.score)) for h, d in zip(hits, docs, strict=True)]
+
+    def sweep_turns(self, before: float) -> int:
+        qe = self._qe
+        old = qe.Filter(must=[matching("status", (TURN_STATUS,)),
+                              qe.FieldCondition(key="ts", range=qe.RangeFloat(lt=before))])
+        with self._lock:
+            n = int(self._shard.count(qe.CountRequest(filter=old)))
+            if n:
+                self._shard.update(qe.UpdateOperation.delete_points_by_filter(old))
+        return n
 
     def _records(self, points: Sequence[Any]) -> list[dict[str, Any]]:
         """The records of points read with their ``_doc`` only (a read of a hot path: the
@@ -191,7 +255,8 @@ class EdgeStore:
         for key in APPLIED_BY:
             cond = qe.FieldCondition(key=key, match=qe.MatchValue(op_id))
             with self._lock:
-                n = self._shard.count(qe.CountRequest(filter=self._filter(scope, None, [cond])))
+                n = self._shard.count(qe.CountRequest(
+                    filter=self._filter(scope, None, [cond], hidden=NOT_OPS)))
             if n:
                 return True
         return False
@@ -207,7 +272,7 @@ class EdgeStore:
         with self._lock:
             records, _ = self._shard.scroll(qe.ScrollRequest(
                 limit=limit, with_payload=True,
-                filter=self._filter(scope, None, [any_mark])))
+                filter=self._filter(scope, None, [any_mark], hidden=NOT_OPS)))
         if len(records) >= limit:  # more than the ops can have left: one by one
             return {i for i in ids if self.op_applied(scope, i)}
         return applied_among(ids, (unpack(r.payload) for r in records))
@@ -324,6 +389,29 @@ class EdgeStore:
             self._shard.close()
 
 
+def _config(qe: Any, dim: int, *, sparse: bool) -> Any:
+    """The shard's configuration: the dense vector; with ``sparse``, the archive's words
+    (BM25 weights from memory.lexical, IDF applied by the engine)."""
+    return qe.EdgeConfig(
+        vectors=qe.EdgeVectorParams(size=dim, distance=qe.Distance.Cosine),
+        sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)}
+        if sparse else None,
+        max_search_threads=SEARCH_THREADS)
+
+
+def _window(qe: Any, window: TurnWindow | None) -> list[Any]:
+    """The conditions of a turn search's session and time range."""
+    if window is None:
+        return []
+    conds = []
+    if window.session_id is not None:
+        conds.append(matching("session_id", (window.session_id,)))
+    if window.since is not None or window.until is not None:
+        conds.append(qe.FieldCondition(key="ts", range=qe.RangeFloat(
+            gte=window.since, lt=window.until)))
+    return conds
+
+
 def pack(payload: dict[str, Any]) -> dict[str, Any]:
     """What Edge stores of a record: the fields filters name, plus the whole record as one
     JSON string. qdrant-edge-py converts a payload key by key (~4 us a key, most of a
@@ -366,5 +454,5 @@ def _loads(doc: str) -> Any:
 def _dense(vector: Any) -> list[float] | None:
     """The unnamed dense vector of a scrolled record (Edge returns it by name or plain)."""
     if isinstance(vector, dict):
-        vector = next(iter(vector.values()), None)
+        vector = vector.get("")
     return None if vector is None else [float(x) for x in vector]

@@ -17,17 +17,20 @@ shard this worker does not serve (yet), so the caller waits or forwards.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import contextvars
 import heapq
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from aiokafka.partitioner import murmur2
 
 from memstream.memory.access_stats import AccessStats
 from memstream.memory.fencing import Cursor, Published
+from memstream.memory.lexical import Sparse
 from memstream.memory.model import GLOBAL_USER, Memory
-from memstream.memory.store import MemoryStore, Record, Scope, StoreError
+from memstream.memory.store import MemoryStore, Record, Scope, StoreError, TurnWindow
 
 PartitionOf = Callable[[str, str], int]
 SHARDS_DIR = "store"  # data_dir/store/<partition>, data_dir/store/global
@@ -144,6 +147,17 @@ class PartitionedStore:
                 found += shared.list(Scope(scope.tenant_id, GLOBAL_USER), statuses,
                                      max(0, limit - len(found)), types=types, slots=slots)
         return found
+
+    def search_turns(self, scope: Scope, k: int, *, vector: builtins.list[float] | None = None,
+                     sparse: Sparse | None = None, window: TurnWindow | None = None,
+                     ) -> builtins.list[tuple[dict[str, Any], float]]:
+        own = Scope(scope.tenant_id, scope.user_id)  # the archive is the user's alone
+        shard = self._scoped(own)
+        with self._closing(own, shard):
+            return shard.search_turns(own, k, vector=vector, sparse=sparse, window=window)
+
+    def sweep_turns(self, before: float) -> int:
+        return sum(shard.sweep_turns(before) for shard in list(self.owned.values()))
 
     @contextlib.contextmanager
     def _closing(self, scope: Scope, *shards: MemoryStore | None) -> Iterator[None]:

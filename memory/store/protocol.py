@@ -16,18 +16,26 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from memstream.core.errors import MemstreamError
+from memstream.memory import lexical
 from memstream.memory.access_stats import AccessStats
+from memstream.memory.archive import TURN_STATUS, indexed_text
 from memstream.memory.fencing import Cursor, Published
+from memstream.memory.lexical import Sparse
 from memstream.memory.model import GLOBAL_USER, Memory, version_point_id
 
 INDEXED_KEYWORDS = ("tenant_id", "user_id", "status", "memory_id", "slot", "type", "source.op_id",
-                    "extra.closed_by", "extra.restated_by")
+                    "extra.closed_by", "extra.restated_by", "session_id")
+INDEXED_FLOATS = ("ts",)  # an archived turn's event time (time ranges, the archive's sweep)
+SPARSE = "text"  # the sparse vector's name: an archived turn's words (memory.lexical)
 
 
 CURSOR_STATUS = "cursor"  # the per-user fencing record; never matches a memory query
 ACCESS_STATUS = "access"  # a memory's hit statistics (memory.access_stats); never a memory either
 PUBLISHED_STATUS = "published"  # the cursor job's change events as published (fencing)
-HIDDEN_STATUSES = (CURSOR_STATUS, ACCESS_STATUS, PUBLISHED_STATUS)
+# records no op leaves (an op's id is looked for among the others: memories, turns)
+NOT_OPS = (CURSOR_STATUS, ACCESS_STATUS, PUBLISHED_STATUS)
+# never a memory: no memory query (list of all statuses, count) sees these records
+HIDDEN_STATUSES = (*NOT_OPS, TURN_STATUS)
 BOOKKEEPING_STATUSES = (CURSOR_STATUS, PUBLISHED_STATUS)  # fencing's, not memories' records
 
 
@@ -110,6 +118,15 @@ def cursor_from(scope: Scope, payloads: Iterable[dict[str, Any] | None]) -> Curs
     return None
 
 
+def turn_words(payload: dict[str, Any], lexical_index: bool) -> Sparse | None:
+    """An archived turn's sparse vector, computed from its payload (so every path that
+    writes a turn, a rebuild's and a copy's included, indexes its words); None for any
+    other record, or a store without the word index."""
+    if payload.get("status") != TURN_STATUS or not lexical_index:
+        return None
+    return lexical.document(indexed_text(payload)) or None
+
+
 def unit_vector(dim: int) -> list[float]:
     """A placeholder vector for records that are never searched (the cursor)."""
     return [1.0] + [0.0] * (dim - 1)
@@ -134,6 +151,16 @@ class Scope:
         return [self.user_id, GLOBAL_USER] if self.include_global else [self.user_id]
 
 
+@dataclass(frozen=True)
+class TurnWindow:
+    """Which of a user's archived turns a turn search sees: one session, an event-time
+    range ``[since, until)`` (None: open)."""
+
+    session_id: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+
 class MemoryStore(Protocol):
     def write(self, memories: Sequence[Memory], vectors: Sequence[list[float] | None]) -> None:
         """Upsert version records; a ``None`` vector keeps the stored one (payload only)."""
@@ -149,6 +176,19 @@ class MemoryStore(Protocol):
                exclude_slots: Sequence[str] = ()) -> list[tuple[Memory, float]]:
         """Top-k by cosine among the scope's memories with one of ``statuses`` (and, if
         given, one of ``types``), leaving out the slots ``exclude_slots``."""
+        ...
+
+    def search_turns(self, scope: Scope, k: int, *, vector: list[float] | None = None,
+                     sparse: Sparse | None = None, window: TurnWindow | None = None,
+                     ) -> list[tuple[dict[str, Any], float]]:
+        """The top-k archived turns of exactly ``scope``'s user (never the global scope) in
+        ``window``: by cosine to ``vector``, or else by BM25 of ``sparse`` (the store
+        applies each term's IDF over the user's turns). Payloads as stored, with scores."""
+        ...
+
+    def sweep_turns(self, before: float) -> int:
+        """Delete every archived turn (all users) whose event time is before ``before``;
+        returns how many."""
         ...
 
     def list(self, scope: Scope, statuses: Sequence[str] | None = ("active",),

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from memstream.memory import access_stats as access
+from memstream.memory.archive import TURN_STATUS, indexed_text
 from memstream.memory.fencing import Cursor
 from memstream.memory.model import version_point_id
 from memstream.memory.store import MemoryStore, Scope
@@ -162,7 +163,7 @@ class Fold:
         if not self._held:
             return
         fresh = [pid for pid in self._held if pid in self._fresh]
-        vectors = dict(zip(fresh, self.reembed([self._held[p][0]["content"] for p in fresh]),
+        vectors = dict(zip(fresh, self.reembed([_embedded(self._held[p][0]) for p in fresh]),
                            strict=True)) if fresh and self.reembed is not None else {}
         self.store.write_records([(pid, payload, vectors.get(pid, vector))
                                   for pid, (payload, vector) in self._held.items()])
@@ -177,6 +178,11 @@ class Fold:
         if self.erased and isinstance(self.store, ErasesMany):
             self.store.erase_users([], flush=True)  # the erasures on disk now, once
         return dict(self._cursors)
+
+
+def _embedded(payload: dict[str, Any]) -> str:
+    """The text a record's vector is of (an archived turn's: with its context)."""
+    return indexed_text(payload) if payload.get("status") == TURN_STATUS else payload["content"]
 
 
 def rebuild(store: MemoryStore, changes: Iterable[MemoryChange],

@@ -5,17 +5,23 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from memstream.memory import lexical
 from memstream.memory.access_stats import AccessStats
+from memstream.memory.archive import TURN_STATUS
 from memstream.memory.fencing import Cursor, Published
 from memstream.memory.model import Memory
 from memstream.memory.store import (
     APPLIED_BY,
     CURSOR_STATUS,
     HIDDEN_STATUSES,
+    INDEXED_FLOATS,
     INDEXED_KEYWORDS,
+    NOT_OPS,
+    SPARSE,
     Record,
     Scope,
     StoreError,
+    TurnWindow,
     access_from,
     access_payload,
     access_point_id,
@@ -26,6 +32,7 @@ from memstream.memory.store import (
     published_from,
     published_payload,
     published_point_id,
+    turn_words,
     unit_vector,
 )
 
@@ -40,11 +47,20 @@ class ServerStore:
         self._dim = dim
         try:
             if not client.collection_exists(collection):
-                client.create_collection(collection, vectors_config=models.VectorParams(
-                    size=dim, distance=models.Distance.COSINE))
+                client.create_collection(
+                    collection, vectors_config=models.VectorParams(
+                        size=dim, distance=models.Distance.COSINE),
+                    sparse_vectors_config={SPARSE: models.SparseVectorParams(
+                        modifier=models.Modifier.IDF)})
                 for name in INDEXED_KEYWORDS:
                     client.create_payload_index(collection, name,
                                                 models.PayloadSchemaType.KEYWORD)
+                for name in INDEXED_FLOATS:
+                    client.create_payload_index(collection, name,
+                                                models.PayloadSchemaType.FLOAT)
+            # a collection made before the archive has no word index: turns by meaning only
+            sparse = client.get_collection(collection).config.params.sparse_vectors or {}
+            self.lexical = SPARSE in sparse
         except Exception as exc:
             raise StoreError(f"cannot prepare collection {collection!r}: {exc}") from exc
 
@@ -55,7 +71,8 @@ class ServerStore:
         return cls(collection, dim, client=QdrantClient(url=url, api_key=api_key))
 
     def _filter(self, scope: Scope, statuses: Sequence[str] | None,
-                extra: list[Any] | None = None, exclude_slots: Sequence[str] = ()) -> Any:
+                extra: list[Any] | None = None, exclude_slots: Sequence[str] = (),
+                hidden: tuple[str, ...] = HIDDEN_STATUSES) -> Any:
         m = self._m
         must: list[Any] = [
             m.FieldCondition(key="tenant_id", match=m.MatchValue(value=scope.tenant_id)),
@@ -67,7 +84,7 @@ class ServerStore:
             must.append(m.FieldCondition(key="status", match=m.MatchAny(any=list(statuses))))
         else:
             must_not.append(m.FieldCondition(key="status",
-                                             match=m.MatchAny(any=list(HIDDEN_STATUSES))))
+                                             match=m.MatchAny(any=list(hidden))))
         if exclude_slots:
             must_not.append(m.FieldCondition(key="slot",
                                              match=m.MatchAny(any=list(exclude_slots))))
@@ -88,14 +105,65 @@ class ServerStore:
 
     def write_records(self, records: Sequence[Record]) -> None:
         m = self._m
-        points = [m.PointStruct(id=pid, vector=v, payload=p) for pid, p, v in records
-                  if v is not None]
+        points = [m.PointStruct(id=pid, vector=self._vectors(p, v), payload=p)
+                  for pid, p, v in records if v is not None]
         if points:
             self._client.upsert(self.collection, points=points, wait=True)
         for pid, payload, v in records:
             if v is None:
                 self._client.overwrite_payload(self.collection, payload=payload,
                                                points=[pid], wait=True)
+
+    def _vectors(self, payload: dict[str, Any], vector: list[float]) -> Any:
+        """A record's vectors: an archived turn's words too (:func:`turn_words`)."""
+        words = turn_words(payload, self.lexical)
+        if words is None:
+            return vector
+        sparse = self._m.SparseVector(indices=list(words.indices), values=list(words.values))
+        return {"": vector, SPARSE: sparse}
+
+    def search_turns(self, scope: Scope, k: int, *, vector: list[float] | None = None,
+                     sparse: lexical.Sparse | None = None, window: TurnWindow | None = None,
+                     ) -> list[tuple[dict[str, Any], float]]:
+        """As EdgeStore.search_turns (the server applies IDF over the whole collection:
+        it takes no corpus filter)."""
+        m = self._m
+        own = Scope(scope.tenant_id, scope.user_id)
+        where = self._filter(own, (TURN_STATUS,), self._window(window))
+        if vector is not None:
+            hits = self._client.query_points(self.collection, query=vector, limit=k,
+                                             with_payload=True, query_filter=where).points
+        elif sparse and self.lexical:
+            hits = self._client.query_points(
+                self.collection, query=m.SparseVector(indices=list(sparse.indices),
+                                                      values=list(sparse.values)),
+                using=SPARSE, limit=k, with_payload=True, query_filter=where).points
+        else:
+            return []
+        return [(dict(h.payload or {}), float(h.score)) for h in hits]
+
+    def _window(self, window: TurnWindow | None) -> list[Any]:
+        m = self._m
+        if window is None:
+            return []
+        conds: list[Any] = []
+        if window.session_id is not None:
+            conds.append(m.FieldCondition(key="session_id",
+                                          match=m.MatchValue(value=window.session_id)))
+        if window.since is not None or window.until is not None:
+            conds.append(m.FieldCondition(key="ts", range=m.Range(gte=window.since,
+                                                                  lt=window.until)))
+        return conds
+
+    def sweep_turns(self, before: float) -> int:
+        m = self._m
+        old = m.Filter(must=[m.FieldCondition(key="status", match=m.MatchValue(value=TURN_STATUS)),
+                             m.FieldCondition(key="ts", range=m.Range(lt=before))])
+        n = int(self._client.count(self.collection, count_filter=old, exact=True).count)
+        if n:
+            self._client.delete(self.collection, points_selector=m.FilterSelector(filter=old),
+                                wait=True)
+        return n
 
     def search(self, scope: Scope, vector: list[float], k: int,
                statuses: Sequence[str] = ("active",), *, types: Sequence[str] | None = None,
@@ -119,7 +187,7 @@ class ServerStore:
         for key in APPLIED_BY:
             cond = m.FieldCondition(key=key, match=m.MatchValue(value=op_id))
             n = self._client.count(self.collection, count_filter=self._filter(
-                scope, None, [cond]), exact=True).count
+                scope, None, [cond], hidden=NOT_OPS), exact=True).count
             if n:
                 return True
         return False
@@ -175,7 +243,8 @@ class ServerStore:
                 self.collection, scroll_filter=where, limit=page, offset=offset,
                 with_payload=True, with_vectors=vectors)
             for r in records:
-                vec = r.vector if isinstance(r.vector, list) else None
+                vec = r.vector.get("") if isinstance(r.vector, dict) else r.vector
+                vec = vec if isinstance(vec, list) else None
                 yield str(r.id), dict(r.payload or {}), vec
             if offset is None:
                 return

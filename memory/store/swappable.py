@@ -18,8 +18,9 @@ from typing import Any
 
 from memstream.memory.access_stats import AccessStats
 from memstream.memory.fencing import Cursor, Published
+from memstream.memory.lexical import Sparse
 from memstream.memory.model import Memory
-from memstream.memory.store import MemoryStore, Record, Scope
+from memstream.memory.store import MemoryStore, Record, Scope, TurnWindow
 
 UserKey = tuple[str, str]
 PRUNE_AFTER_S = 3600.0  # write times older than this are forgotten (a switch looks back less)
@@ -96,6 +97,15 @@ class SwappableStore:
                exclude_slots: Sequence[str] = ()) -> list[tuple[Memory, float]]:
         return self._current.search(scope, vector, k, statuses, types=types,
                                     exclude_slots=exclude_slots)
+
+    def search_turns(self, scope: Scope, k: int, *, vector: list[float] | None = None,
+                     sparse: Sparse | None = None, window: TurnWindow | None = None,
+                     ) -> list[tuple[dict[str, Any], float]]:
+        return self._current.search_turns(scope, k, vector=vector, sparse=sparse,
+                                          window=window)
+
+    def sweep_turns(self, before: float) -> int:
+        return self._current.sweep_turns(before)
 
     def list(self, scope: Scope, statuses: Sequence[str] | None = ("active",),
              limit: int = 10_000, *, types: Sequence[str] | None = None,

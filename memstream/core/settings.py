@@ -231,6 +231,19 @@ class Settings(BaseSettings):
     short_term_turns: int = Field(10, ge=0, description="Recent messages returned with memories")
     conversation_keep: int = Field(
         200, ge=0, description="Messages per session kept for conversation_search")
+    archive: bool = Field(True, description="Keep every non-trivial user and assistant turn in "
+                          "the episodic archive, searched with the memories (docs/archive.md)")
+    archive_days: float | None = Field(
+        None, gt=0, description="Archived turns older than this (event time) are never returned "
+        "and are swept from the store; unset: kept until the user is erased")
+    archive_sweep_s: float = Field(3_600.0, gt=0, description="How often the apply stage "
+                                   "sweeps turns older than archive_days from its store")
+    archive_k: int = Field(40, ge=1, description="Turns each of the archive's two searches "
+                           "(by meaning, by words) brings to the fusion")
+    fusion_weights: tuple[float, float, float, float] = Field(
+        (1.0, 0.3, 1.0, 0.1), description="Reciprocal-rank fusion weights of the memories' "
+        "ranking, the turns by meaning, the turns by words and the turns by recency")
+    fusion_k: float = Field(10.0, gt=0, description="Reciprocal-rank fusion's k: 1 / (k + rank)")
     access_flush_s: float = Field(0.2, gt=0, description="Hit events are sent every this many s")
     access_batch: int = Field(500, ge=1, description="... or when this many are waiting")
 

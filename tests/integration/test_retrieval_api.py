@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import pytest
@@ -212,3 +213,40 @@ async def test_window_keeps_the_last_turns_across_a_kill(harness, tmp_path):
         assert await until(window, "the window after the restart", 120) == expected
     finally:
         await c.aclose()
+
+
+async def test_a_question_only_an_older_sessions_turn_answers_comes_back_with_its_date(
+        api, tenant):
+    """The episodic archive: what the extractor kept nothing of is still found, in a
+    session of months ago, dated; memories alone do not have it."""
+    said = datetime(2025, 5, 7, 14, 0, tzinfo=UTC)
+    older = [{"role": "user", "content": "The plumber Marco replaced the corroded valve "
+              "under our kitchen sink", "ts": said.isoformat()},
+             {"role": "assistant", "content": "Good that it was sorted before the holidays",
+              "ts": (said + timedelta(minutes=1)).isoformat()}]
+    async with client_for(api, tenant) as c:
+        await c.add(older, user_id="cleo", session_id="s-old")
+        await c.end_session(user_id="cleo", session_id="s-old")
+        await wait_covered(api, {("cleo", "s-old"): 2}, tenant=tenant)
+        await remembered(api, c, tenant, "cleo", "s-new", ["Remember this: I prefer window seats"])
+        found = await c.search("who replaced the valve under the sink?", user_id="cleo",
+                               limit=5)
+        assert not any("Marco" in m.content for m in found.memories)
+        turns = [i for i in found.items if i.kind == "turn"]
+        assert turns and "Marco replaced the corroded valve" in turns[0].content
+        assert (turns[0].session_id, turns[0].role) == ("s-old", "user")
+        assert turns[0].event_time == said.timestamp() and turns[0].message_ids
+        ctx = await c.context("who replaced the valve under the sink?", user_id="cleo",
+                              session_id="s-new")
+        assert "## From earlier conversations" in ctx.prompt_block
+        assert "(2025-05-07) [user] The plumber Marco" in ctx.prompt_block
+        # the agent's tool: the whole archive, then one session and a time range
+        every = await c.execute_tool("conversation_search", {"query": "plumber valve"},
+                                     user_id="cleo", session_id="s-new")
+        assert "[2025-05-07T14:00] user: The plumber Marco" in every.content
+        none = await c.execute_tool("conversation_search", {
+            "query": "plumber valve", "since": "2026-01-01T00:00:00Z"}, user_id="cleo")
+        assert "Marco" not in none.content
+        # another user of the tenant sees nothing of it
+        other = await c.search("who replaced the valve under the sink?", user_id="dora")
+        assert not [i for i in other.items if i.kind == "turn"]

@@ -91,6 +91,25 @@ class ScoredMemory(MemoryOut):
     relevance: float
 
 
+class TurnContext(_Out):
+    role: str
+    content: str
+
+
+class RecallItem(_Out):
+    """One fused result: a memory, or an archived turn of an earlier conversation."""
+
+    kind: Literal["memory", "turn"]
+    id: str
+    content: str
+    score: float  # the fusion's (reciprocal-rank) score
+    event_time: float  # when it was said (a memory: the statement's, else valid_from), epoch s
+    session_id: str
+    message_ids: list[str]  # its lineage: the messages it came from
+    role: str | None = None  # a turn's speaker
+    context: TurnContext | None = None  # a turn's previous turn in its session
+
+
 class MemoryPage(_Out):
     memories: list[MemoryOut]
     next_cursor: str | None = None  # pass as ``cursor`` for the next page
@@ -107,12 +126,19 @@ class SearchRequest(_Body):
         ["active"], description="Archived / superseded / deleted come back only when asked for")
     include_expired: bool = False
     record_hits: bool = True
+    sources: Literal["fused", "memories", "turns"] = Field(
+        "fused", description="What ``items`` fuses: memories and archived turns, or one kind")
+    turn_match: Literal["hybrid", "dense", "sparse"] = Field(
+        "hybrid", description="How turns are found: by meaning and words, or one of them")
+    recency: bool = Field(True, description="Recency counts in the ranking")
 
 
 class SearchResponse(_Out):
     query_id: str  # name it in feedback calls
     memories: list[ScoredMemory]
     procedural: list[MemoryOut] = Field(default_factory=list)
+    # memories and archived turns fused, best first (only memories when the archive is off)
+    items: list[RecallItem] = Field(default_factory=list)
 
 
 class WindowMessage(_Out):
@@ -140,6 +166,7 @@ class ContextResponse(_Out):
     window: list[WindowMessage]
     prompt_block: str
     truncated: bool = False  # the budget left some memories out
+    items: list[RecallItem] = Field(default_factory=list)  # what the prompt block holds, fused
 
 
 class FeedbackRequest(_Body):

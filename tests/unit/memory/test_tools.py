@@ -33,7 +33,7 @@ pytestmark = pytest.mark.unit
 
 NAMES = ["memory_search", "memory_insert", "core_memory_replace", "conversation_search"]
 _KNOWN = {"type", "description", "enum", "minimum", "maximum", "minLength", "maxLength",
-          "pattern", "default"}
+          "pattern", "default", "format"}
 
 
 def _type_ok(kind: str, value: Any) -> bool:

@@ -134,7 +134,7 @@ P = Policy(min_new_messages=3, context_messages=2, idle_timeout_s=100, job_timeo
            forget_after_s=1e9)  # sessions are never forgotten: their seqs never restart
 SETTINGS = SimpleNamespace(job_timeout_s=P.job_timeout_s, job_deadline_fraction=0.8,
                            extract_backoff_s=0.01, extract_backoff_max_s=0.01,
-                           extract_retries=0)
+                           extract_retries=0, archive=True)
 USERS = ("u1", "u2")
 SESSIONS = ("a", "b")
 # text -> (slot, the content the rules model extracts); None: nothing to remember
@@ -238,7 +238,8 @@ class PipelineMachine(RuleBasedStateMachine):
         self.cursor_seq = dict.fromkeys(USERS, 0)
         self.p: Any = SimpleNamespace(  # what the stages' functions use of a Pipeline
             services=SimpleNamespace(store=env.live, extractor=self.extractor,
-                                     model=self.extractor.model),
+                                     model=self.extractor.model,
+                                     embedder=self.extractor.embedder),
             settings=SETTINGS, counters=Counters(), user_keys=None,
             topics=SimpleNamespace(memory_changes=SimpleNamespace(name="changes"),
                                    memory_events=SimpleNamespace(name="events"),

@@ -37,7 +37,8 @@ def p(tmp_path):
     # partitioned store's take is tests/unit/streams/test_shards.py's)
     settings = Settings(data_dir=tmp_path, embedder="hashing", web_enabled=False,
                         ingest_enabled=False, admin_key=ADMIN,
-                        reflection_threshold=1.0, store_partitioned=False)
+                        reflection_threshold=1.0, store_partitioned=False,
+                        archive=False)  # the archive's own: tests/unit/memory/test_archive.py
     pipeline = build_app(settings)
     pipeline.clock = lambda: NOW
     yield pipeline

@@ -1,0 +1,238 @@
+"""The episodic archive: the sparse encoder (EN, ZH), the archive changes of a job, the
+turn records in both stores (dense, sparse, window, sweep, erase), the fusion and the
+dedup by lineage."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from memstream.memory import lexical
+from memstream.memory.applying import apply_change, apply_decision, build_decision
+from memstream.memory.archive import (
+    ARCHIVE_OP,
+    TURN_STATUS,
+    Turn,
+    archive_changes,
+    stated_by,
+    turns_of,
+    weighted_rrf,
+)
+from memstream.memory.embedding import HashingEmbedder
+from memstream.memory.extraction import JobOutcome
+from memstream.memory.hybrid import Fusion, fuse, turn_candidates
+from memstream.memory.model import Memory, MemoryType, Source
+from memstream.memory.scoring import Scored
+from memstream.memory.store import Scope, TurnWindow
+from memstream.memory.store.rebuild_fold import rebuild
+from memstream.topics.schemas import ExtractionJob, JobMessage, TriggerReason
+
+pytestmark = pytest.mark.unit
+
+EMB = HashingEmbedder()
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+class _Model:
+    name = "rules"
+    prompt_version = "test"
+
+
+def conversation(lines: list[tuple[str, str]], *, job_id: str = "job-1", seq: int = 1,
+                 user: str = "u1", session: str = "s1", start: int = 0,
+                 context: list[tuple[str, str]] = (), day: int = 0) -> ExtractionJob:
+    def message(n: int, role: str, text: str) -> JobMessage:
+        return JobMessage(seq=n, message_id=f"{session}-m{n}", role=role, content=text,
+                          ts=T0 + timedelta(days=day, minutes=n))
+
+    before = [message(start - len(context) + i, r, t) for i, (r, t) in enumerate(context)]
+    msgs = [message(start + i, r, t) for i, (r, t) in enumerate(lines)]
+    return ExtractionJob(job_id=job_id, seq=seq, tenant_id="t1", user_id=user,
+                         session_id=session, from_seq=start, to_seq=start + len(lines),
+                         reason=TriggerReason.THRESHOLD, messages=msgs, context=before,
+                         created_at=T0)
+
+
+def archived(store, job: ExtractionJob) -> list:
+    """Decide ``job`` with no memory op (the archive alone) and apply it."""
+    changes = archive_changes(job, EMB.embed, EMB.name, 1.0)
+    decision = build_decision(job, JobOutcome(), _Model(), 1.0, changes)
+    apply_decision(store, decision)
+    return changes
+
+
+# --- the sparse encoder --------------------------------------------------------------------
+
+def test_english_terms_are_stemmed_lower_cased_and_stop_words_dropped():
+    assert lexical.terms("The Painters were PAINTING landscapes!") == [
+        "painter", "paint", "landscap"]
+    assert lexical.terms("I moved to Porto in 2024") == ["move", "porto", "2024"]
+
+
+def test_chinese_text_is_indexed_as_characters_and_their_pairs():
+    assert lexical.terms("我喜欢咖啡") == ["我", "喜", "欢", "咖", "啡",
+                                          "我喜", "喜欢", "欢咖", "咖啡"]
+    # a word of the query matches the text wherever it stands, mixed scripts too
+    doc, q = lexical.document("我每天早上喝咖啡, latte please"), lexical.query("咖啡")
+    assert set(q.indices) <= set(doc.indices)
+    assert lexical.term_id("latt") in lexical.document("lattes").indices
+
+
+def test_document_weights_saturate_with_term_frequency_and_shrink_with_length():
+    once = dict(zip(*(lambda v: (v.indices, v.values))(lexical.document("coffee")),
+                    strict=True))
+    thrice = dict(zip(*(lambda v: (v.indices, v.values))(
+        lexical.document("coffee coffee coffee")), strict=True))
+    long = dict(zip(*(lambda v: (v.indices, v.values))(
+        lexical.document("coffee " + " ".join(f"word{i}" for i in range(60)))), strict=True))
+    cid = lexical.term_id("coffe")
+    assert once[cid] < thrice[cid] < lexical.K1 + 1  # more, but bounded
+    assert long[cid] < once[cid]
+    assert lexical.query("coffee coffee tea").values == (1.0, 1.0)
+    assert not lexical.document("the and of") and not lexical.query("?!")
+
+
+# --- the archive changes of a job ---------------------------------------------------------
+
+def test_a_jobs_non_trivial_user_and_assistant_turns_are_archived_with_their_context():
+    job = conversation([("user", "I adopted a dog named Biscuit"), ("assistant", "ok"),
+                        ("system", "be brief"), ("assistant", "What breed is Biscuit?"),
+                        ("user", "thanks")], context=[("user", "Guess what happened!")],
+                       start=1)
+    kept = turns_of(job)
+    assert [(m.content, c.content if c else None) for m, c in kept] == [
+        ("I adopted a dog named Biscuit", "Guess what happened!"),
+        ("What breed is Biscuit?", None)]  # its previous message is a system one
+    changes = archive_changes(job, EMB.embed, EMB.name, 5.0)
+    assert [c.op for c in changes] == [ARCHIVE_OP, ARCHIVE_OP]
+    first = changes[0]
+    assert first.records == [first.after] and first.after["status"] == TURN_STATUS
+    assert first.lineage.message_ids == ["s1-m0", "s1-m1"] and first.lineage.kind == "archive"
+    assert first.vector is not None and len(first.vector) == EMB.dim
+    # a tool job archives nothing; the same job archives the same ids again
+    assert [c.change_id for c in archive_changes(job, EMB.embed, EMB.name, 9.0)] == [
+        c.change_id for c in changes]
+
+
+def test_archived_turns_are_written_once_and_never_seen_as_memories(store):
+    job = conversation([("user", "I adopted a dog named Biscuit"),
+                        ("assistant", "Biscuit is a lovely name for a beagle")])
+    changes = archived(store, job)
+    scope = Scope("t1", "u1")
+    assert store.list(scope, statuses=None) == [] and store.count() == 0
+    found = store.search_turns(scope, 5, sparse=lexical.query("beagle"))
+    assert [p["content"] for p, _ in found] == ["Biscuit is a lovely name for a beagle"]
+    near = store.search_turns(scope, 5, vector=EMB.embed(["dog named Biscuit"])[0])
+    assert {p["message_id"] for p, _ in near} == {"s1-m0", "s1-m1"}
+    # applied again (a replay): nothing new; another user sees nothing
+    assert not any(apply_change(store, c) for c in changes)
+    assert store.search_turns(Scope("t1", "u2"), 5, sparse=lexical.query("beagle")) == []
+    assert store.search_turns(Scope("t2", "u1"), 5, vector=near[0][0] and
+                              EMB.embed(["dog"])[0]) == []
+
+
+def test_a_turn_search_keeps_to_its_session_and_time_range_and_the_sweep_drops_old_turns(store):
+    archived(store, conversation([("user", "my sister lives in Lisbon")], session="s1"))
+    archived(store, conversation([("user", "my brother lives in Lisbon too")], session="s2",
+                                 job_id="job-2", seq=2, day=10))
+    scope, words = Scope("t1", "u1"), lexical.query("Lisbon")
+    assert len(store.search_turns(scope, 5, sparse=words)) == 2
+    one = store.search_turns(scope, 5, sparse=words, window=TurnWindow(session_id="s2"))
+    assert [p["session_id"] for p, _ in one] == ["s2"]
+    later = T0.timestamp() + 5 * 86_400
+    assert [p["session_id"] for p, _ in store.search_turns(
+        scope, 5, sparse=words, window=TurnWindow(since=later))] == ["s2"]
+    assert [p["session_id"] for p, _ in store.search_turns(
+        scope, 5, sparse=words, window=TurnWindow(until=later))] == ["s1"]
+    assert store.sweep_turns(later) == 1
+    assert [p["session_id"] for p, _ in store.search_turns(scope, 5, sparse=words)] == ["s2"]
+
+
+def test_a_forget_me_erases_the_archive_and_a_rebuild_reproduces_it(store, tmp_path):
+    from memstream.memory.store.edge import EdgeStore
+
+    changes = archived(store, conversation([("user", "I run marathons in Berlin"),
+                                            ("assistant", "Which one was your fastest?")]))
+    changes += archived(store, conversation([("user", "Berlin in 3:05, last year")],
+                                            job_id="job-2", seq=2, start=2))
+    rebuilt = EdgeStore(tmp_path / "rebuilt", EMB.dim)
+    try:
+        rebuild(rebuilt, changes)
+        scope, words = Scope("t1", "u1"), lexical.query("Berlin marathon")
+        assert ([p for p, _ in rebuilt.search_turns(scope, 5, sparse=words)]
+                == [p for p, _ in store.search_turns(scope, 5, sparse=words)])
+        assert len(rebuilt.search_turns(scope, 5, sparse=words)) == 3
+    finally:
+        rebuilt.close()
+    store.erase(Scope("t1", "u1"))
+    assert store.search_turns(Scope("t1", "u1"), 5, sparse=lexical.query("Berlin")) == []
+    assert store.search_turns(Scope("t1", "u1"), 5, vector=EMB.embed(["Berlin"])[0]) == []
+
+
+# --- fusion and dedup ----------------------------------------------------------------------
+
+def turn(mid: str, msg: str, ts: float = 0.0, context: str | None = None) -> Turn:
+    return Turn(mid, "s1", msg, 1, "user", f"text {mid}", ts,
+                {"message_id": context, "role": "assistant", "content": "q"} if context
+                else None)
+
+
+def scored(mid: str, message_ids: tuple[str, ...], score: float = 1.0) -> Scored:
+    m = Memory(memory_id=mid, tenant_id="t1", user_id="u1", type=MemoryType.EPISODIC,
+               content=f"memory {mid}", importance=5, created_at=0.0, updated_at=0.0,
+               valid_from=0.0, source=Source("s1", 0, 1, "j", "op-" + mid, message_ids))
+    return Scored(m, score, 0.0, 0.0, score)
+
+
+def test_weighted_rrf_adds_each_lists_reciprocal_rank():
+    fused = weighted_rrf([(1.0, ["a", "b"]), (0.5, ["b", "c"]), (0.0, ["d"])], k=10)
+    assert fused == pytest.approx({"a": 1 / 11, "b": 1 / 12 + 0.5 / 11, "c": 0.5 / 12})
+
+
+def test_a_turn_found_by_meaning_and_words_rises_above_one_found_once():
+    f = Fusion(weights=(1.0, 1.0, 1.0, 0.0), k=10)
+    both, dense_only, sparse_only = turn("t1", "m1"), turn("t2", "m2"), turn("t3", "m3")
+    items = fuse([scored("x", ("m9",))], [dense_only, both], [sparse_only, both], f, k=4)
+    assert items[0].kind == "turn" and items[0].turn == both
+    assert {i.key for i in items} == {"t:t1", "t:t2", "t:t3", "m:x"}
+    assert [i.key for i in fuse([scored("x", ("m9",))], [dense_only], [sparse_only],
+                                f, k=1)] == ["m:x"]  # a tie goes by key: m before t
+
+
+def test_sources_narrow_the_fusion_and_recency_breaks_ties_toward_newer_turns():
+    old, new = turn("t1", "m1", ts=10.0), turn("t2", "m2", ts=20.0)
+    mem = [scored("x", ("m9",), 0.9), scored("y", ("m8",), 0.5)]
+    only_mem = fuse(mem, [old], [old], Fusion(sources="memories"), k=5)
+    assert [i.key for i in only_mem] == ["m:x", "m:y"]
+    only_turns = fuse(mem, [old, new], [], Fusion(sources="turns", weights=(1, 1, 0, 0)), k=5)
+    assert [i.key for i in only_turns] == ["t:t1", "t:t2"]
+    recent = fuse([], [old, new], [new, old], Fusion(weights=(1, 1, 1, 0.5)), k=5)
+    assert [i.key for i in recent] == ["t:t2", "t:t1"]
+    flat = fuse([], [old, new], [new, old], Fusion(weights=(1, 1, 1, 0.5), recency=False), k=5)
+    assert flat[0].score == pytest.approx(flat[1].score)
+
+
+def test_a_turn_a_returned_memory_states_in_full_is_left_out():
+    stated = turn("t1", "m1", context="m0")
+    wider = turn("t2", "m5")
+    assert stated_by(stated, [("m1",)]) and stated_by(stated, [("m0", "m1")])
+    assert not stated_by(stated, [("m1", "m2")]) and not stated_by(stated, [()])
+    items = fuse([scored("x", ("m1",)), scored("y", ("m4", "m5", "m6"))],
+                 [stated, wider], [stated, wider], Fusion(), k=10)
+    assert {i.key for i in items} == {"m:x", "m:y", "t:t2"}
+
+
+def test_turn_candidates_apply_the_archives_age_bound(store):
+    archived(store, conversation([("user", "we hiked the Alps")], day=0))
+    archived(store, conversation([("user", "we hiked the Andes")], job_id="job-2", seq=2,
+                                 start=1, day=40))
+    now = T0.timestamp() + 45 * 86_400
+    vector, scope = EMB.embed(["hiked"])[0], Scope("t1", "u1")
+    dense, sparse = turn_candidates(store, scope, vector, "hiked", Fusion(), now)
+    assert len(dense) == len(sparse) == 2
+    dense, sparse = turn_candidates(store, scope, vector, "hiked",
+                                    Fusion(archive_days=30), now)
+    assert [t.content for t in dense] == [t.content for t in sparse] == ["we hiked the Andes"]
+    dense, sparse = turn_candidates(store, scope, vector, "hiked", Fusion(match="sparse"), now)
+    assert dense == [] and len(sparse) == 2
