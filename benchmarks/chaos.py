@@ -47,6 +47,12 @@ next kill; the worker kills go on beside. The whole-broker restart of a single-b
 is off with a cluster: stopping every node is that run's test, and a node's loss is what
 the leader kills measure, harder (SIGKILL, not a controlled shutdown).
 
+The episodic archive is checked too: every produced user or assistant message that is not
+trivial must be archived by exactly one ``archive`` change on the memory-change topic
+(missing, duplicate: more than one change id, unexpected: a turn not produced or trivial,
+mismatched: a payload not the message's), and the replayed store and the workers' own stores
+(read from disk once they are stopped) must hold exactly those turns.
+
 Prints missing / stale / duplicate / unexpected live memories, change ids with differing
 payloads, jobs decided more than once, restart-to-processing times, acknowledged messages
 lost, misplaced records against re-routed ones, the leader kills, and one JSON line last.
@@ -84,7 +90,9 @@ from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
 from memstream.dev.tls import write_dev_tls
+from memstream.memory.archive import ARCHIVE_OP, TURN_STATUS, turn_id
 from memstream.memory.store.partitioned import partition_of_key
+from memstream.memory.trigger_rules import is_trivial
 from memstream.ops.status import serves_what_it_owns
 from memstream.topics.events import PRIVATE_OPS
 from memstream.topics.layout import prepare
@@ -404,6 +412,106 @@ def change_stats(changes: Sequence[MemoryChange]) -> dict[str, int]:
             "change_records_republished": sum(n - 1 for n in seen.values()),
             "change_ids_differing_payloads": sum(len(v) > 1 for v in exact.values()),
             "change_ids_differing_content": sum(len(v) > 1 for v in content.values())}
+
+
+TurnKey = tuple[str, str, str, str]  # tenant, user, session, message id
+
+
+def expected_turns(events: Iterable[Event]) -> dict[TurnKey, ChatMessage]:
+    """The turns the episodic archive must keep: every produced user or assistant message
+    that is not trivial (:func:`memory.trigger_rules.is_trivial`), by its key."""
+    return {(e.tenant_id, e.user_id, e.session_id, e.message_id): e for e in events
+            if isinstance(e, ChatMessage) and e.role.value in ("user", "assistant")
+            and not is_trivial(e.content)}
+
+
+@dataclass
+class ArchiveReport:
+    """The archive's changes on the memory-change topic against the expected turns.
+
+    missing: an expected turn no ``archive`` change carries; duplicate: a turn carried by
+    more than one distinct change id (a re-publication of one change id is counted by
+    :func:`change_stats`); unexpected: an archive change of a message not produced, or
+    trivial, or not a user/assistant turn; mismatched: an archive change whose payload is
+    not the message (memory id, role, content, status)."""
+
+    turns_expected: int = 0
+    turns_archived: int = 0  # distinct expected turns with an archive change
+    archive_changes: int = 0  # distinct archive change ids
+    missing: list[TurnKey] = field(default_factory=list)
+    duplicate: list[tuple[TurnKey, int]] = field(default_factory=list)  # key, change ids
+    unexpected: list[TurnKey] = field(default_factory=list)
+    mismatched: list[tuple[TurnKey, str]] = field(default_factory=list)  # key, change id
+
+    def counts(self) -> dict[str, int]:
+        return {"turns_expected": self.turns_expected, "turns_archived": self.turns_archived,
+                "archive_changes": self.archive_changes, "missing": len(self.missing),
+                "duplicate": sum(n - 1 for _, n in self.duplicate),
+                "unexpected": len(self.unexpected), "mismatched": len(self.mismatched)}
+
+
+def turn_key(payload: Mapping[str, Any]) -> TurnKey:
+    return (str(payload.get("tenant_id")), str(payload.get("user_id")),
+            str(payload.get("session_id")), str(payload.get("message_id")))
+
+
+def check_archive(expected: Mapping[TurnKey, ChatMessage],
+                  changes: Iterable[MemoryChange]) -> ArchiveReport:
+    """Every expected turn archived by exactly one change id, and nothing else archived."""
+    ids: dict[TurnKey, set[str]] = defaultdict(set)
+    report = ArchiveReport(turns_expected=len(expected))
+    seen: set[str] = set()
+    for c in changes:
+        if c.op != ARCHIVE_OP or c.change_id in seen:
+            continue
+        seen.add(c.change_id)
+        key = turn_key(c.after)
+        ids[key].add(c.change_id)
+        want = expected.get(key)
+        if want is None:
+            continue
+        if (c.memory_id != turn_id(*key) or c.after.get("status") != TURN_STATUS
+                or c.after.get("role") != want.role.value
+                or c.after.get("content") != want.content
+                or (c.tenant_id, c.user_id) != key[:2]):
+            report.mismatched.append((key, c.change_id))
+    report.archive_changes = len(seen)
+    report.turns_archived = sum(k in ids for k in expected)
+    report.missing = sorted(k for k in expected if k not in ids)
+    report.duplicate = sorted((k, len(v)) for k, v in ids.items() if len(v) > 1)
+    report.unexpected = sorted(k for k in ids if k not in expected)
+    return report
+
+
+def check_stored_turns(expected: Iterable[TurnKey],
+                       stored: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """A store's turn records (payloads of status ``turn``) against the expected turns:
+    per user the same set (a turn's point id is its key's: a store cannot hold one twice,
+    so the topic's duplicates show in :func:`check_archive` only)."""
+    want = set(expected)
+    have: Counter[TurnKey] = Counter(turn_key(p) for p in stored
+                                     if p.get("status") == TURN_STATUS)
+    users_want = Counter(k[:2] for k in want)
+    users_have = Counter(k[:2] for k in have)
+    return {"turn_records": sum(have.values()), "missing": len(want - set(have)),
+            "unexpected": len(set(have) - want),
+            "duplicate": sum(n - 1 for n in have.values()),
+            "users_count_off": sum(users_want[u] != users_have[u]
+                                   for u in set(users_want) | set(users_have))}
+
+
+ARCHIVE_CHECKS = ("missing", "duplicate", "unexpected", "mismatched")
+STORED_CHECKS = ("missing", "unexpected", "duplicate", "users_count_off")
+
+
+def archive_consistent(row: Mapping[str, Any]) -> bool:
+    """Every non-trivial turn archived exactly once on the topic, and the same turns in the
+    replayed store and the workers' own stores; rows from before the check count as
+    consistent (a view not scanned: ``None``)."""
+    topic = row.get("archive") or {}
+    stores = [row.get("archive_replay"), row.get("archive_worker_store")]
+    return (all(topic.get(k, 0) == 0 for k in ARCHIVE_CHECKS)
+            and all(v.get(k, 0) == 0 for v in stores if v for k in STORED_CHECKS))
 
 
 EVENT_CHECKS = ("events_missing", "events_unexpected", "event_partitions_out_of_order")
@@ -1133,10 +1241,12 @@ def explain(changes: Sequence[MemoryChange], missing: Sequence[tuple[str, str]],
     return out
 
 
-def replay(changes: Sequence[MemoryChange]) -> tuple[dict[str, list[str]], list[str]]:
+def replay(changes: Sequence[MemoryChange], turns: list[dict[str, Any]] | None = None,
+           ) -> tuple[dict[str, list[str]], list[str]]:
     """Each user's live memory texts after replaying the change log, in topic order, into
     an empty in-memory Qdrant (one collection per user keeps the local mode fast), and the
-    changes that could not be applied (e.g. closing a version the log never created)."""
+    changes that could not be applied (e.g. closing a version the log never created).
+    ``turns``: filled with the payloads of the archived turns the replayed stores hold."""
     import warnings
 
     from qdrant_client import QdrantClient
@@ -1162,8 +1272,39 @@ def replay(changes: Sequence[MemoryChange]) -> tuple[dict[str, list[str]], list[
     out = {user: [m.content for m in store.list(Scope(tenant, user))
                   if m.extra.get("kind") != "reflection"]  # the windowed jobs' own
            for (tenant, user), store in stores.items()}
+    if turns is not None:
+        turns += [p for store in stores.values() for _, p, _ in store.scan()
+                  if p.get("status") == TURN_STATUS]
     client.close()
     return out, failed
+
+
+def worker_store_turns(nodes: Sequence[Settings], dim: int) -> list[dict[str, Any]]:
+    """The archived turns in the workers' own stores, read from disk once they are stopped:
+    a worker's store (its current one), or every shard of the partitioned store (owned and
+    standby copies alike: one record per turn in all)."""
+    from memstream.memory.store.edge import EdgeStore
+    from memstream.memory.store.partitioned import SHARDS_DIR
+    from memstream.memory.store.switch import current_store_path
+
+    paths: list[Path] = []
+    for node in nodes:
+        if node.store_partitioned:
+            root = node.data_dir / SHARDS_DIR
+            paths += sorted(d for d in root.iterdir() if d.is_dir() and (
+                d.name.isdigit() or d.name == "global")) if root.is_dir() else []
+        else:
+            paths.append(current_store_path(node))
+    found: dict[TurnKey, dict[str, Any]] = {}
+    for path in paths:
+        store = EdgeStore(path, dim)
+        try:
+            for _, payload, _ in store.scan(TENANT):
+                if payload.get("status") == TURN_STATUS:
+                    found.setdefault(turn_key(payload), payload)
+        finally:
+            store.close()
+    return list(found.values())
 
 
 @dataclass
@@ -1173,6 +1314,7 @@ class Outcome:
     figures: dict[str, Any]
     http: Report
     replayed: Report
+    archive: ArchiveReport = field(default_factory=ArchiveReport)
 
 
 async def acked_and_placed(settings: Settings, producing: Producing,
@@ -1298,10 +1440,25 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
             **decision_stats(r.value for r in decisions),
             "restart": restart_stats(procs, [r.timestamp / 1000 for r in outputs], end),
         })
-        replayed, failed = await asyncio.to_thread(replay, changes)
+        replayed_turns: list[dict[str, Any]] = []
+        replayed, failed = await asyncio.to_thread(replay, changes, replayed_turns)
         figures["replay_failed_changes"] = len(failed)
         figures["replay_failed_examples"] = failed[:5]
-        outcome = Outcome(figures, check(truth, http, "http"), check(truth, replayed, "replay"))
+        wanted = expected_turns(events)
+        archived = check_archive(wanted, changes)
+        figures["archive_replay"] = check_stored_turns(wanted, replayed_turns)
+        for proc in procs:  # their stores read from disk: no writer left
+            proc.stop()
+        dim = next((len(c.vector) for c in changes if c.vector), 0)
+        figures["archive_worker_store"] = check_stored_turns(
+            wanted, await asyncio.to_thread(worker_store_turns, nodes, dim)) if dim else None
+        figures["archive_examples"] = {
+            "missing": [list(k) for k in archived.missing[:5]],
+            "duplicate": [[*k, n] for k, n in archived.duplicate[:5]],
+            "unexpected": [list(k) for k in archived.unexpected[:5]],
+            "mismatched": [[*k, c] for k, c in archived.mismatched[:5]]}
+        outcome = Outcome(figures, check(truth, http, "http"), check(truth, replayed, "replay"),
+                          archived)
         figures["replay_missing_changes"] = explain(changes, outcome.replayed.missing[:3])
         return outcome
     finally:
@@ -1313,12 +1470,21 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
 
 def summary(outcome: Outcome, meta: Mapping[str, Any]) -> dict[str, Any]:
     return {**meta, **outcome.figures, "http": outcome.http.counts(),
-            "replay": outcome.replayed.counts()}
+            "replay": outcome.replayed.counts(), "archive": outcome.archive.counts()}
+
+
+def stored(v: Mapping[str, int] | None) -> str:
+    """A store's turn check (:func:`check_stored_turns`) as one table cell."""
+    if not v:
+        return "not read"
+    return (f"{v['turn_records']} records; missing / unexpected {v['missing']} / "
+            f"{v['unexpected']}, users with another count {v['users_count_off']}")
 
 
 def print_report(outcome: Outcome, meta: Mapping[str, Any]) -> None:
     f = outcome.figures
     r = f["restart"]
+    a = outcome.archive.counts()
     rows = [
         ("users / messages / sessions", f"{meta['users']} / {meta['messages']} / "
                                         f"{f['sessions']} ({f['sessions_covered']} covered)"),
@@ -1363,6 +1529,12 @@ def print_report(outcome: Outcome, meta: Mapping[str, Any]) -> None:
                      f"{c['missing']} / {c['stale']} / {c['duplicate']} / {c['unexpected']}"
                      f"   (live {c['live']}, expected {c['expected']})"))
     rows += [
+        ("archive: turns expected / archived / changes", f"{a['turns_expected']} / "
+         f"{a['turns_archived']} / {a['archive_changes']}"),
+        ("archive: missing / duplicate / unexpected / mismatched",
+         f"{a['missing']} / {a['duplicate']} / {a['unexpected']} / {a['mismatched']}"),
+        ("archived turns in the replayed store", stored(f.get("archive_replay"))),
+        ("archived turns in the workers' stores", stored(f.get("archive_worker_store"))),
         ("change records / ids / republished", f"{f['change_records']} / {f['change_ids']} / "
                                                f"{f['change_records_republished']}"),
         ("change log: changes that fail to replay", f["replay_failed_changes"]),
@@ -1394,6 +1566,9 @@ def print_report(outcome: Outcome, meta: Mapping[str, Any]) -> None:
         for kind in ("missing", "stale", "duplicate", "unexpected"):
             for item in getattr(rep, kind)[:5]:
                 print(f"  {rep.view} {kind}: {item}")
+    for kind, items in f.get("archive_examples", {}).items():
+        for item in items:
+            print(f"  archive {kind}: {item}")
     print(json.dumps(summary(outcome, meta), ensure_ascii=False))
 
 
@@ -1409,8 +1584,8 @@ def placement_consistent(row: Mapping[str, Any]) -> bool:
 
 
 def clean(row: Mapping[str, Any]) -> bool:
-    """A run with nothing lost (acknowledged messages included), stale, duplicated,
-    uncovered, mis-routed or inconsistent."""
+    """A run with nothing lost (acknowledged messages and archived turns included), stale,
+    duplicated, uncovered, mis-routed or inconsistent."""
     views = (row["http"], row["replay"])
     return (row["sessions_covered"] == row["sessions"] and row["stall_restarts"] == 0
             and row["replay_failed_changes"] == 0
@@ -1418,6 +1593,7 @@ def clean(row: Mapping[str, Any]) -> bool:
             and events_consistent(row) and placement_consistent(row)
             and row.get("acked_lost", 0) == 0 and row.get("acked_uncovered", 0) == 0
             and row.get("leader_kills_never_in_sync", 0) == 0
+            and archive_consistent(row)
             and all((v["missing"], v["stale"], v["duplicate"], v["unexpected"]) == (0, 0, 0, 0)
                     for v in views))
 
@@ -1431,10 +1607,13 @@ def print_runs(rows: Sequence[Mapping[str, Any]]) -> None:
     head = (f"{'seed':>4} {'clean':>5} {'covered':>9} {'http m/s/d':>10} {'replay m/s/d':>12} "
             f"{'2 payloads':>10} {'bad replay':>10} {'re-sent':>7} {'stalls':>6} "
             f"{'exits':>5} {'out p50/max s':>13} {'settle s':>8} {'acked lost':>10} "
-            f"{'misplaced/rerouted':>18} {'prod retries':>12} {'leader kills':>12}")
+            f"{'misplaced/rerouted':>18} {'prod retries':>12} {'leader kills':>12} "
+            f"{'turns arch/exp':>14} {'turns m/d/u':>11} {'store m/u':>9}")
     print(head)
     for row in rows:
         h, r, st = row["http"], row["replay"], row["restart"]
+        ar, ws = row.get("archive") or {}, row.get("archive_worker_store") or {}
+        turns = "/".join(str(ar.get(k, "-")) for k in ("missing", "duplicate", "unexpected"))
         print(f"{row['seed']:>4} {'yes' if clean(row) else 'NO':>5} "
               f"{row['sessions_covered']:>4}/{row['sessions']:<4} "
               f"{h['missing']:>4}/{h['stale']}/{h['duplicate']} "
@@ -1446,7 +1625,10 @@ def print_runs(rows: Sequence[Mapping[str, Any]]) -> None:
               f"{row['settle_s']:>8} {row.get('acked_lost', '-'):>10} "
               f"{pair(row, 'misplaced_on_topics', 'repartition_records'):>18} "
               f"{pair(row, 'producer_failures', 'producer_resent'):>12} "
-              f"{row.get('leader_kills_done', '-'):>12}")
+              f"{row.get('leader_kills_done', '-'):>12} "
+              f"{pair(ar, 'turns_archived', 'turns_expected'):>14} "
+              f"{turns:>11} "
+              f"{pair(ws, 'missing', 'unexpected'):>9}")
     print(json.dumps({"runs": len(rows), "clean": sum(clean(r) for r in rows),
                       "rows": list(rows)}, ensure_ascii=False, default=str))
 

@@ -5,13 +5,14 @@
     .venv/bin/python benchmarks/chaos_loop.py --smoke --bootstrap HOST:PORT   # 4 users, 1 kill
 
 Prints one line per run (sessions covered, jobs re-sent by their timeout, settle time,
-memories missing / stale / duplicate, the public events against the changelog). A run
-that fails, re-sends a job or settles slowly keeps its worker log and dumps every record of
-the users concerned (jobs, decisions, results, state changelog; committed and uncommitted,
-so aborted records show) to ``<work>/run<N>/dump.json``: how the lost jobs of stop 13
-were traced. The last line on stdout is one JSON object: runs, how many were OK, and one
-row per run. The broker (``--bootstrap``, default ``$MEMSTREAM_TEST_BOOTSTRAP`` or
-127.0.0.1:19092) is only used, never restarted.
+memories missing / stale / duplicate, the public events against the changelog, the archived
+turns missing / duplicate / unexpected). A run that fails, re-sends a job or settles slowly
+keeps its worker log and dumps every record of the users concerned (jobs, decisions,
+results, state changelog; committed and uncommitted, so aborted records show) to
+``<work>/run<N>/dump.json``: how the lost jobs of stop 13 were traced. The last line on
+stdout is one JSON object: runs, how many were OK, and one row per run. The broker
+(``--bootstrap``, default ``$MEMSTREAM_TEST_BOOTSTRAP`` or 127.0.0.1:19092) is only used,
+never restarted.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 from benchmarks.chaos import (
     EVENT_CHECKS,
+    archive_consistent,
     bench_settings,
     events_consistent,
     read_topics,
@@ -83,11 +85,14 @@ async def one(boot: str, root: Path, i: int, size: Size = FULL) -> dict[str, Any
     f = out.figures
     counts = [r.counts() for r in (out.http, out.replayed)]
     public = {k: f[k] for k in EVENT_CHECKS}
+    archive = out.archive.counts()
     ok = f["sessions_covered"] == f["sessions"] and events_consistent(f) and all(
-        (c["missing"], c["stale"], c["duplicate"]) == (0, 0, 0) for c in counts)
+        (c["missing"], c["stale"], c["duplicate"]) == (0, 0, 0) for c in counts
+    ) and archive_consistent({**f, "archive": archive})
     print(i, "OK" if ok else "FAIL", f"covered {f['sessions_covered']}/{f['sessions']}",
           f"re-sent {f['job_records_resent_by_timeout']}", f"settle {f['settle_s']}s",
-          "http", counts[0], "replay", counts[1], "public events", public, flush=True)
+          "http", counts[0], "replay", counts[1], "public events", public,
+          "archive", archive, flush=True)
     if not ok or f["job_records_resent_by_timeout"] or f["settle_s"] > 60:
         await dump(settings, f, work)
     else:
@@ -97,7 +102,8 @@ async def one(boot: str, root: Path, i: int, size: Size = FULL) -> dict[str, Any
             "sessions_covered": f["sessions_covered"], "kills_done": f["kills_done"],
             "job_records_resent_by_timeout": f["job_records_resent_by_timeout"],
             "settle_s": f["settle_s"], "runtime_s": f["runtime_s"],
-            "http": counts[0], "replay": counts[1], "public_events": public}
+            "http": counts[0], "replay": counts[1], "public_events": public,
+            "archive": archive, "archive_worker_store": f.get("archive_worker_store")}
 
 
 async def main() -> None:

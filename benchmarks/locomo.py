@@ -1,5 +1,6 @@
-"""LOCOMO through the real pipeline: evidence recall per category and trigger policy, and J
-with an answering endpoint. Prints a table and one JSON line.
+"""LOCOMO through the real pipeline: evidence recall per category, trigger policy and view
+(memories, archived turns, both fused, width-capped, ablations), and J with an answering
+endpoint. Prints a table and one JSON line.
 
     .venv/bin/python benchmarks/locomo.py --data PATH/locomo10.json
     .venv/bin/python benchmarks/locomo.py --data PATH/locomo10.json \\
@@ -97,25 +98,32 @@ def free_port() -> int:
 
 
 def table(results: list[Result]) -> str:
-    """Two markdown tables: recall (and J) per category, then cost and latency."""
-    lines = ["", "Evidence recall@5 / @10 (J when judged), per category:", "",
-             "| policy | " + " | ".join(ORDER) + " |", "|---" * (len(ORDER) + 1) + "|"]
+    """Two markdown tables: recall (and J) per category and view, then cost and latency."""
+    lines = ["", "Evidence recall@5 / @10 per category (J when judged: of the memories), "
+             "and the mean lineage width (turns) of the retrieved items, per view: the "
+             "memories alone, archived turns alone, both fused (dense and sparse turns, "
+             "recency), width-capped (a memory counts only with a lineage of <= 2 turns or "
+             "as the evidence's stating turn), and the fusion's ablations:", "",
+             "| policy | view | " + " | ".join(ORDER) + " | lineage turns |",
+             "|---" * (len(ORDER) + 3) + "|"]
     for r in results:
-        cells = []
-        for c in ORDER:
-            row = r.tally.row(c)
-            if not row["questions"]:
-                cells.append("-")
-                continue
-            text = f"{row['recall@5']:.3f} / {row['recall@10']:.3f}"
-            if row["J"] is not None:
-                text += f", J {row['J']:.2f}"
-            cells.append(text)
-        lines.append(f"| {r.policy} | " + " | ".join(cells) + " |")
+        for name, view in r.views.items():
+            cells = []
+            for c in ORDER:
+                row = view.tally.row(c)
+                if not row["questions"]:
+                    cells.append("-")
+                    continue
+                text = f"{row['recall@5']:.3f} / {row['recall@10']:.3f}"
+                if row["J"] is not None:
+                    text += f", J {row['J']:.2f}"
+                cells.append(text)
+            lines.append(f"| {r.policy} | {name} | " + " | ".join(cells)
+                         + f" | {view.width} |")
     heads = ["policy", "messages covered", "jobs / 100 msgs", "jobs failed", "LLM calls / 100",
              "prompt tokens / 100", "completion tokens / 100", "memories / conv",
              "search p50 ms", "search p95 ms", "context tokens", "conversation tokens",
-             "lineage turns", "s"]
+             "lineage turns (memories)", "s"]
     keys = ["messages_covered", "jobs_per_100_messages", "jobs_failed",
             "llm_calls_per_100_messages", "prompt_tokens_per_100_messages",
             "completion_tokens_per_100_messages", "memories_per_conversation",

@@ -1,7 +1,8 @@
 """End-to-end pipeline benchmark on the real broker with one worker (not a test).
 
     .venv/bin/python benchmarks/pipeline.py [--users 400] [--messages 24000] [--runs 3]
-        [--compare before=/path/to/an/older/checkout] [--bootstrap HOST:PORT] [--smoke]
+        [--compare before=/path/to/an/older/checkout] [--archive-off]
+        [--bootstrap HOST:PORT] [--smoke]
 
 The conversations of ``--users`` users (benchmarks/chaos.py's people: sessions of facts
 and chit-chat, each ended, so every message has a known session to be covered in) are
@@ -18,6 +19,9 @@ extract -> decisions -> apply -> store, changes and results -> ingest.
 ``--compare LABEL=DIR`` runs the same backlog with the worker's code taken from DIR (a
 checkout, e.g. ``git worktree add /tmp/before HEAD~3``), alternating run by run, so both
 are measured side by side in the same minutes; the table gives medians and the ratio.
+``--archive-off`` adds this code with the episodic archive off (``archive=False``, code
+"no-archive") to the alternation: the archive's cost end to end (docs/archive.md).
+``changes`` counts memory changes; the archive's turns are ``archived``.
 Prints a table and, last, one JSON line. ``--smoke``: tiny sizes, to check it runs.
 """
 
@@ -131,7 +135,9 @@ async def one_run(base: Settings, stream: Stream, events: list[Event], work: Pat
         last = max(stamp for stamp, _ in coverage.stamps)
         seconds = max(1e-3, last - first)
         t = registry(settings)
-        changes = len(await committed(settings, t.memory_changes.name))
+        every = await committed(settings, t.memory_changes.name)
+        archived = sum(v.get("op") == "archive" for _, v in every)
+        changes = len(every) - archived
         jobs = sum(coverage.statuses.values())
         breakdown = hops(await committed(settings, t.jobs.name),
                          await committed(settings, t.decisions.name),
@@ -140,6 +146,7 @@ async def one_run(base: Settings, stream: Stream, events: list[Event], work: Pat
                 "wall_s": round(last - started, 2),
                 "msg_per_s": round(messages / seconds, 1),
                 "changes": changes, "changes_per_s": round(changes / seconds, 1),
+                "archived": archived,
                 "job_results": jobs, "jobs_per_s": round(jobs / seconds, 1),
                 "hops": breakdown}
     finally:
@@ -156,17 +163,21 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=24_000)
     ap.add_argument("--runs", type=int, default=3, help="runs per code (median reported)")
     side_by_side_options(ap)
+    ap.add_argument("--archive-off", action="store_true",
+                    help="also run this code with the archive off, side by side")
     args = smoke.parse(ap, SMOKE)
     base = with_broker(Settings(partitions=4, web_enabled=False, idle_timeout_s=5.0,
                                 tick_interval_s=1.0), args.bootstrap)
     work = Path(tempfile.mkdtemp(prefix="memstream-pipeline-"))
     stream, events = backlog(args.users, args.messages)
-    codes = codes_of(args)
+    codes = codes_of(args) + ([("no-archive", None)] if args.archive_off else [])
     runs: dict[str, list[dict]] = {label: [] for label, _ in codes}
     for _ in range(args.runs):
         for label, path in codes:
+            settings = base.model_copy(update={"archive": False}) if label == "no-archive" \
+                else base
             with with_code(path):
-                runs[label].append(asyncio.run(one_run(base, stream, events, work, label)))
+                runs[label].append(asyncio.run(one_run(settings, stream, events, work, label)))
     print(f"{'code':8} {'runs':>4} {'msg/s median':>13} {'(each)':30} {'changes/s':>10} "
           f"{'jobs/s':>8}")
     summary = {}

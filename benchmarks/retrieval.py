@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/retrieval.py [--memories 100000] [--users 1000]
         [--queries 2000] [--concurrency 8] [--port 0] [--bootstrap HOST:PORT]
         [--local-memories N] [--local-queries 50] [--local-disk] [--seed 11]
-        [--no-broker] [--smoke]
+        [--no-broker] [--smoke] [--archive-turns 1000000]
 
 Memory vectors are fixed random unit 512-dim vectors (numpy ``default_rng`` seeded per
 batch), not embeddings of their text: embedding 100k texts would take minutes and say
@@ -39,6 +39,13 @@ AccessRecorder really sends to a throwaway topic it creates and deletes; otherwi
 events only queue ("recorder queue only, no broker"). ``--no-broker``: queue only, no
 broker looked for.
 
+``--archive-turns N``: N archived turns as well (:mod:`benchmarks.archive_load`: synthetic
+chat sessions round-robin over the users, random vectors, their word weights computed by
+the store from their text), so every search is the hybrid one (memories fused with the
+user's turns, by meaning and by words: docs/archive.md); rows for the two turn searches
+alone and for the fused recall in-process. Without it the store holds no turn and the
+searches still run the fusion (the archive is on by default): its cost on an empty archive.
+
 ``--smoke``: tiny sizes (seconds), to check it still runs; without ``--bootstrap`` it also
 means ``--no-broker`` (the run never depends on what answers on 127.0.0.1:19092).
 
@@ -55,6 +62,7 @@ import os
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -70,10 +78,11 @@ import numpy as np
 
 from memstream.core import kafka
 from memstream.core.settings import Settings
-from memstream.memory import retrieval
+from memstream.memory import lexical, retrieval
 from memstream.memory.access_stats import AccessStats
 from memstream.memory.embedding import Embedder
 from memstream.memory.extraction import Extractor, RulesModel
+from memstream.memory.hybrid import Fusion
 from memstream.memory.model import GLOBAL_USER, Memory, MemoryType, Source, Status
 from memstream.memory.services import Services, build_embedder, weights
 from memstream.memory.store import MemoryStore, Scope
@@ -91,6 +100,9 @@ from memstream.web.backend import WorkerBackend
 from memstream.web.http import HttpServer, build_http_app
 from memstream.web.keys import KeyRing
 from memstream.web.models.api import SearchRequest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+from benchmarks.archive_load import load_turns
 
 DIM = 512
 TENANT = "bench"
@@ -446,6 +458,16 @@ async def bench_edge(args: argparse.Namespace, settings: Settings, embedder: Emb
 
     res["recall"] = summary(timed(recall, len(work)))
     res["recall_threads"] = summary(*threaded(recall, len(work), args.concurrency))
+    fusion = Fusion(weights=settings.fusion_weights, k=settings.fusion_k,
+                    turns_k=settings.archive_k)
+    words = {t: lexical.query(t) for t in vectors}
+    res["turns_dense"] = summary(timed(lambda i: store.search_turns(
+        Scope(TENANT, work[i][0]), fusion.turns_k, vector=vectors[work[i][1]]), len(work)))
+    res["turns_sparse"] = summary(timed(lambda i: store.search_turns(
+        Scope(TENANT, work[i][0]), fusion.turns_k, sparse=words[work[i][1]]), len(work)))
+    res["recall_fused"] = summary(timed(lambda i: retrieval.recall(
+        store, embedder, q[i], time.time(), w, settings.retrieval_candidates,
+        fusion=fusion), len(work)))
 
     services = Services(RulesModel(), embedder, store, Extractor(RulesModel(), embedder, store))
     stand_in = BenchPipeline(settings, services, registry(settings))
@@ -517,6 +539,9 @@ def table(r: dict[str, Any]) -> None:
          e["store_search"]),
         ("edge recall() in-process (embed+search+blocks)", e["recall"]),
         (f"edge recall() in-process, {c} threads", e["recall_threads"]),
+        (f"edge search_turns by meaning (k={r['params']['archive_k']})", e["turns_dense"]),
+        (f"edge search_turns by words (k={r['params']['archive_k']})", e["turns_sparse"]),
+        ("edge recall() fused with the archive, in-process", e["recall_fused"]),
         ("WorkerBackend.search() direct, no HTTP", e["backend_search"]),
         ("HTTP search, 1 client, record_hits=false", e["http_seq_nohits"]),
         ("HTTP search, 1 client, record_hits=true", e["http_seq_hits"]),
@@ -530,7 +555,9 @@ def table(r: dict[str, Any]) -> None:
           f"{p['queries']} queries, {p['cores']} cores; vectors {p['vectors']}; queries "
           f"embedded by {p['embedder']}")
     print(f"loading: edge {r['load']['edge_s']} s ({r['load']['access_stats']} hit-statistics "
-          f"records besides), {loc['mode']} {loc['load_s']} s ({loc['memories']} memories)")
+          f"records besides; {r['load']['archive_turns']} archived turns in "
+          f"{r['load']['turns_s']} s), {loc['mode']} {loc['load_s']} s "
+          f"({loc['memories']} memories)")
     cpu = e["cpu"]
     print(f"load average at start {p['loadavg_start'][0]:.2f}, at end "
           f"{p['loadavg_end'][0]:.2f}; CPU while the edge rows ran: machine busy "
@@ -586,6 +613,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             load_s, _, stats = load(store, layout, now, args.seed)
             print(f"loaded {args.memories} memories into Qdrant Edge in {load_s:.1f} s",
                   flush=True)
+            turns_s = load_turns(store, args.archive_turns, args.users, TENANT, now,
+                                 args.seed, DIM) if args.archive_turns else 0.0
+            if args.archive_turns:
+                print(f"loaded {args.archive_turns} archived turns in {turns_s:.1f} s",
+                      flush=True)
             gc.collect()
             if broker:
                 topic, hit_mode = await make_topic(settings, explicit)
@@ -607,10 +639,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                    "cores": os.cpu_count(), "vectors": f"random-512 seeded (seed {args.seed})",
                    "embedder": embedder.name, "k": settings.retrieval_k,
                    "candidate_factor": settings.retrieval_candidates,
+                   "archive_turns": args.archive_turns, "archive_k": settings.archive_k,
                    "global_memories": layout.globals, "hit_recording": hit_mode,
                    "client": "httpx in the server's process and event loop",
                    "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
-        "load": {"edge_s": round(load_s, 1), "access_stats": stats},
+        "load": {"edge_s": round(load_s, 1), "access_stats": stats,
+                 "archive_turns": args.archive_turns, "turns_s": round(turns_s, 1)},
         "edge": edge, "local": local,
         "ratios": {"e2e_edge_p99_over_local_p99": round(e2e / loc["p99_ms"], 4),
                    "store_edge_p99_over_local_p99": round(
@@ -637,6 +671,8 @@ def main() -> None:
     ap.add_argument("--local-disk", action="store_true",
                     help="local mode on disk (path=) instead of ':memory:'")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--archive-turns", type=int, default=0,
+                    help="archived turns in the store besides the memories (hybrid search)")
     ap.add_argument("--no-broker", action="store_true",
                     help="hit recording to the recorder's queue only: no broker looked for")
     ap.add_argument("--smoke", action="store_true",

@@ -167,7 +167,8 @@ def weighted_rrf(lists: Sequence[tuple[float, Sequence[str]]], k: float) -> dict
 
 
 def stated_by(turn: Turn, lineages: Sequence[Sequence[str]]) -> bool:
-    """Whether a memory states this turn in full: a lineage within the turn's own messages
-    (the memory came from this exchange alone, so the turn adds nothing to it)."""
+    """Whether a memory states this turn in full: its lineage holds the turn's message and
+    lies within the turn's messages (the memory came from this exchange alone, so the turn
+    adds nothing to it; a memory of the context turn alone does not state this one)."""
     own = set(turn.message_ids)
-    return any(ids and set(ids) <= own for ids in lineages)
+    return any(turn.message_id in ids and set(ids) <= own for ids in lineages)

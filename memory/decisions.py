@@ -53,6 +53,9 @@ class Candidate:
     # message dates it): a late message's fact is dated by itself, not by a newer message
     # the same job happened to hold
     said_at: float | None = None
+    # the id of that message (None: not known): the memory's lineage is then that message
+    # alone, not every message of the job (a retrieved memory points at what stated it)
+    said_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -125,8 +128,10 @@ class Context:
     event_ts: float | None = None  # the statement's (else the job's newest message's) time
 
     def said(self, c: Candidate) -> Context:
-        """This context dated by the candidate's own statement, when it is known."""
-        return self if c.said_at is None else replace(self, event_ts=c.said_at)
+        """This context dated by the candidate's own statement, when it is known, and its
+        lineage narrowed to the message that states it, when that is known."""
+        ctx = self if c.said_at is None else replace(self, event_ts=c.said_at)
+        return ctx if c.said_by is None else replace(ctx, message_ids=(c.said_by,))
 
     def source(self, op: str) -> Source:
         return Source(self.session_id, self.from_seq, self.to_seq, self.job_id, op,

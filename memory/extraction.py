@@ -77,8 +77,8 @@ class RulesModel:
         found: list[Candidate] = []
         for m in messages:
             if m.role == Role.USER:
-                said_at = m.ts.timestamp()
-                found += [replace(c, said_at=said_at) for c in rules.extract_text(m.content)]
+                found += [replace(c, said_at=m.ts.timestamp(), said_by=m.message_id)
+                          for c in rules.extract_text(m.content)]
         return found, Usage()
 
     def decide(self, candidate: Candidate, shown: list[tuple[int, Memory, float]],

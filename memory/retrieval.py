@@ -12,7 +12,7 @@ from typing import Any
 
 from memstream.memory.access_stats import AccessStats
 from memstream.memory.embedding import Embedder
-from memstream.memory.hybrid import Fusion, Item, fuse, turn_candidates
+from memstream.memory.hybrid import Fusion, Item, fuse, meaning_query, turn_candidates
 from memstream.memory.model import GLOBAL_USER, Memory, MemoryType
 from memstream.memory.scoring import Scored, Weights, rank, visible
 from memstream.memory.store import MemoryStore, Scope
@@ -105,22 +105,27 @@ def recall(store: MemoryStore, embedder: Embedder, q: Query, now: float, weights
     archived turns."""
     if not q.text.strip():
         return Recall([])
-    return recall_near(store, embedder.embed([q.text])[0], q, now, weights, factor,
-                       procedural=procedural, core=core, fusion=fusion)
+    texts = list(dict.fromkeys([q.text, meaning_query(q.text)] if fusion else [q.text]))
+    vectors = embedder.embed(texts)
+    return recall_near(store, vectors[0], q, now, weights, factor, procedural=procedural,
+                       core=core, fusion=fusion, turn_vector=vectors[-1])
 
 
 def recall_near(store: MemoryStore, vector: list[float], q: Query, now: float,
                 weights: Weights, factor: int = 4, *, procedural: bool = True,
-                core: bool = True, fusion: Fusion | None = None) -> Recall:
+                core: bool = True, fusion: Fusion | None = None,
+                turn_vector: list[float] | None = None) -> Recall:
     """:func:`recall` with the query's vector already made (the API embeds concurrent
-    queries together: :mod:`memstream.web.read_batching`)."""
+    queries together: :mod:`memstream.web.read_batching`); ``turn_vector``: the vector the
+    turns are searched by meaning with (:func:`memory.hybrid.meaning_query`'s; default
+    ``vector``)."""
     if fusion is not None:
         weights = fusion.memory_weights(weights)
     scored = ranked(store, vector, q, now, weights, factor)
     items: list[Item] = []
     if fusion is not None:
-        dense, sparse = turn_candidates(store, Scope(q.tenant_id, q.user_id), vector, q.text,
-                                        fusion, now)
+        dense, sparse = turn_candidates(store, Scope(q.tenant_id, q.user_id),
+                                        turn_vector or vector, q.text, fusion, now)
         items = fuse(scored, dense, sparse, fusion, q.k)
     return Recall(scored, rules(store, q, now) if procedural else [],
                   core_blocks(store, q) if core else {}, items)

@@ -7,7 +7,9 @@ tool, reflection, consolidation, decay, deletion, rollback, forget), the actor (
 that asked, or the windowed job), the job, the time. The decision's reason is kept only
 for a forget-me (the operator's "why"): other reasons may quote what the user said.
 Change events are read with a plain consumer (not a stage's loop), so following the topic
-changes nothing in the worker's transactions.
+changes nothing in the worker's transactions. A turn kept in the episodic archive (op
+``archive``) is no change of a memory and no one's act: it is not an entry (one per chat
+turn, it would push the memories' changes out of the bounded log).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class AuditLog:
             change = MemoryChange.model_validate_json(value)
         except ValueError:
             return
-        if change.change_id in self._seen:
+        if change.change_id in self._seen or change.op == "archive":
             return
         self._seen[change.change_id] = None
         if len(self._seen) > SEEN_IDS:

@@ -19,7 +19,7 @@ from typing import Any
 from memstream.memory import retrieval
 from memstream.memory import short_term as windows
 from memstream.memory.archive import Turn
-from memstream.memory.hybrid import Fusion, Item, fuse, turn_candidates
+from memstream.memory.hybrid import Fusion, Item, fuse, meaning_query, turn_candidates
 from memstream.memory.model import Memory, MemoryType
 from memstream.memory.prompt_block import prompt_block
 from memstream.memory.scoring import Scored
@@ -141,7 +141,8 @@ class ReadBackend:
         if not s.archive:
             return None
         f = Fusion(weights=s.fusion_weights, k=s.fusion_k, turns_k=s.archive_k,
-                   archive_days=s.archive_days)
+                   archive_days=s.archive_days,
+                   memory_floor=self.p.services.embedder.related_threshold)
         if req is not None:
             f = replace(f, sources=req.sources, match=req.turn_match, recency=req.recency)
         return f
@@ -155,9 +156,10 @@ class ReadBackend:
             if self.batcher is None:  # a store across the network: round trips overlap
                 self.batcher = ReadBatcher(self.p.services.embedder,
                                            in_flight=1 if s.store == "edge" else 4)
-            found = await self.batcher.read(q.text, lambda vector: retrieval.recall_near(
-                store, vector, q, self.p.clock(), weights(s), s.retrieval_candidates,
-                procedural=procedural, core=core, fusion=fusion))
+            texts = (q.text, meaning_query(q.text)) if fusion else (q.text,)
+            found = await self.batcher.read_all(texts, lambda vs: retrieval.recall_near(
+                store, vs[0], q, self.p.clock(), weights(s), s.retrieval_candidates,
+                procedural=procedural, core=core, fusion=fusion, turn_vector=vs[-1]))
         self.p.counters.searches += 1
         return uuid.uuid4().hex, _fence(self.p, q.tenant_id, q.user_id, found)
 
@@ -174,7 +176,7 @@ class ReadBackend:
         fence = privacy.fenced(self.p, tenant, user)
 
         def read() -> list[Turn]:
-            vector = embedder.embed([text])[0]
+            vector = embedder.embed([meaning_query(text)])[0]
             dense, sparse = turn_candidates(store, Scope(tenant, user), vector, text, f, at,
                                             TurnWindow(session_id, since, until))
             turns = [i.turn for i in fuse([], dense, sparse, f, limit) if i.turn is not None]

@@ -32,16 +32,18 @@ Runner = Callable[..., Awaitable[Any]]
 
 @dataclass
 class _Read(Generic[T]):
-    text: str
-    work: Callable[[list[float]], T]
+    texts: tuple[str, ...]
+    work: Callable[[list[list[float]]], T]
     future: asyncio.Future[T]
 
 
-def run_reads(embedder: Embedder, reads: list[tuple[str, Callable[[list[float]], Any]]],
+def run_reads(embedder: Embedder,
+              reads: list[tuple[tuple[str, ...], Callable[[list[list[float]]], Any]]],
               ) -> list[tuple[bool, Any]]:
-    """A batch, in the calling thread: the texts embedded once, then each read's work;
-    (True, result) or (False, its exception) per read, in order."""
-    texts = list(dict.fromkeys(text for text, _ in reads))
+    """A batch, in the calling thread: the texts embedded once (every read's, in one
+    embedder call), then each read's work with its texts' vectors; (True, result) or
+    (False, its exception) per read, in order."""
+    texts = list(dict.fromkeys(text for some, _ in reads for text in some))
     try:
         vectors = embedder.embed(texts)
         if len(vectors) != len(texts):
@@ -50,9 +52,9 @@ def run_reads(embedder: Embedder, reads: list[tuple[str, Callable[[list[float]],
         return [(False, exc)] * len(reads)
     by_text = dict(zip(texts, vectors, strict=True))
     out: list[tuple[bool, Any]] = []
-    for text, work in reads:
+    for some, work in reads:
         try:
-            out.append((True, work(by_text[text])))
+            out.append((True, work([by_text[text] for text in some])))
         except Exception as exc:
             out.append((False, exc))
     return out
@@ -82,8 +84,14 @@ class ReadBatcher:
 
     async def read(self, text: str, work: Callable[[list[float]], T]) -> T:
         """``work(vector of text)``, run in a batch; its result or its exception."""
+        return await self.read_all((text,), lambda vectors: work(vectors[0]))
+
+    async def read_all(self, texts: tuple[str, ...], work: Callable[[list[list[float]]], T],
+                       ) -> T:
+        """``work(vectors of texts)``, run in a batch (the texts embedded with the batch's
+        others, in one call); its result or its exception."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self.waiting.append(_Read(text, work, future))
+        self.waiting.append(_Read(texts, work, future))
         if self.busy < self.in_flight:
             self._flush()
         return await future
@@ -110,7 +118,7 @@ class ReadBatcher:
     async def _batch(self, batch: list[_Read[Any]]) -> None:
         try:
             outcomes = await self.run(run_reads, self.embedder,
-                                      [(r.text, r.work) for r in batch])
+                                      [(r.texts, r.work) for r in batch])
         except asyncio.CancelledError:
             for r in batch:
                 r.future.cancel()

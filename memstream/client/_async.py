@@ -67,8 +67,11 @@ class AsyncMemoryClient(ClientBase):
         await self._producer.send(self._session_end_records(user_id, session_id))
 
     async def search(self, query: str, *, user_id: str, limit: int | None = None,
+                     sources: ops.Sources | None = None,
+                     turn_match: ops.TurnMatch | None = None, recency: bool | None = None,
                      **options: Any) -> api.SearchResponse:
         """See :meth:`MemoryClient.search`."""
+        options = ops.fusion_options(options, sources, turn_match, recency)
         return await self._run(ops.search_op(self.tenant_id, user_id, query, limit, options))
 
     async def get_all(self, *, user_id: str, status: str | None = None,

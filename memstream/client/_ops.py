@@ -11,7 +11,7 @@ import contextlib
 import uuid
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Literal, TypeVar, cast
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -38,6 +38,8 @@ from memstream.web.models.api import (
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+Sources = Literal["fused", "memories", "turns"]  # what a search's ``items`` fuses
+TurnMatch = Literal["hybrid", "dense", "sparse"]  # how it finds archived turns
 
 _MAX_ERROR_TEXT = 300  # of a non-JSON error body: enough to recognise, never a whole page
 _STATUS_CODES = {401: ErrorCode.UNAUTHORIZED, 403: ErrorCode.FORBIDDEN,
@@ -152,6 +154,13 @@ def reaching_api() -> Iterator[None]:
     except httpx.TransportError as exc:
         raise MemstreamConnectionError(
             f"memstream API unreachable: {type(exc).__name__}: {exc}") from exc
+
+
+def fusion_options(options: Mapping[str, Any], sources: Sources | None,
+                   turn_match: TurnMatch | None, recency: bool | None) -> dict[str, Any]:
+    """A search's other fields with the fusion's, those given (unset: the server's)."""
+    given = {"sources": sources, "turn_match": turn_match, "recency": recency}
+    return {**options, **{k: v for k, v in given.items() if v is not None}}
 
 
 def search_op(tenant: str, user: str, query: str, limit: int | None,

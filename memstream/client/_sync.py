@@ -86,8 +86,14 @@ class MemoryClient(ClientBase):
         self._produce(self._session_end_records(user_id, session_id))
 
     def search(self, query: str, *, user_id: str, limit: int | None = None,
-               **options: Any) -> api.SearchResponse:
-        """Ranked memories; ``options`` are the other :class:`SearchRequest` fields."""
+               sources: ops.Sources | None = None, turn_match: ops.TurnMatch | None = None,
+               recency: bool | None = None, **options: Any) -> api.SearchResponse:
+        """Ranked memories (``memories``) and, fused with the user's archived turns, the
+        ``items`` (:class:`~memstream.web.models.api.RecallItem`). ``sources`` ("fused",
+        "memories", "turns"), ``turn_match`` ("hybrid", "dense", "sparse") and ``recency``
+        narrow the fusion (unset: the server's defaults); ``options`` are the other
+        :class:`SearchRequest` fields."""
+        options = ops.fusion_options(options, sources, turn_match, recency)
         return self._run(ops.search_op(self.tenant_id, user_id, query, limit, options))
 
     def get_all(self, *, user_id: str, status: str | None = None, type: str | None = None,

@@ -241,9 +241,10 @@ class Settings(BaseSettings):
     archive_k: int = Field(40, ge=1, description="Turns each of the archive's two searches "
                            "(by meaning, by words) brings to the fusion")
     fusion_weights: tuple[float, float, float, float] = Field(
-        (1.0, 0.3, 1.0, 0.1), description="Reciprocal-rank fusion weights of the memories' "
-        "ranking, the turns by meaning, the turns by words and the turns by recency")
-    fusion_k: float = Field(10.0, gt=0, description="Reciprocal-rank fusion's k: 1 / (k + rank)")
+        (0.5, 1.0, 1.0, 0.1), description="Reciprocal-rank fusion weights of the memories' "
+        "ranking, the turns by meaning, the turns by words and the turns by recency "
+        "(docs/archive.md: how they were chosen)")
+    fusion_k: float = Field(5.0, gt=0, description="Reciprocal-rank fusion's k: 1 / (k + rank)")
     access_flush_s: float = Field(0.2, gt=0, description="Hit events are sent every this many s")
     access_batch: int = Field(500, ge=1, description="... or when this many are waiting")
 

@@ -14,6 +14,11 @@ CC BY-NC 4.0 and never part of the project; tests use a LOCOMO-format fixture of
   question's evidence turns. Lineage holds every message of the job that wrote the memory,
   so a coarser trigger (more messages per job) widens it: :func:`lineage_width` is reported
   beside the recall to show that.
+- **Views**: the same recall over the memories alone, the user's archived turns alone
+  (lineage: the turn and the one before it), and both fused (the search's ``items``). A
+  *width-capped* recall counts a memory only when its lineage has at most
+  :data:`CAP` turns or the evidence turn is the one that stated it (``Retrieved.stated``):
+  a memory whose lineage spans a whole job does not flatter it. A turn always counts.
 """
 
 from __future__ import annotations
@@ -146,24 +151,47 @@ def covered(results: Iterable[dict]) -> set[tuple[str, str, int]]:
 
 # --- scoring -------------------------------------------------------------------------------
 
+CAP = 2  # width-capped recall: a lineage of at most this many turns always counts
+
+
 @dataclass(frozen=True)
 class Retrieved:
-    """One memory retrieved for a question: its score and the turns of its lineage."""
+    """One memory (or archived turn) retrieved for a question: its score, the turns of its
+    lineage, and the turns known to state it (its source turns; empty: unknown)."""
 
     memory_id: str
     score: float
     turns: frozenset[str]
     content: str = ""
+    kind: str = "memory"  # or "turn"
+    stated: frozenset[str] = frozenset()
+
+    def counts(self, wanted: set[str], capped: bool = False) -> bool:
+        """Whether it holds an evidence turn (``capped``: within a narrow lineage, or as
+        the turn that stated it)."""
+        if not self.turns & wanted:
+            return False
+        return not capped or len(self.turns) <= CAP or bool(self.stated & wanted)
 
 
 def merge(*ranked: Sequence[Retrieved], k: int) -> list[Retrieved]:
-    """Several users' results as one ranking (by score), the first ``k``."""
-    return sorted((r for rs in ranked for r in rs), key=lambda r: -r.score)[:k]
+    """Several users' results as one ranking (by score), the first ``k``. Turns of the same
+    lineage count once (both speakers archive the same turns): the best scored is kept."""
+    out: list[Retrieved] = []
+    seen: set[frozenset[str]] = set()
+    for r in sorted((r for rs in ranked for r in rs), key=lambda r: -r.score):
+        if r.kind == "turn":
+            if r.turns in seen:
+                continue
+            seen.add(r.turns)
+        out.append(r)
+    return out[:k]
 
 
-def evidence_hit(retrieved: Sequence[Retrieved], evidence: Iterable[str], k: int) -> bool:
+def evidence_hit(retrieved: Sequence[Retrieved], evidence: Iterable[str], k: int,
+                 capped: bool = False) -> bool:
     wanted = set(evidence)
-    return any(r.turns & wanted for r in retrieved[:k])
+    return any(r.counts(wanted, capped) for r in retrieved[:k])
 
 
 def lineage_width(retrieved: Sequence[Retrieved]) -> float:
@@ -214,11 +242,11 @@ class Tally:
     f1: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))  # sums
     bleu1: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
 
-    def add(self, qa: QA, retrieved: Sequence[Retrieved]) -> None:
+    def add(self, qa: QA, retrieved: Sequence[Retrieved], capped: bool = False) -> None:
         for key in (qa.kind, "overall"):
             self.asked[key] += 1
-            self.hits5[key] += evidence_hit(retrieved, qa.evidence, 5)
-            self.hits10[key] += evidence_hit(retrieved, qa.evidence, 10)
+            self.hits5[key] += evidence_hit(retrieved, qa.evidence, 5, capped)
+            self.hits10[key] += evidence_hit(retrieved, qa.evidence, 10, capped)
 
     def judge(self, qa: QA, correct: bool, answer: str) -> None:
         for key in (qa.kind, "overall"):

@@ -2,10 +2,12 @@
 produced to its messages topic with their own timestamps, every question asked through
 :class:`~memstream.client.AsyncMemoryClient` (``benchmarks/locomo.py`` is the command).
 
-Per policy it reports, per category and overall: evidence recall@5 / @10 (no LLM needed),
-and with an answering endpoint J (LLM as judge), F1 and BLEU-1; then extraction calls and
-tokens per 100 messages (from the decisions topic), memories per conversation, search
-latency p50 / p95, and the answer context's tokens against the whole conversation's.
+Per policy it reports, per category and overall: evidence recall@5 / @10 (no LLM needed)
+and the mean lineage width of what was retrieved, for each :data:`VIEWS` entry (memories
+only, archived turns only, both fused, width-capped, and the fusion's ablations); with an
+answering endpoint J (LLM as judge), F1 and BLEU-1 (of the memories); then extraction
+calls and tokens per 100 messages (from the decisions topic), memories per conversation,
+search latency p50 / p95, and the answer context's tokens against the whole conversation's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from memstream.client import AsyncMemoryClient
+from memstream.client._ops import Sources, TurnMatch
 from memstream.core.kafka_io import TopicReader, send_events, start_producer
 from memstream.core.settings import Settings
 from memstream.dev.locomo import (
@@ -39,6 +42,7 @@ from memstream.dev.process import WorkerProcess
 from memstream.topics.layout import create_topics
 from memstream.topics.registry import all_topic_names, delete_topics, registry
 from memstream.topics.schemas import ChatMessage, JobDecision
+from memstream.web.models.api import RecallItem, SearchResponse
 
 ADMIN = "locomo-admin-key-0123456789abcdef0"
 TENANT = "locomo"
@@ -60,10 +64,65 @@ POLICIES = {
 }
 
 
+@dataclass(frozen=True)
+class Ask:
+    """A search's fusion options (web.models.api.SearchRequest)."""
+
+    sources: Sources = "fused"
+    turn_match: TurnMatch = "hybrid"
+    recency: bool = True
+
+
+@dataclass(frozen=True)
+class View:
+    """One way of asking, and what of its answer is scored."""
+
+    name: str
+    ask: Ask = Ask()
+    items: bool = True  # the fused ``items`` (else the ``memories``)
+    capped: bool = False  # width-capped recall (memstream.dev.locomo.Retrieved.counts)
+
+
+FUSED = Ask()
+MEMORIES = "memories"
+VIEWS = (
+    View(MEMORIES, items=False),  # the ``memories`` of the fused request: unchanged by it
+    View("memories, width-capped", items=False, capped=True),
+    View("turns", Ask(sources="turns")),
+    View("fused"),  # = the hybrid ablation row: dense and sparse turns, recency
+    View("fused, width-capped", capped=True),
+    View("fused: dense turns only", Ask(turn_match="dense")),
+    View("fused: sparse turns only", Ask(turn_match="sparse")),
+    View("fused: no recency", Ask(recency=False)),
+)
+
+
+@dataclass
+class Scores:
+    """One view's tally and the lineage width of every item it retrieved."""
+
+    tally: Tally = field(default_factory=Tally)
+    widths: list[int] = field(default_factory=list)
+
+    def add(self, qa: QA, top: Sequence[Retrieved], capped: bool) -> None:
+        self.tally.add(qa, top, capped)
+        self.widths.extend(len(r.turns) for r in top)
+
+    @property
+    def width(self) -> float:
+        return round(statistics.mean(self.widths), 2) if self.widths else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        rows = {k: self.tally.row(k) for k in sorted(self.tally.asked)}
+        return {"lineage_turns_mean": self.width, "categories": {
+            k: {f: row[f] for f in ("questions", "recall@5", "recall@10")}
+            for k, row in rows.items()}}
+
+
 @dataclass
 class Result:
     policy: str
-    tally: Tally
+    tally: Tally  # the memories view's (J, F1, BLEU-1 too: the answers are from memories)
     messages: int = 0
     jobs: int = 0
     failed: int = 0  # jobs that ended failed (a dead letter each)
@@ -75,8 +134,13 @@ class Result:
     search_ms: list[float] = field(default_factory=list)
     context_tokens: list[int] = field(default_factory=list)
     conversation_tokens: list[int] = field(default_factory=list)
-    width: list[float] = field(default_factory=list)
+    views: dict[str, Scores] = field(default_factory=dict)
     seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        for v in VIEWS:
+            self.views.setdefault(v.name, Scores())
+        self.views[MEMORIES].tally = self.tally
 
     def per_100(self, n: int) -> float:
         return round(100 * n / self.messages, 2) if self.messages else 0.0
@@ -99,9 +163,10 @@ class Result:
             if self.context_tokens else 0,
             "conversation_tokens_mean": round(statistics.mean(self.conversation_tokens), 1)
             if self.conversation_tokens else 0,
-            "lineage_turns_mean": round(statistics.mean(self.width), 2) if self.width else 0,
+            "lineage_turns_mean": self.views[MEMORIES].width,
             "seconds": round(self.seconds, 1),
             "categories": {k: self.tally.row(k) for k in sorted(self.tally.asked)},
+            "views": {name: v.summary() for name, v in self.views.items()},
         }
 
 
@@ -185,16 +250,72 @@ def lineages(decisions: Sequence[JobDecision]) -> dict[str, frozenset[str]]:
             for m in set(turns) | set(merged)}
 
 
+def stated_turns(decisions: Sequence[JobDecision], said: dict[tuple[str, float], str],
+                 ) -> dict[str, frozenset[str]]:
+    """The turns that stated each memory: the message whose event time a version (or a
+    restatement of it) carries, found in ``said`` ((user, event time) -> message id; a
+    merged memory: its parts' too). Only the rules model names the stating message; a
+    model's version carries its job's newest message's time, so give ``said`` empty then
+    (width-capped recall counts only narrow lineages: ``Retrieved.counts``)."""
+    stated: defaultdict[str, set[str]] = defaultdict(set)
+    merged: defaultdict[str, set[str]] = defaultdict(set)
+    for d in decisions:
+        for c in d.changes:
+            after = c.after or {}
+            if c.lineage.kind == "extraction":
+                times = ((after.get("source") or {}).get("event_ts"),
+                         (after.get("extra") or {}).get("restated_ts"))
+                stated[c.memory_id].update(said[key] for t in times if t is not None
+                                           if (key := (c.user_id, round(float(t), 3))) in said)
+            merged[c.memory_id] |= set((after.get("extra") or {}).get("merged", ()))
+    return {m: frozenset(stated[m].union(*(stated[x] for x in merged[m])))
+            for m in set(stated) | set(merged)}
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the decisions say of each memory: its lineage and the turns that stated it."""
+
+    turns: dict[str, frozenset[str]]
+    stated: dict[str, frozenset[str]]
+
+    def memory(self, memory_id: str, score: float, content: str) -> Retrieved:
+        return Retrieved(memory_id, score, self.turns.get(memory_id, frozenset()), content,
+                         "memory", self.stated.get(memory_id, frozenset()))
+
+    def item(self, item: RecallItem) -> Retrieved:
+        if item.kind == "memory":
+            return self.memory(item.id, item.score, item.content)
+        ids = frozenset(item.message_ids)  # the turn and the one before it
+        return Retrieved(item.id, item.score, ids, item.content, "turn",
+                         frozenset(item.message_ids[-1:]))
+
+
 async def _ask(client: AsyncMemoryClient, conv: Conversation, qa: QA, k: int,
-               turns: dict[str, frozenset[str]], result: Result) -> list[Retrieved]:
-    ranked = []
+               known: Known, result: Result) -> dict[str, list[Retrieved]]:
+    """Every view's top ``k``, both speakers asked and merged by score. The fused request
+    is asked first, one speaker after the other (its latency is the one reported, its hits
+    recorded as before); the ablations' requests then at once, their hits not recorded."""
+    found: dict[tuple[str, Ask], SearchResponse] = {}
     for user in conv.users:
         started = time.perf_counter()
-        found = await client.search(qa.question, user_id=user, limit=k)
+        found[user, FUSED] = await client.search(
+            qa.question, user_id=user, limit=k, sources=FUSED.sources,
+            turn_match=FUSED.turn_match, recency=FUSED.recency)
         result.search_ms.append((time.perf_counter() - started) * 1000)
-        ranked.append([Retrieved(m.memory_id, m.score, turns.get(m.memory_id, frozenset()),
-                                 m.content) for m in found.memories])
-    return merge(*ranked, k=k)
+    asks = list(dict.fromkeys((user, v.ask) for v in VIEWS for user in conv.users
+                              if (user, v.ask) not in found))
+    answers = await asyncio.gather(*(client.search(
+        qa.question, user_id=user, limit=k, sources=a.sources, turn_match=a.turn_match,
+        recency=a.recency, record_hits=False) for user, a in asks))
+    found.update(zip(asks, answers, strict=True))
+    out = {}
+    for v in VIEWS:
+        per_user = [found[user, v.ask] for user in conv.users]
+        out[v.name] = merge(*([known.item(i) for i in f.items] if v.items else
+                              [known.memory(m.memory_id, m.score, m.content)
+                               for m in f.memories] for f in per_user), k=k)
+    return out
 
 
 async def run_policy(policy: Policy, conversations: Sequence[Conversation], base: Settings,
@@ -220,7 +341,10 @@ async def run_policy(policy: Policy, conversations: Sequence[Conversation], base
                                                lambda n: progress("messages", n)))
         await _produce(settings, evs, pace_s)
         decisions, result.jobs, result.failed, result.covered = await waiting
-        turns = lineages(decisions)
+        # the stating message is known from its event time (the rules model's only)
+        said = {(e.user_id, round(e.ts.timestamp(), 3)): e.message_id for e in evs
+                if isinstance(e, ChatMessage)} if settings.llm == "rules" else {}
+        known = Known(lineages(decisions), stated_turns(decisions, said))
         for d in {d.job_id: d for d in decisions}.values():
             result.llm_calls += d.llm_calls
             result.prompt_tokens += d.prompt_tokens
@@ -232,10 +356,10 @@ async def run_policy(policy: Policy, conversations: Sequence[Conversation], base
                                             for u in conv.users]))
                 whole = tokens(" ".join(t.text for t in conv.turns))
                 for qa in conv.qa[:limit]:
-                    top = await _ask(client, conv, qa, k, turns, result)
-                    result.tally.add(qa, top)
-                    result.width.append(sum(len(r.turns) for r in top) / len(top) if top
-                                        else 0.0)
+                    views = await _ask(client, conv, qa, k, known, result)
+                    for v in VIEWS:
+                        result.views[v.name].add(qa, views[v.name], v.capped)
+                    top = views[MEMORIES]
                     result.context_tokens.append(tokens("\n".join(r.content for r in top)))
                     result.conversation_tokens.append(whole)
                     if judge is not None and qa.category != 5:  # no gold answer to judge

@@ -119,13 +119,23 @@ async def test_duplicate_message_ids_count_once(t):
 
 
 async def test_all_trivial_job_costs_no_extraction(t):
-    await t.send(t.chat("ok"), t.chat("Sure, anything else?", role="assistant"), t.chat("谢谢"),
-                 t.chat("继续"))
+    await t.send(t.chat("ok"), t.chat("👍", role="assistant"), t.chat("谢谢"), t.chat("继续"))
     await t.h.results.wait_for(lambda rs: len(t.h.result_list(t.tenant)) >= 1)
     res = t.h.result_list(t.tenant)[0]
     assert res.status == JobStatus.TRIVIAL and (res.from_seq, res.to_seq) == (0, 4)
     await t.settle(1.5)
     assert t.job_list() == []
+
+
+async def test_an_assistant_turn_after_trivial_user_turns_goes_as_a_job_to_be_archived(t):
+    """The episodic archive keeps a real assistant turn (docs/archive.md): its range is not
+    closed inline; the job is decided without an LLM call (all its user turns are
+    trivial), here by the test."""
+    await t.send(t.chat("ok"), t.chat("Sure, anything else?", role="assistant"), t.chat("谢谢"),
+                 t.chat("继续"))
+    await t.h.jobs.wait_for(lambda rs: len(t.job_list()) >= 1)
+    (job,) = t.job_list()
+    assert (job.from_seq, job.to_seq) == (0, 4) and t.h.result_list(t.tenant) == []
 
 
 async def test_bad_input_goes_to_dead_letters_and_nothing_valid_is_lost(t):

@@ -218,6 +218,7 @@ def test_a_turn_a_returned_memory_states_in_full_is_left_out():
     wider = turn("t2", "m5")
     assert stated_by(stated, [("m1",)]) and stated_by(stated, [("m0", "m1")])
     assert not stated_by(stated, [("m1", "m2")]) and not stated_by(stated, [()])
+    assert not stated_by(stated, [("m0",)])  # a memory of its context alone: not this turn
     items = fuse([scored("x", ("m1",)), scored("y", ("m4", "m5", "m6"))],
                  [stated, wider], [stated, wider], Fusion(), k=10)
     assert {i.key for i in items} == {"m:x", "m:y", "t:t2"}
@@ -236,3 +237,47 @@ def test_turn_candidates_apply_the_archives_age_bound(store):
     assert [t.content for t in dense] == [t.content for t in sparse] == ["we hiked the Andes"]
     dense, sparse = turn_candidates(store, scope, vector, "hiked", Fusion(match="sparse"), now)
     assert dense == [] and len(sparse) == 2
+
+
+def test_a_memory_unrelated_to_the_query_does_not_take_a_matching_turns_place():
+    related, unrelated = scored("x", ("m9",), 0.4), scored("y", ("m8",), 0.05)
+    match = turn("t1", "m1")
+    items = fuse([related, unrelated], [match], [match], Fusion(memory_floor=0.15), k=2)
+    assert [i.key for i in items] == ["t:t1", "m:x"]
+    assert {i.key for i in fuse([related, unrelated], [match], [match], Fusion(), k=3)} == {
+        "t:t1", "m:x", "m:y"}
+
+
+@pytest.mark.parametrize("archive", [True, False])
+def test_a_range_of_trivial_user_turns_goes_as_a_job_only_to_archive_an_assistant_turn(archive):
+    from memstream.memory.coalescing import on_message
+    from memstream.memory.ingest_state import Policy, UserState
+    from tests.unit.builders import msg
+
+    def run(lines: list[tuple[str, str]]) -> tuple[list, list]:
+        state, jobs, resolved = UserState("t1", "u1"), [], []
+        for role, text in lines:
+            step = on_message(state, msg(text, role=role), 0.0,
+                              Policy(min_new_messages=4, archive=archive))
+            state, jobs, resolved = step.state, jobs + step.jobs, resolved + step.resolved
+        return jobs, resolved
+
+    jobs, resolved = run([("user", "ok"), ("assistant", "Here is the second half of the story"),
+                          ("user", "谢谢"), ("user", "继续")])
+    assert [(j.from_seq, j.to_seq) for j in jobs] == ([(0, 4)] if archive else [])
+    assert [(r.from_seq, r.to_seq) for r in resolved] == ([] if archive else [(0, 4)])
+    jobs, resolved = run([("user", "ok"), ("assistant", "👍"), ("user", "谢谢"),
+                          ("system", "the user is tired")])
+    assert jobs == [] and [(r.from_seq, r.to_seq) for r in resolved] == [(0, 4)]
+
+
+def test_the_meaning_query_leaves_out_proper_names_and_nothing_else():
+    from memstream.memory.hybrid import meaning_query
+
+    assert meaning_query("When did Caroline go to the LGBTQ support group?") == (
+        "When did go to the LGBTQ support group?")
+    assert meaning_query("What is Melanie's favourite food? Ask Ben.") == (
+        "What is favourite food? Ask .")
+    assert meaning_query("what did I say about the trip") == "what did I say about the trip"
+    assert meaning_query("我住在哪里") == "我住在哪里"
+    assert meaning_query("Lisbon") == "Lisbon"  # nothing would be left: unchanged

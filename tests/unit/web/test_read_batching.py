@@ -87,6 +87,26 @@ async def test_reads_that_come_while_one_is_under_way_go_together_texts_once() -
                    ("r2", vector("my dog"))]
 
 
+async def test_a_read_of_several_texts_gets_their_vectors_from_the_batchs_one_call() -> None:
+    emb = Gated()
+    batcher = ReadBatcher(emb, run=emb.run)
+    first = asyncio.ensure_future(batcher.read("hold", tagged("first")))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    both = asyncio.ensure_future(batcher.read_all(("What did Ana paint?", "What did paint?"),
+                                                  lambda vs: vs))
+    one = asyncio.ensure_future(batcher.read("What did paint?", tagged("one")))
+    await asyncio.sleep(0)
+    emb.gates[0].set()
+    await first
+    while len(emb.gates) < 2:
+        await asyncio.sleep(0)
+    emb.gates[1].set()
+    assert await both == [vector("What did Ana paint?"), vector("What did paint?")]
+    assert await one == ("one", vector("What did paint?"))
+    assert emb.calls == [["hold"], ["What did Ana paint?", "What did paint?"]]
+
+
 async def test_a_batch_holds_at_most_max_batch_reads() -> None:
     emb = Gated()
     batcher = ReadBatcher(emb, max_batch=2, run=emb.run)
