@@ -455,6 +455,11 @@ def turn_key(payload: Mapping[str, Any]) -> TurnKey:
             str(payload.get("session_id")), str(payload.get("message_id")))
 
 
+def turn_of(change: MemoryChange) -> dict[str, Any]:
+    """An archive change's turn record (its ``after`` names the turn without its text)."""
+    return change.records[0] if change.records else change.after
+
+
 def check_archive(expected: Mapping[TurnKey, ChatMessage],
                   changes: Iterable[MemoryChange]) -> ArchiveReport:
     """Every expected turn archived by exactly one change id, and nothing else archived."""
@@ -465,14 +470,14 @@ def check_archive(expected: Mapping[TurnKey, ChatMessage],
         if c.op != ARCHIVE_OP or c.change_id in seen:
             continue
         seen.add(c.change_id)
-        key = turn_key(c.after)
+        key = turn_key(turn_of(c))
         ids[key].add(c.change_id)
         want = expected.get(key)
         if want is None:
             continue
-        if (c.memory_id != turn_id(*key) or c.after.get("status") != TURN_STATUS
-                or c.after.get("role") != want.role.value
-                or c.after.get("content") != want.content
+        if (c.memory_id != turn_id(*key) or turn_of(c).get("status") != TURN_STATUS
+                or turn_of(c).get("role") != want.role.value
+                or turn_of(c).get("content") != want.content
                 or (c.tenant_id, c.user_id) != key[:2]):
             report.mismatched.append((key, c.change_id))
     report.archive_changes = len(seen)

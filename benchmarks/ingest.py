@@ -1,7 +1,8 @@
 """Ingest-stage benchmark on the real broker with one worker (not a test).
 
     .venv/bin/python benchmarks/ingest.py [--messages 100000] [--users 1000] [--runs 3]
-        [--compare before=/path/to/an/older/checkout] [--bootstrap HOST:PORT] [--smoke]
+        [--compare before=/path/to/an/older/checkout] [--archive-off]
+        [--bootstrap HOST:PORT] [--smoke]
 
 ``--compare LABEL=DIR`` runs the same phases with the worker's code taken from DIR (for
 example ``git worktree add /tmp/before HEAD~3``), alternating with this checkout's run
@@ -228,6 +229,9 @@ def side_by_side_options(ap: argparse.ArgumentParser) -> None:
                     help="also run the worker from another checkout, side by side")
     ap.add_argument("--bootstrap", default=None, metavar="HOST:PORT",
                     help="a running broker (else the local one, started if need be)")
+    ap.add_argument("--archive-off", action="store_true",
+                    help="also run this code with the episodic archive off (code "
+                    "'no-archive'), side by side: the archive's cost")
 
 
 def with_broker(base: Settings, bootstrap: str | None) -> Settings:
@@ -239,9 +243,19 @@ def with_broker(base: Settings, bootstrap: str | None) -> Settings:
     return base
 
 
+NO_ARCHIVE = "no-archive"
+
+
 def codes_of(args: argparse.Namespace) -> list[tuple[str, str | None]]:
-    """(label, checkout) of each code to run: this one (None), then every ``--compare``."""
-    return [("this", None)] + [(c.split("=", 1)[0], c.split("=", 1)[1]) for c in args.compare]
+    """(label, checkout) of each code to run: this one (None), then every ``--compare``,
+    then this one with the archive off (``--archive-off``)."""
+    return ([("this", None)] + [(c.split("=", 1)[0], c.split("=", 1)[1]) for c in args.compare]
+            + ([(NO_ARCHIVE, None)] if args.archive_off else []))
+
+
+def settings_for(base: Settings, label: str) -> Settings:
+    """A code's settings: the archive off for ``no-archive``."""
+    return base.model_copy(update={"archive": False}) if label == NO_ARCHIVE else base
 
 
 def measure(base: Settings, args: argparse.Namespace, work: Path, label: str,
@@ -290,7 +304,8 @@ def main() -> None:
     runs: dict[str, list[dict]] = {label: [] for label, _ in codes}
     for _ in range(args.runs):
         for label, path in codes:
-            runs[label].append(measure(base, args, work, label, path, events, lat_events))
+            runs[label].append(measure(settings_for(base, label), args, work, label, path,
+                                       events, lat_events))
     print(f"{'code':8} {'runs':>4} {'msg/s median':>13} {'(each)':28} {'jobs/100':>8} "
           f"{'p50 ms':>8} {'p99 ms':>8}  (paced at {args.rate:.0f} msg/s)")
     summary = {}

@@ -41,7 +41,15 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 from benchmarks import smoke
-from benchmarks.ingest import codes_of, pct, produce, side_by_side_options, with_broker, with_code
+from benchmarks.ingest import (
+    codes_of,
+    pct,
+    produce,
+    settings_for,
+    side_by_side_options,
+    with_broker,
+    with_code,
+)
 from benchmarks.scale import follow_results
 from benchmarks.scale_checks import Coverage, Stream
 from memstream.core import kafka
@@ -163,21 +171,18 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=24_000)
     ap.add_argument("--runs", type=int, default=3, help="runs per code (median reported)")
     side_by_side_options(ap)
-    ap.add_argument("--archive-off", action="store_true",
-                    help="also run this code with the archive off, side by side")
     args = smoke.parse(ap, SMOKE)
     base = with_broker(Settings(partitions=4, web_enabled=False, idle_timeout_s=5.0,
                                 tick_interval_s=1.0), args.bootstrap)
     work = Path(tempfile.mkdtemp(prefix="memstream-pipeline-"))
     stream, events = backlog(args.users, args.messages)
-    codes = codes_of(args) + ([("no-archive", None)] if args.archive_off else [])
+    codes = codes_of(args)
     runs: dict[str, list[dict]] = {label: [] for label, _ in codes}
     for _ in range(args.runs):
         for label, path in codes:
-            settings = base.model_copy(update={"archive": False}) if label == "no-archive" \
-                else base
             with with_code(path):
-                runs[label].append(asyncio.run(one_run(settings, stream, events, work, label)))
+                runs[label].append(asyncio.run(one_run(settings_for(base, label), stream,
+                                                       events, work, label)))
     print(f"{'code':8} {'runs':>4} {'msg/s median':>13} {'(each)':30} {'changes/s':>10} "
           f"{'jobs/s':>8}")
     summary = {}

@@ -147,11 +147,7 @@ def build_decision(job: ExtractionJob, out: JobOutcome, model: MemoryModel,
 def _write(store: MemoryStore, change: MemoryChange) -> None:
     """Write every record of the change (deterministic point ids: rewriting is harmless)."""
     if change.op == ARCHIVE_OP:  # an archived turn: one record, not a memory
-        turns = [(turn_point_id(str(r["memory_id"])), r, change.vector) for r in change.records]
-        if any((r.get("tenant_id"), r.get("user_id")) != (change.tenant_id, change.user_id)
-               for _, r, _ in turns):
-            raise ValueError(f"change {change.change_id} writes outside its user's scope")
-        store.write_records(turns)
+        _write_turns(store, [change])
         return
     records = [Memory.from_payload(r) for r in change.records]
     for r in records:
@@ -163,6 +159,17 @@ def _write(store: MemoryStore, change: MemoryChange) -> None:
     store.write([records[i] for i in order],
                 [change.vector if records[i].source.op_id == change.change_id else None
                  for i in order])
+
+
+def _write_turns(store: MemoryStore, changes: Sequence[MemoryChange]) -> None:
+    """The turn records of ``archive`` changes, in one write (each scope-checked)."""
+    turns = []
+    for change in changes:
+        for r in change.records:
+            if (r.get("tenant_id"), r.get("user_id")) != (change.tenant_id, change.user_id):
+                raise ValueError(f"change {change.change_id} writes outside its user's scope")
+            turns.append((turn_point_id(str(r["memory_id"])), r, change.vector))
+    store.write_records(turns)
 
 
 def apply_change(store: MemoryStore, change: MemoryChange) -> bool:
@@ -284,11 +291,14 @@ def apply_decision(store: MemoryStore, decision: JobDecision) -> Applied:
         held = cursor.seq if cursor else 0
         return Applied(Verdict.FENCED, JobStatus.FENCED, applied_seq=held,
                        error=f"memory {stale} moved on since the decision read it")
-    for change in changes:
+    for change in memories:
         if change.op == "erase":
             store.erase(scope)
         else:
             _write(store, change)
+    turns = [c for c in changes if c.op == ARCHIVE_OP]
+    if turns:  # the job's turns in one write
+        _write_turns(store, turns)
     if decision.seq:  # the events to publish, kept with the cursor for a re-publication
         # in their wire form (vectors packed); parsed back, they dump to the same bytes
         store.set_cursor(scope, Cursor(decision.seq, decision.job_id, decision.decision_id),

@@ -32,6 +32,7 @@ from memstream.topics.schemas import ExtractionJob, JobMessage, Lineage, MemoryC
 TURN_STATUS = "turn"  # a turn record's status: never a memory's, never in a memory query
 ARCHIVE_OP = "archive"
 ARCHIVED_ROLES = (Role.USER, Role.ASSISTANT)
+_TEXT = ("content", "context")  # a turn's text: in its record only
 DAY_S = 86_400.0
 
 
@@ -103,10 +104,12 @@ def archive_changes(job: ExtractionJob, embed: Callable[[list[str]], list[list[f
     payloads = [turn_payload(job, m, before, archive_change_id(job, m)) for m, before in turns]
     vectors = embed([indexed_text(p) for p in payloads])
     decided = datetime.fromtimestamp(now, UTC)
+    # the text once, in the record: ``after`` names the turn without it (a job's decision
+    # carries every turn, and must stay a record the decisions topic takes)
     return [MemoryChange(
         change_id=p["source"]["op_id"], op=ARCHIVE_OP, tenant_id=job.tenant_id,
-        user_id=job.user_id, memory_id=p["memory_id"], version=1, before=None, after=p,
-        records=[p], vector=v, reason="",
+        user_id=job.user_id, memory_id=p["memory_id"], version=1, before=None,
+        after={k: v for k, v in p.items() if k not in _TEXT}, records=[p], vector=v, reason="",
         lineage=Lineage(session_id=job.session_id, from_seq=m.seq, to_seq=m.seq + 1,
                         job_id=job.job_id, message_ids=lineage_ids(p), seq=job.seq,
                         kind="archive"),

@@ -66,8 +66,15 @@ class Item:
         return "t:" + self.turn.memory_id
 
 
-# a capitalised word inside a sentence (not its first): a name, with its possessive
-_NAME = re.compile(r"(?<!^)(?<![.?!:]\s)(?<![.?!:]\s\s)\b[A-Z][a-z]+(?:['’]s)?\b")
+_WORD = re.compile(r"[^\W\d_]+(?:['’]s\b)?")
+_OPENS = re.compile(r"(?:^|[.?!:;\n])[\s\"'“‘(\[{«¿¡-]*$")  # what a sentence's first word follows
+
+
+def _is_name(word: str, before: str) -> bool:
+    """A capitalised word (then lower case: not an acronym, not "I") that does not open a
+    sentence."""
+    return (len(word) > 1 and word[0].isupper() and word[1].islower()
+            and _OPENS.search(before) is None)
 
 
 def meaning_query(text: str) -> str:
@@ -77,8 +84,11 @@ def meaning_query(text: str) -> str:
     names, where BM25 weighs them by how rare they are in the user's archive. (LOCOMO:
     turns-only recall@10 0.827 -> 0.849, docs/benchmarks.md.) Unchanged when nothing would
     be left, and for scripts without capitals."""
-    bare = " ".join(_NAME.sub(" ", text).split())
-    return bare if bare.strip(" ?!.,'’") else text
+    text = text.strip()
+    bare = _WORD.sub(lambda m: " " if _is_name(m.group(), text[:m.start()]) else m.group(),
+                     text)
+    bare = " ".join(bare.split())
+    return bare if any(ch.isalnum() for ch in bare) else text
 
 
 def turn_candidates(store: MemoryStore, scope: Scope, vector: list[float], text: str,

@@ -30,6 +30,9 @@ from memstream.topics.schemas import (
 DAY_MS = 86_400_000
 KEYS_TOPIC = "api-keys"  # the HTTP API's keys (web.keys_topic)
 KAFKA_MAX_MESSAGE_BYTES = 1_048_588  # the broker's default max.message.bytes (1 MiB + 12)
+# the stages' own records (a job carries its range's messages, a decision every archived
+# turn of it): the loops' producers and decoders take up to this (streams.loop_clients)
+INTERNAL_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,8 @@ def registry(settings: Settings) -> Topics:
         ),
         jobs=TopicSpec(
             settings.topic("extraction-jobs"), ExtractionJob, n, keep,
-            doc="Coalesced extraction jobs emitted by the ingest stage.", extra_config=rolled,
+            doc="Coalesced extraction jobs emitted by the ingest stage.",
+            extra_config={"max.message.bytes": str(INTERNAL_MESSAGE_BYTES), **rolled},
         ),
         job_results=TopicSpec(
             settings.topic("job-results"), JobResult, n, keep,
@@ -131,7 +135,7 @@ def registry(settings: Settings) -> Topics:
         decisions=TopicSpec(
             settings.topic("decisions"), JobDecision, n, keep,
             doc="Internal: a job's decided changes, applied in order by the apply stage.",
-            extra_config=rolled,
+            extra_config={"max.message.bytes": str(INTERNAL_MESSAGE_BYTES), **rolled},
         ),
         memory_changes=TopicSpec(
             settings.topic("memory-changes"), MemoryChange, n, -1,

@@ -25,7 +25,7 @@ from memstream.core import kafka
 from memstream.memory import retrieval
 from memstream.memory import short_term as windows
 from memstream.memory.coalescing import tool_job_id
-from memstream.memory.store import Scope
+from memstream.memory.store import Scope, held_records
 from memstream.memory.tools import ToolError, parse_arguments, replace_core
 from memstream.streams import privacy, window
 from memstream.streams.access import AccessRecorder
@@ -34,7 +34,6 @@ from memstream.streams.waiters import Outcome
 from memstream.topics.schemas import ID_PATTERN, ToolRequest, ToolWrite
 from memstream.web import backend_history as history
 from memstream.web.backend_reads import (
-    LIST_MAX,
     ReadBackend,
     page_offset,
     page_token,
@@ -126,7 +125,9 @@ class WorkerBackend(ReadBackend):
         current = session or req.session_id
         rows = window.rows(self.p.window, tenant, user, current,
                            window.keep(self.p.settings)) if current else []
-        since, until = (None if t is None else t.timestamp() for t in (args.since, args.until))
+        since, until = (None if t is None else  # a time without a zone is UTC
+                        (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
+                        for t in (args.since, args.until))
         rows = [r for r in rows if _within(r[4], since, until)]
         hits = windows.search(rows, args.query, limit)
         turns = await self.archive_search(tenant, user, args.query, limit,
@@ -232,7 +233,7 @@ class WorkerBackend(ReadBackend):
         scope = Scope(tenant, user)
 
         def count() -> int:  # not fenced: this is what is physically there
-            return len(self.p.services.store.list(scope, statuses=None, limit=LIST_MAX))
+            return held_records(self.p.services.store, scope)
 
         return Residue(store_records=await asyncio.to_thread(count))
 

@@ -142,7 +142,9 @@ class ReadBackend:
             return None
         f = Fusion(weights=s.fusion_weights, k=s.fusion_k, turns_k=s.archive_k,
                    archive_days=s.archive_days,
-                   memory_floor=self.p.services.embedder.related_threshold)
+                   # a cosine floor: only where relevance is the cosine itself
+                   memory_floor=self.p.services.embedder.related_threshold
+                   if s.retrieval_normalise == "absolute" else 0.0)
         if req is not None:
             f = replace(f, sources=req.sources, match=req.turn_match, recency=req.recency)
         return f

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from memstream.memory.archive import TURN_STATUS
 from memstream.memory.store import BOOKKEEPING_STATUSES, Record
 
 UserKey = tuple[str, str]
@@ -59,10 +60,16 @@ class Digests:
         return {f"{t}/{u}": [n, d] for (t, u), (n, d) in sorted(self.users.items())}
 
 
-def digests(records: Iterable[Record]) -> Digests:
+def digests(records: Iterable[Record], turns_since: float | None = None) -> Digests:
+    """Per user, the count and hash of its records; ``turns_since``: archived turns said
+    before it are left out (past ``archive_days``: no read returns them, and a store that
+    has not swept them yet is not different for that)."""
     lines: dict[UserKey, list[str]] = defaultdict(list)
     for pid, payload, vector in records:
         if payload.get("status") in BOOKKEEPING_STATUSES:
+            continue
+        if (turns_since is not None and payload.get("status") == TURN_STATUS
+                and float(payload.get("ts", 0.0)) < turns_since):
             continue
         key = (str(payload.get("tenant_id", "")), str(payload.get("user_id", "")))
         lines[key].append(canonical(pid, payload, vector))

@@ -145,7 +145,8 @@ class EdgeStore:
         points = [qe.Point(pid, self._vectors(p, v), pack(p)) for pid, p, v in records
                   if v is not None]
         with self._lock:
-            self._memories_changed()
+            if any(p.get("status") != TURN_STATUS for _, p, _ in records):
+                self._memories_changed()  # (an archived turn is in no list answer)
             if points:
                 self._shard.update(qe.UpdateOperation.upsert_points(points))
             for pid, payload, v in records:

@@ -127,6 +127,14 @@ def turn_words(payload: dict[str, Any], lexical_index: bool) -> Sparse | None:
     return lexical.document(indexed_text(payload)) or None
 
 
+def held_records(store: MemoryStore, scope: Scope) -> int:
+    """The records a store holds of exactly ``scope``'s user besides its bookkeeping
+    (memory versions, archived turns, hit statistics): what a forget-me must leave none of."""
+    return sum(1 for _, payload, _ in store.scan(scope.tenant_id, scope.user_id)
+               if payload.get("status") not in BOOKKEEPING_STATUSES
+               and payload.get("user_id") == scope.user_id)
+
+
 def unit_vector(dim: int) -> list[float]:
     """A placeholder vector for records that are never searched (the cursor)."""
     return [1.0] + [0.0] * (dim - 1)

@@ -27,6 +27,7 @@ from typing import Any
 from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import Offsets, Record, end_offsets, read_range
+from memstream.memory.archive import cutoff
 from memstream.memory.store import MemoryStore
 from memstream.memory.store.rebuild_fold import Fold, Opener, Reembed, fold_access
 from memstream.topics.codec import decode_own
@@ -143,6 +144,9 @@ async def rebuild_into(settings: Settings, store: MemoryStore, *, embedder: str,
         b = settings
         await read_range(b, changes_topic, snapshot[changes_topic], on_changes)
         await asyncio.to_thread(fold.finish)
+        oldest = cutoff(time.time(), settings.archive_days)
+        if oldest is not None:  # turns past archive_days: as the live store sweeps them
+            await asyncio.to_thread(store.sweep_turns, oldest)
         await read_range(b, access_topic, snapshot[access_topic], on_access)
         written = fold_access(store, accesses, select, fold.erased)
     finally:

@@ -125,8 +125,8 @@ class ServerStore:
     def search_turns(self, scope: Scope, k: int, *, vector: list[float] | None = None,
                      sparse: lexical.Sparse | None = None, window: TurnWindow | None = None,
                      ) -> list[tuple[dict[str, Any], float]]:
-        """As EdgeStore.search_turns (the server applies IDF over the whole collection:
-        it takes no corpus filter)."""
+        """As EdgeStore.search_turns: IDF over the user's own turns (a corpus filter), so
+        no other user's words move this one's ranking."""
         m = self._m
         own = Scope(scope.tenant_id, scope.user_id)
         where = self._filter(own, (TURN_STATUS,), self._window(window))
@@ -137,7 +137,9 @@ class ServerStore:
             hits = self._client.query_points(
                 self.collection, query=m.SparseVector(indices=list(sparse.indices),
                                                       values=list(sparse.values)),
-                using=SPARSE, limit=k, with_payload=True, query_filter=where).points
+                using=SPARSE, limit=k, with_payload=True, query_filter=where,
+                search_params=m.SearchParams(idf=m.IdfCorpusParams(
+                    corpus=self._filter(own, (TURN_STATUS,))))).points
         else:
             return []
         return [(dict(h.payload or {}), float(h.score)) for h in hits]

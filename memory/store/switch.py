@@ -38,6 +38,7 @@ from pydantic import BaseModel
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import Record, end_offsets, read_range
 from memstream.memory.applying import apply_change
+from memstream.memory.archive import cutoff
 from memstream.memory.store import MemoryStore, checksum
 from memstream.memory.store.rebuild_fold import Opener, fold_access
 from memstream.memory.store.rebuild_topics import Manifest, selector
@@ -127,9 +128,13 @@ def discard(store: MemoryStore, path: Path) -> None:
 
 
 def verify(live: MemoryStore, new: MemoryStore, manifest: Manifest, vectors: bool,
-           leave_out: Collection[UserKey] = ()) -> checksum.Verification:
+           leave_out: Collection[UserKey] = (),
+           turns_since: float | None = None) -> checksum.Verification:
+    """``turns_since``: archived turns said before it (past ``archive_days``) are not
+    compared (checksum.digests)."""
     def digests(store: MemoryStore) -> checksum.Digests:
-        found = checksum.digests(store.scan(manifest.tenant, manifest.user, vectors=vectors))
+        found = checksum.digests(store.scan(manifest.tenant, manifest.user, vectors=vectors),
+                                 turns_since)
         for key in leave_out:
             found.users.pop(key, None)
         return found
@@ -216,7 +221,8 @@ async def _switch(settings: Settings, store: SwappableStore, request: SwitchRequ
     if not partial:
         await asyncio.to_thread(copy_cursors, store.current, new)
     dirty = store.written_since(since)
-    verdict = await asyncio.to_thread(verify, store.current, new, manifest, True, dirty)
+    verdict = await asyncio.to_thread(verify, store.current, new, manifest, True, dirty,
+                                      cutoff(time.time(), settings.archive_days))
     note = (f" ({len(dirty)} user(s) written in the last {settings.rebuild_settle_s:.0f} s "
             "copied from the live store, not compared)")
     summary = verdict.summary() + (note if dirty else "")

@@ -119,7 +119,9 @@ def _store_records(settings: Settings, tenant: str, user: str) -> int | None:
     except Exception:
         return None
     try:
-        return len(store.list(Scope(tenant, user), statuses=None))
+        from memstream.memory.store import held_records
+
+        return held_records(store, Scope(tenant, user))
     except StoreError:  # store_partitioned: the shards live with the workers that own them
         return None
     finally:

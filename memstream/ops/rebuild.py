@@ -48,6 +48,7 @@ def _ask_worker(settings: Settings, path: Path, swap: bool, force: bool, keep: b
 def _offline(settings: Settings, path: Path, manifest: Any, swap: bool, force: bool,
              keep: bool) -> tuple[bool, bool, str]:
     """No worker runs: open the live store here. Returns (ok, switched, message)."""
+    from memstream.memory.archive import cutoff
     from memstream.memory.store import StoreError
     from memstream.memory.store.edge import EdgeStore
     from memstream.memory.store.swappable import copy_cursors, copy_user
@@ -80,7 +81,8 @@ def _offline(settings: Settings, path: Path, manifest: Any, swap: bool, force: b
     try:
         if not partial:
             copy_cursors(live, new)  # live cursors ahead (jobs that changed nothing)
-        verdict = verify(live, new, manifest, vectors=same)
+        verdict = verify(live, new, manifest, vectors=same,
+                         turns_since=cutoff(time.time(), settings.archive_days))
         message = verdict.summary()
         if swap and (verdict.ok or force) and partial:
             users = users_of(new, live, tenant=manifest.tenant, user=manifest.user)

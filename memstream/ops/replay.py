@@ -29,6 +29,7 @@ from memstream.core.topic_reader import end_offsets, read_range
 from memstream.memory import fencing
 from memstream.memory import reextraction as pure
 from memstream.memory.applying import apply_decision, build_decision
+from memstream.memory.archive import archive_changes
 from memstream.memory.crypto.key_records import FORGOTTEN, Keyring, parse_key
 from memstream.memory.crypto.key_view import KeyView
 from memstream.memory.decisions import Candidate
@@ -284,7 +285,8 @@ def run(settings: Settings, options: Options, echo: Callable[[str], None] = prin
     extractor = Extractor(decider, embedder, store, top_k=settings.top_k_similar)
     started = time.perf_counter()
     try:
-        run_jobs(plan.jobs, extractor, model, store, budget, mode, report, echo)
+        run_jobs(plan.jobs, extractor, model, store, budget, mode, report, echo,
+                 settings.archive)
     finally:
         report.seconds = time.perf_counter() - started
         report.recorder = {} if recorder is None else dict(vars(recorder.stats))
@@ -294,7 +296,9 @@ def run(settings: Settings, options: Options, echo: Callable[[str], None] = prin
 
 def run_jobs(jobs: Sequence[ExtractionJob], extractor: Extractor, model: MemoryModel,
               store: MemoryStore, budget: pure.Budget, mode: pure.Mode, report: Report,
-              echo: Callable[[str], None]) -> None:
+              echo: Callable[[str], None], archive: bool = True) -> None:
+    """Decide and apply each job (``archive``: with its turns for the episodic archive,
+    as the extract stage does)."""
     for n, job in enumerate(jobs):
         cursor = store.cursor(Scope(job.tenant_id, job.user_id))
         if fencing.decide_or_skip(cursor, job.seq, job.job_id) != fencing.Verdict.APPLY:
@@ -314,7 +318,10 @@ def run_jobs(jobs: Sequence[ExtractionJob], extractor: Extractor, model: MemoryM
         budget.spend(out.usage.calls)
         # a run killed mid-apply left a decision half-applied that no topic hands over again,
         # and a replay publishes nothing: the job's new decision builds on what it left
-        decision = build_decision(job, out, model, now).model_copy(update={"read_pending": []})
+        turns = archive_changes(job, extractor.embedder.embed, extractor.embedder.name, now) \
+            if archive else []
+        decision = build_decision(job, out, model, now, turns).model_copy(
+            update={"read_pending": []})
         applied = apply_decision(store, decision)
         if applied.status not in (JobStatus.DONE, JobStatus.TRIVIAL):
             raise RuntimeError(f"job {job.job_id} not applied: {applied.error}")

@@ -56,7 +56,7 @@ def test_a_clean_archive_passes(session):
     assert report.counts() == {"turns_expected": len(changes), "turns_archived": len(changes),
                                "archive_changes": len(changes), "missing": 0, "duplicate": 0,
                                "unexpected": 0, "mismatched": 0}
-    stored = check_stored_turns(expected_turns(session), [c.after for c in changes])
+    stored = check_stored_turns(expected_turns(session), [c.records[0] for c in changes])
     assert (stored["missing"], stored["unexpected"], stored["users_count_off"]) == (0, 0, 0)
     assert archive_consistent({"archive": report.counts(), "archive_replay": stored})
 
@@ -67,7 +67,7 @@ def test_a_missing_turn_fails(session):
     assert report.counts()["missing"] == 1 and report.missing[0][3] == changes[0].after[
         "message_id"]
     assert not archive_consistent({"archive": report.counts()})
-    stored = check_stored_turns(expected_turns(session), [c.after for c in changes[1:]])
+    stored = check_stored_turns(expected_turns(session), [c.records[0] for c in changes[1:]])
     assert (stored["missing"], stored["users_count_off"]) == (1, 1)
     assert not archive_consistent({"archive_worker_store": stored})
 
@@ -83,9 +83,8 @@ def test_a_turn_archived_twice_fails(session):
 def test_a_trivial_or_unknown_turn_archived_is_unexpected(session):
     changes = changes_of(session)
     trivial = session[1].model_copy(update={"message_id": "x-1"})  # "Noted."
-    stray = changes[0].model_copy(update={
-        "change_id": "c-stray", "after": {**changes[0].after, "message_id": "x-1",
-                                          "content": trivial.content}})
+    turn = {**changes[0].records[0], "message_id": "x-1", "content": trivial.content}
+    stray = changes[0].model_copy(update={"change_id": "c-stray", "records": [turn]})
     report = check_archive(expected_turns(session), [*changes, stray])
     assert report.counts()["unexpected"] == 1
     assert not archive_consistent({"archive": report.counts()})
@@ -93,7 +92,8 @@ def test_a_trivial_or_unknown_turn_archived_is_unexpected(session):
 
 def test_a_payload_not_the_message_is_mismatched(session):
     changes = changes_of(session)
-    bad = changes[0].model_copy(update={"after": {**changes[0].after, "content": "other"}})
+    bad = changes[0].model_copy(update={"records": [{**changes[0].records[0],
+                                                     "content": "other"}]})
     report = check_archive(expected_turns(session), [bad, *changes[1:]])
     assert report.counts()["mismatched"] == 1
     assert not archive_consistent({"archive": report.counts()})

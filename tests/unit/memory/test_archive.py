@@ -24,7 +24,7 @@ from memstream.memory.extraction import JobOutcome
 from memstream.memory.hybrid import Fusion, fuse, turn_candidates
 from memstream.memory.model import Memory, MemoryType, Source
 from memstream.memory.scoring import Scored
-from memstream.memory.store import Scope, TurnWindow
+from memstream.memory.store import Scope, TurnWindow, checksum, held_records
 from memstream.memory.store.rebuild_fold import rebuild
 from memstream.topics.schemas import ExtractionJob, JobMessage, TriggerReason
 
@@ -107,7 +107,9 @@ def test_a_jobs_non_trivial_user_and_assistant_turns_are_archived_with_their_con
     changes = archive_changes(job, EMB.embed, EMB.name, 5.0)
     assert [c.op for c in changes] == [ARCHIVE_OP, ARCHIVE_OP]
     first = changes[0]
-    assert first.records == [first.after] and first.after["status"] == TURN_STATUS
+    assert first.records[0]["status"] == TURN_STATUS and "content" not in first.after
+    assert {k: v for k, v in first.records[0].items() if k not in ("content", "context")} == (
+        first.after)
     assert first.lineage.message_ids == ["s1-m0", "s1-m1"] and first.lineage.kind == "archive"
     assert first.vector is not None and len(first.vector) == EMB.dim
     # a tool job archives nothing; the same job archives the same ids again
@@ -165,7 +167,9 @@ def test_a_forget_me_erases_the_archive_and_a_rebuild_reproduces_it(store, tmp_p
         assert len(rebuilt.search_turns(scope, 5, sparse=words)) == 3
     finally:
         rebuilt.close()
+    assert held_records(store, Scope("t1", "u1")) == 3  # the turns count as the user's
     store.erase(Scope("t1", "u1"))
+    assert held_records(store, Scope("t1", "u1")) == 0
     assert store.search_turns(Scope("t1", "u1"), 5, sparse=lexical.query("Berlin")) == []
     assert store.search_turns(Scope("t1", "u1"), 5, vector=EMB.embed(["Berlin"])[0]) == []
 
@@ -281,3 +285,28 @@ def test_the_meaning_query_leaves_out_proper_names_and_nothing_else():
     assert meaning_query("what did I say about the trip") == "what did I say about the trip"
     assert meaning_query("我住在哪里") == "我住在哪里"
     assert meaning_query("Lisbon") == "Lisbon"  # nothing would be left: unchanged
+    assert meaning_query(" What did José say?") == "What did say?"
+    assert meaning_query("(Where) did Anna go") == "(Where) did go"
+    assert meaning_query("Tell me: Where does Ana live") == "Tell me: Where does live"
+
+
+def test_one_users_words_do_not_move_anothers_ranking(store):
+    archived(store, conversation([("user", "I ate an apple and a pear")]))
+    before = store.search_turns(Scope("t1", "u1"), 5, sparse=lexical.query("apple"))
+    for n in range(5):  # other users who talk of apples: the word is common there
+        archived(store, conversation([("user", "apple apple apple")], user=f"o{n}",
+                                     job_id=f"o{n}"))
+    after = store.search_turns(Scope("t1", "u1"), 5, sparse=lexical.query("apple"))
+    assert [s for _, s in after] == pytest.approx([s for _, s in before])
+
+
+def test_turns_past_the_archive_days_are_not_compared_by_a_verify(store):
+    archived(store, conversation([("user", "an old turn about Oslo")], day=0))
+    archived(store, conversation([("user", "a new turn about Oslo")], job_id="job-2", seq=2,
+                                 start=1, day=40))
+    since = T0.timestamp() + 30 * 86_400
+    everything = checksum.digests(store.scan(vectors=True))
+    kept = checksum.digests(store.scan(vectors=True), since)
+    assert everything.users[("t1", "u1")][0] == 2 and kept.users[("t1", "u1")][0] == 1
+    store.sweep_turns(since)
+    assert checksum.digests(store.scan(vectors=True)).users == kept.users

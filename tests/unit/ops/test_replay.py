@@ -224,7 +224,7 @@ def test_combined_run_stops_before_the_first_job_that_does_not_fit(tmp_path):
     assert (report.done, report.calls, model.calls) == (2, 2, 2)
     assert report.stopped is not None and report.stopped_at == jobs[2]
     assert len(contents) == 4 and cursor is not None and cursor.seq == 2
-    assert report.ops == {"add": 4}
+    assert report.ops == {"add": 4, "archive": 4}  # the turns kept, as the pipeline keeps them
 
 
 def test_two_step_stops_after_the_extract_before_any_decide(tmp_path):
