@@ -26,6 +26,7 @@ from memstream.memory.scoring import Scored, Weights
 from memstream.memory.store import MemoryStore, Scope, TurnWindow
 
 Sources = Literal["fused", "memories", "turns"]
+MAX_DELETED = 1_000  # deleted memories read for the turns they hide
 Match = Literal["hybrid", "dense", "sparse"]
 
 
@@ -91,11 +92,21 @@ def meaning_query(text: str) -> str:
     return bare if any(ch.isalnum() for ch in bare) else text
 
 
+def deleted_sources(store: MemoryStore, scope: Scope) -> frozenset[str]:
+    """The messages the user's deleted memories came from (deleted by the user or an
+    operator, lineage kind ``deletion``): their turns are never returned, as the memories
+    are not (SPEC §5: deleted memories are not searchable)."""
+    own = Scope(scope.tenant_id, scope.user_id)
+    return frozenset(i for m in store.list(own, statuses=["deleted"], limit=MAX_DELETED)
+                     if m.extra.get("closed_kind") == "deletion" for i in m.source.message_ids)
+
+
 def turn_candidates(store: MemoryStore, scope: Scope, vector: list[float], text: str,
                     f: Fusion, now: float, window: TurnWindow | None = None,
                     ) -> tuple[list[Turn], list[Turn]]:
     """The user's turns near the query (by meaning) and matching its words (by BM25), within
-    ``window`` and the archive's age bound."""
+    ``window`` and the archive's age bound; none whose message a deleted memory came from
+    (:func:`deleted_sources`)."""
     oldest = cutoff(now, f.archive_days)
     window = window or TurnWindow()
     if oldest is not None and (window.since is None or window.since < oldest):
@@ -109,6 +120,11 @@ def turn_candidates(store: MemoryStore, scope: Scope, vector: list[float], text:
     if f.match in ("hybrid", "sparse") and words:
         sparse = [Turn.from_payload(p, s)
                   for p, s in store.search_turns(own, f.turns_k, sparse=words, window=window)]
+    if dense or sparse:
+        hidden = deleted_sources(store, own)
+        if hidden:
+            dense = [t for t in dense if t.message_id not in hidden]
+            sparse = [t for t in sparse if t.message_id not in hidden]
     return dense, sparse
 
 

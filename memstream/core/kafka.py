@@ -91,9 +91,20 @@ async def started(client: AIOKafkaConsumer) -> AIOKafkaConsumer:
 async def stopped(client: AIOKafkaConsumer) -> None:
     """Stop a consumer, also one stopped right after its start: aiokafka (0.14) raises
     CancelledError from ``stop()`` when the consumer's own task has not run once yet, which
-    would cancel the caller (a timer of the Faust app stops for good on it)."""
-    await asyncio.sleep(0)
-    await client.stop()
+    would cancel the caller (a timer of the Faust app stops for good on it). A caller
+    cancelled meanwhile (a task group's sibling failed) waits for the stop to end before
+    it is cancelled: the consumer is never left to be collected unclosed."""
+    async def stop() -> None:
+        await asyncio.sleep(0)
+        await client.stop()
+
+    stopping = asyncio.ensure_future(stop())
+    try:
+        await asyncio.shield(stopping)
+    except asyncio.CancelledError:
+        if not stopping.done():  # this task was cancelled: the stop goes on to its end
+            await asyncio.wait([stopping])
+        raise
 
 
 def leave_on_stop(client: AIOKafkaConsumer) -> bool:

@@ -150,7 +150,8 @@ async def test_replay_recorded_offline_is_identical_and_budgeted(harness, tmp_pa
         assert first["done"] == dry["jobs"] == 5 and first["stopped"] is None
         assert first["calls"] == dry["estimate"]["calls"] == len(server.requests)
         assert first["recording"]["recorded"] == 5
-        assert first["ops"] == {"add": 7, "update": 2}  # Berlin -> Munich, 2 -> 3 children
+        # Berlin -> Munich, 2 -> 3 children; the 14 non-trivial turns kept in the archive
+        assert first["ops"] == {"add": 7, "update": 2, "archive": 14}
         assert first["prompt_tokens"] > 0
 
     # the server is gone: the offline replay must answer everything from the recording

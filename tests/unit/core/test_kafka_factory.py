@@ -3,6 +3,7 @@ never half configured (the SASL broker itself: tests/integration/test_sasl.py)."
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from pathlib import Path
 
@@ -107,3 +108,30 @@ def test_the_in_the_clear_warning_is_said_once(caplog):
     said = [r.getMessage() for r in caplog.records]
     assert said.count("something else") == 3
     assert said.count("Sending username and password in the clear") <= 1
+
+
+class _SlowStop:
+    """A consumer whose stop takes a few loop turns."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+    async def stop(self) -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
+        self.stopped = True
+
+
+async def test_a_caller_cancelled_while_stopping_a_consumer_waits_for_the_stop():
+    """A task group cancels a read whose sibling failed while the read stops its consumer
+    (a refused login): the stop still ends, so no consumer is collected unclosed."""
+    client = _SlowStop()
+    task = asyncio.ensure_future(kafka.stopped(client))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert client.stopped
+    calm = _SlowStop()
+    await kafka.stopped(calm)  # type: ignore[arg-type]
+    assert calm.stopped

@@ -310,3 +310,27 @@ def test_turns_past_the_archive_days_are_not_compared_by_a_verify(store):
     assert everything.users[("t1", "u1")][0] == 2 and kept.users[("t1", "u1")][0] == 1
     store.sweep_turns(since)
     assert checksum.digests(store.scan(vectors=True)).users == kept.users
+
+
+def test_the_turns_a_memory_deleted_by_the_user_came_from_are_not_returned(store):
+    from memstream.memory.model import Status
+
+    archived(store, conversation([("user", "my PIN is 4711, keep it"),
+                                  ("user", "my bank is in Porto")]))
+    gone = Memory(memory_id="m1", tenant_id="t1", user_id="u1", type=MemoryType.EPISODIC,
+                  content="PIN is 4711", importance=5, created_at=0.0, updated_at=0.0,
+                  valid_from=0.0, source=Source("s1", 0, 2, "j", "op-1", ("s1-m0",)),
+                  status=Status.DELETED, extra={"closed_kind": "deletion"})
+    contradicted = replace_memory(gone, "m2", ("s1-m1",), "delete")
+    store.write([gone, contradicted], [EMB.embed(["PIN"])[0]] * 2)
+    vector, scope = EMB.embed(["PIN bank"])[0], Scope("t1", "u1")
+    dense, sparse = turn_candidates(store, scope, vector, "PIN 4711 bank Porto", Fusion(), 0.0)
+    # the user's deletion hides its source turn; a model's DELETE (a contradiction) does not
+    assert {t.message_id for t in dense} == {t.message_id for t in sparse} == {"s1-m1"}
+
+
+def replace_memory(m: Memory, mid: str, ids: tuple[str, ...], kind: str) -> Memory:
+    from dataclasses import replace as copy
+
+    return copy(m, memory_id=mid, source=copy(m.source, op_id="op-" + mid, message_ids=ids),
+                extra={"closed_kind": kind})
