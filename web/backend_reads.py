@@ -248,11 +248,11 @@ class ReadBackend:
         rows = (window.rows(self.p.window, tenant, user, req.session_id,
                             self.p.settings.short_term_turns) if req.session_id else [])
         items = fused_items(found)
-        block = prompt_block(found.core, [i.memory for i in items if i.memory is not None],
-                             found.procedural, budget_chars=req.budget_chars,
-                             budget_tokens=req.budget_tokens,
+        memories = [i.memory for i in items if i.memory is not None]
+        block = prompt_block(found.core, memories, found.procedural,
+                             budget_chars=req.budget_chars, budget_tokens=req.budget_tokens,
                              turns=[i.turn for i in items if i.turn is not None])
-        kept = [i.memory for i in items if i.memory is not None][:block.kept]  # budget's: hits
+        kept = memories[:block.kept]  # what the budget let in: only these count as hits
         if req.record_hits:
             self._hits(q, query_id, kept)
         self._served(started, kept)

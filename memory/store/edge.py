@@ -41,7 +41,7 @@ from memstream.memory.store import (
     published_from,
     published_payload,
     published_point_id,
-    turn_words,
+    record_vectors,
     unit_vector,
 )
 
@@ -142,8 +142,8 @@ class EdgeStore:
 
     def write_records(self, records: Sequence[Record]) -> None:
         qe = self._qe
-        points = [qe.Point(pid, self._vectors(p, v), pack(p)) for pid, p, v in records
-                  if v is not None]
+        points = [qe.Point(pid, record_vectors(p, v, self.lexical, qe.SparseVector), pack(p))
+                  for pid, p, v in records if v is not None]
         with self._lock:
             if any(p.get("status") != TURN_STATUS for _, p, _ in records):
                 self._memories_changed()  # (an archived turn is in no list answer)
@@ -155,14 +155,6 @@ class EdgeStore:
                                                                             pack(payload)))
             # No flush per write: updates go through the shard's write-ahead log, and the
             # memory-change topic can rebuild the store anyway. close() flushes.
-
-    def _vectors(self, payload: dict[str, Any], vector: list[float]) -> Any:
-        """A record's vectors: an archived turn's words too (:func:`turn_words`)."""
-        words = turn_words(payload, self.lexical)
-        if words is None:
-            return vector
-        sparse = self._qe.SparseVector(indices=list(words.indices), values=list(words.values))
-        return {"": vector, SPARSE: sparse}
 
     def search_turns(self, scope: Scope, k: int, *, vector: list[float] | None = None,
                      sparse: lexical.Sparse | None = None, window: TurnWindow | None = None,

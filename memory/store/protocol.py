@@ -11,7 +11,7 @@ semantic knowledge); there is no unscoped query in the protocol.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -118,13 +118,19 @@ def cursor_from(scope: Scope, payloads: Iterable[dict[str, Any] | None]) -> Curs
     return None
 
 
-def turn_words(payload: dict[str, Any], lexical_index: bool) -> Sparse | None:
-    """An archived turn's sparse vector, computed from its payload (so every path that
-    writes a turn, a rebuild's and a copy's included, indexes its words); None for any
-    other record, or a store without the word index."""
+def record_vectors(payload: dict[str, Any], vector: list[float], lexical_index: bool,
+                   sparse_vector: Callable[..., Any]) -> Any:
+    """What a store writes as a record's vectors: the dense one, and for an archived turn
+    its words too (:data:`SPARSE`, ``sparse_vector(indices=, values=)`` being the backend's
+    type), computed from its payload, so every path that writes a turn (a rebuild's and a
+    copy's included) indexes them. A store without the word index: the dense one only."""
     if payload.get("status") != TURN_STATUS or not lexical_index:
-        return None
-    return lexical.document(indexed_text(payload)) or None
+        return vector
+    words = lexical.document(indexed_text(payload))
+    if not words:
+        return vector
+    return {"": vector, SPARSE: sparse_vector(indices=list(words.indices),
+                                              values=list(words.values))}
 
 
 def held_records(store: MemoryStore, scope: Scope) -> int:

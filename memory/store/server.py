@@ -32,7 +32,7 @@ from memstream.memory.store import (
     published_from,
     published_payload,
     published_point_id,
-    turn_words,
+    record_vectors,
     unit_vector,
 )
 
@@ -105,7 +105,8 @@ class ServerStore:
 
     def write_records(self, records: Sequence[Record]) -> None:
         m = self._m
-        points = [m.PointStruct(id=pid, vector=self._vectors(p, v), payload=p)
+        points = [m.PointStruct(id=pid, payload=p,
+                                vector=record_vectors(p, v, self.lexical, m.SparseVector))
                   for pid, p, v in records if v is not None]
         if points:
             self._client.upsert(self.collection, points=points, wait=True)
@@ -113,14 +114,6 @@ class ServerStore:
             if v is None:
                 self._client.overwrite_payload(self.collection, payload=payload,
                                                points=[pid], wait=True)
-
-    def _vectors(self, payload: dict[str, Any], vector: list[float]) -> Any:
-        """A record's vectors: an archived turn's words too (:func:`turn_words`)."""
-        words = turn_words(payload, self.lexical)
-        if words is None:
-            return vector
-        sparse = self._m.SparseVector(indices=list(words.indices), values=list(words.values))
-        return {"": vector, SPARSE: sparse}
 
     def search_turns(self, scope: Scope, k: int, *, vector: list[float] | None = None,
                      sparse: lexical.Sparse | None = None, window: TurnWindow | None = None,
