@@ -124,12 +124,22 @@ async def test_shards_are_rebuilt_verified_and_adopted(live, tenant):
 
     assert await until(restored, "the restored shards to serve", timeout=90) == everything
     # each partition restored once: by a builder process when the take restores it, or,
-    # when the standby warming it for the hand-over got to it first, in the worker
-    text = worker.log_text()
-    built = re.findall(r"\] shard (\d+): \d+ change\(s\) folded in a builder process", text)
-    warmed = re.findall(r"\] standby shard (\d+): restored", text)
-    assert sorted(map(int, built + warmed)) == list(range(h.settings.partitions)), (built,
-                                                                                     warmed)
+    # when the standby warming it for the hand-over got to it first, in the worker. The
+    # users may all live in one partition, served before the other's restore ends: wait
+    # for every partition's line.
+    def restores() -> list[int]:
+        text = worker.log_text()
+        built = re.findall(r"\] shard (\d+): \d+ change\(s\) folded in a builder process",
+                           text)
+        warmed = re.findall(r"\] standby shard (\d+): restored", text)
+        return sorted(map(int, built + warmed))
+
+    async def every_partition_restored():
+        found = restores()
+        return found if set(found) == set(range(h.settings.partitions)) else None
+
+    await until(every_partition_restored, "every partition restored", timeout=90)
+    assert restores() == list(range(h.settings.partitions))
 
     # the worker's builders themselves, side by side (both partitions at once): each shard
     # built whole in its staging directory, moved into place, equal to the worker's own
