@@ -122,9 +122,13 @@ class ShardKeeper:
         self.builders: ShardBuilders | None = None  # full restores of long logs (scaling.py)
 
     async def take(self, partitions: set[int]) -> None:
+        """``partitions``' shards restored and owned. A take that fails (the broker away
+        half-way, say) leaves nothing behind: the shard it opened closed and wiped (its
+        checkpoint is gone already), so taking it again restores it anew."""
         for partition in sorted(partitions - set(self.store.owned)):
             started = time.perf_counter()
             self.restoring[partition] = self.clock()
+            shard: MemoryStore | None = None
             try:
                 warm = await self.standbys.hand_over(partition) if self.standbys else None
                 gathered: dict[UserKey, Cursor] = {}
@@ -144,6 +148,11 @@ class ShardKeeper:
                 changes = job.changes + (built.changes if built is not None else 0)
                 self.store.owned[partition] = shard
                 self.held[partition] = done
+            except BaseException:
+                if shard is not None:  # (one never opened: the next take wipes its files)
+                    await asyncio.to_thread(shard.close)
+                    self.files.wipe(partition)
+                raise
             finally:
                 self.restoring.pop(partition, None)
             seconds = time.perf_counter() - started

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from aiokafka.structs import TopicPartition
 
 from memstream.core.errors import describe, trace
+from memstream.core.retry import RetriesExhausted, RetryPolicy, is_transient, next_delay
 from memstream.streams.loop_clients import LoopClients, quietly
 from memstream.streams.partition_task import PartitionTask, TaskState
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 TAKES_AT_ONCE = 3  # a take waits on the broker (a consumer, fetches) as much as it folds
+TAKE_RETRY = RetryPolicy(first_delay_s=0.5, max_delay_s=5.0)  # a take that failed, again
 
 
 class TaskManager:
@@ -63,6 +65,7 @@ class TaskManager:
         self.assignments = 0  # assignments seen (0: not joined yet: owns nothing known)
         self.fenced = 0  # partitions let go: another worker's producer fenced them
         self.taker: asyncio.Task[None] | None = None
+        self.retry = TAKE_RETRY
 
     # --- what the loop reads -------------------------------------------------------------
 
@@ -195,33 +198,91 @@ class TaskManager:
                 and not self.stopping.is_set())
 
     async def _take(self, task: PartitionTask) -> None:
+        """Take ``task``'s partition. A take that fails for a reason that passes (the broker
+        restarting, a leader moving: :func:`~memstream.core.retry.is_transient`) is undone
+        and tried again while the partition is still this worker's, for up to
+        ``broker_wait_s`` after its first failure (a worker started while the broker is away
+        waits as long); any other failure, or one past that, ends the worker."""
         n = task.partition
         started = time.perf_counter()
+        failures = 0
+        give_up_at: float | None = None
+        while True:
+            try:
+                taken = await self._take_once(task)
+                break
+            except Exception as exc:
+                if not self._current(task):  # given up meanwhile: what it failed on is moot
+                    log.info("%s partition %d: given up while being taken (%s)",
+                             self.stage.name, n, type(exc).__name__)
+                    await self._undo(task)
+                    return
+                if not is_transient(exc):
+                    raise
+                failures += 1
+                now = time.monotonic()
+                give_up_at = now + self.settings.broker_wait_s if give_up_at is None \
+                    else give_up_at
+                delay = next_delay(self.retry, failures)
+                if now + delay > give_up_at:
+                    raise RetriesExhausted(failures, exc, f"{self.settings.broker_wait_s:g} "
+                                           "s of broker_wait_s") from exc
+                log.warning("%s partition %d: take failed (%s); again in %.1f s",
+                            self.stage.name, n, describe(exc), delay)
+                await self._reset(task)
+            if await self._stopped_within(delay) or not self._current(task):
+                return  # stopping, or given up meanwhile (its state is let go already)
+        if taken:
+            log.info("%s partition %d taken in %.2fs", self.stage.name, n,
+                     time.perf_counter() - started)
+
+    async def _take_once(self, task: PartitionTask) -> bool:
+        """One attempt: False if the partition was given up meanwhile (undone)."""
+        n = task.partition
         producer = await self.clients.producer(f"{self.group}-{n}")  # fences the last owner
         installed = False
         try:
             if not self._current(task):
                 log.info("%s partition %d: given up while being taken", self.stage.name, n)
-                return
-            task.move(TaskState.RESTORING)
+                return False
+            if task.state is TaskState.TAKING:
+                task.move(TaskState.RESTORING)
             await self.clients.restore(task.tables, {n})
             await self.stage.prepare({n}, set())
             async with self.lock:
                 if not self._current(task):
                     log.info("%s partition %d: given up while being taken", self.stage.name, n)
                     await self._undo(task)
-                    return
+                    return False
+                await self._position(task)
                 task.producer = producer
                 installed = True
-                await self._position(task)
                 task.move(TaskState.SERVING)
                 if not self.rebalancing:
                     self.stage.assigned(self.ready)
         finally:
             if not installed:
                 await quietly(producer.stop())
-        log.info("%s partition %d taken in %.2fs", self.stage.name, n,
-                 time.perf_counter() - started)
+        return True
+
+    async def _reset(self, task: PartitionTask) -> None:
+        """What a failed attempt restored, dropped before the next (the partition paused
+        again, its table slice and the stage's state of it let go)."""
+        n = task.partition
+        mine = [tp for tp in self.consumer.assignment() if tp.partition == n]
+        if mine:
+            self.consumer.pause(*mine)
+        for table in task.tables:
+            table.drop({n})
+        task.offsets.clear()
+        await self.stage.prepare(set(), {n})
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        try:
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
 
     async def _undo(self, task: PartitionTask) -> None:
         """What a take restored of a partition no longer its (table slice, the stage's

@@ -105,9 +105,17 @@ def _qdrant(exc: BaseException) -> bool | None:
     return None
 
 
+def _kafka_wrapper(exc: BaseException) -> bool:
+    """aiokafka's bare ``KafkaError(repr(err)) from err`` (its producer's coordinator
+    lookup, say): the cause decides."""
+    errors = _mod("aiokafka.errors")
+    return (errors is not None and type(exc) is errors.KafkaError
+            and exc.__cause__ is not None)
+
+
 def _kafka(exc: BaseException) -> bool | None:
     errors = _mod("aiokafka.errors")
-    if errors is None or not isinstance(exc, errors.KafkaError):
+    if errors is None or not isinstance(exc, errors.KafkaError) or _kafka_wrapper(exc):
         return None
     if isinstance(exc, (errors.KafkaTimeoutError, errors.KafkaConnectionError)):
         return True
@@ -150,7 +158,8 @@ def is_transient(exc: BaseException) -> bool:
     """Is ``exc`` worth trying again (the same call, later)?
 
     Our adapter errors (``StoreError``, ``LLMError``, ``EmbeddingError``, any other
-    :class:`MemstreamError` not classified itself) are as transient as their ``__cause__``;
+    :class:`MemstreamError` not classified itself) and aiokafka's bare ``KafkaError``
+    wrapping another are as transient as their ``__cause__``;
     without a cause, and for everything unknown (ValueError, TypeError, KeyError, ...),
     the answer is no.
     """
@@ -161,7 +170,7 @@ def is_transient(exc: BaseException) -> bool:
         verdict = _classify(current)
         if verdict is not None:
             return verdict
-        if not isinstance(current, MemstreamError):
+        if not isinstance(current, MemstreamError) and not _kafka_wrapper(current):
             return False
         current = current.__cause__
     return False

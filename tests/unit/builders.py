@@ -127,6 +127,7 @@ class FakeProducer:
         self._ends: dict[tuple[str, int], int] = {}
         # (topic, partition) -> the timestamp and headers each record was sent with
         self.stamped: list[tuple[str, int | None, int | None, list[tuple[str, bytes]]]] = []
+        self.stopped = False
 
     async def begin_transaction(self) -> None:
         self._open = []
@@ -158,7 +159,7 @@ class FakeProducer:
         self._open = None
 
     async def stop(self) -> None:
-        pass
+        self.stopped = True
 
 
 class FakeConsumer:

@@ -101,6 +101,12 @@ CLASSIFIED = {
     "kafka-authorization": (kafka.TopicAuthorizationFailedError(), False),
     "kafka-fenced": (kafka.ProducerFenced(), False),
     "kafka-too-large": (kafka.MessageSizeTooLargeError(), False),
+    # aiokafka's bare KafkaError(repr(err)) from err (the producer's coordinator lookup)
+    "kafka-bare-from-connection": (caused(kafka.KafkaError("closed"),
+                                          kafka.KafkaConnectionError("closed")), True),
+    "kafka-bare-from-authorization": (caused(kafka.KafkaError("denied"),
+                                             kafka.TopicAuthorizationFailedError()), False),
+    "kafka-bare-no-cause": (kafka.KafkaError("?"), False),
     # httpx and httpx2
     "httpx-connect": (httpx.ConnectError("refused"), True),
     "httpx-read-timeout": (httpx.ReadTimeout("slow"), True),

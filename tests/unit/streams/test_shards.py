@@ -549,6 +549,26 @@ async def test_a_hand_over_of_a_partition_without_a_copy_does_not_wait_for_other
     assert await waiting is None
 
 
+def _lone_keeper(tmp_path, open_shard):
+    """A keeper of topics changes/results/access with no standbys, every user in
+    partition 0's map, a full restore of 20 changes or more built by a builder."""
+    from types import SimpleNamespace
+
+    from memstream.memory.store.partitioned import PartitionedStore
+    from memstream.streams.shards import ShardKeeper
+
+    store = PartitionedStore(lambda tenant, user: 0)
+    settings = SimpleNamespace(data_dir=tmp_path, erasure_bound_s=100.0,
+                               restore_in_process_below=20)
+
+    async def no_opener():
+        return None
+
+    keeper = ShardKeeper(settings, store, open_shard,  # type: ignore[arg-type]
+                         ["changes", "results", "access"], no_opener)
+    return keeper, store
+
+
 @pytest.mark.parametrize("log_length, builder", [(50, "ok"), (10, "ok"), (50, "fails")])
 async def test_a_long_full_restore_is_built_by_a_builder_then_caught_up_here(
         tmp_path, monkeypatch, log_length, builder):
@@ -558,13 +578,8 @@ async def test_a_long_full_restore_is_built_by_a_builder_then_caught_up_here(
     restored here from the beginning."""
     from types import SimpleNamespace
 
-    from memstream.memory.store.partitioned import PartitionedStore
     from memstream.streams.shard_builders import BuilderFailed, Rebuilt
-    from memstream.streams.shards import ShardKeeper
 
-    store = PartitionedStore(lambda tenant, user: 0)
-    settings = SimpleNamespace(data_dir=tmp_path, erasure_bound_s=100.0,
-                               restore_in_process_below=20)
     topics = ["changes", "results", "access"]
     opened: list = []
 
@@ -574,10 +589,7 @@ async def test_a_long_full_restore_is_built_by_a_builder_then_caught_up_here(
         assert (path / "left").exists() == (builder == "ok" and log_length >= 20)
         return make_store("edge", path, DIM)
 
-    async def no_opener():
-        return None
-
-    keeper = ShardKeeper(settings, store, open_shard, topics, no_opener)  # type: ignore[arg-type]
+    keeper, store = _lone_keeper(tmp_path, open_shard)
     built: list[int] = []
 
     class Builders:
@@ -630,3 +642,51 @@ def test_a_wipe_takes_a_builders_unfinished_copy_too(tmp_path):
         (tmp_path / name / "shard").mkdir(parents=True)
     files.wipe(3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["4", f"4{STAGING_SUFFIX}"]
+
+
+@pytest.mark.parametrize("warm", [False, True])
+async def test_a_take_that_fails_half_way_leaves_nothing_behind(tmp_path, monkeypatch, warm):
+    """The broker goes away during the restore: the shard the take opened (or was handed
+    by its standby) is closed and wiped, the partition neither owned nor restoring; the
+    next take restores it anew from the beginning."""
+    from types import SimpleNamespace
+
+    topics = ["changes", "results", "access"]
+    opened: list = []
+
+    def open_shard(path):
+        opened.append(make_store("edge", path, DIM))
+        return opened[-1]
+
+    keeper, store = _lone_keeper(tmp_path, open_shard)
+    (tmp_path / "store").mkdir()
+    keeper.files.write_checkpoint(4, {"changes": 3, "results": 1, "access": 0},
+                                  now=keeper.clock())
+
+    class Standbys:
+        async def hand_over(self, partition):
+            if not warm:
+                return None
+            return open_shard(keeper.files.path(partition)), {"changes": 3}, {}
+
+    keeper.standbys = Standbys()
+    starts: list = []
+
+    async def restore_once_away(settings_, topics_, partition, shard, opener, start, **kw):
+        starts.append(start)
+        if len(starts) == 1:
+            raise ConnectionError("broker away")
+        return {"changes": 5, "results": 1, "access": 0}, SimpleNamespace(changes=5)
+
+    monkeypatch.setattr(shards_module, "restore", restore_once_away)
+    with pytest.raises(ConnectionError):
+        await keeper.take({4})
+    assert 4 not in store.owned and not keeper.restoring and 4 not in keeper.held
+    assert not keeper.files.path(4).exists()
+    assert keeper.files.checkpoint(4, keeper.clock(), topics) is None
+    keeper.standbys = None
+    await keeper.take({4})  # the shard closed: it opens again, from the beginning
+    assert starts == [{"changes": 3} if warm else
+                      {"changes": 3, "results": 1, "access": 0}, None]
+    assert store.owned[4] is opened[-1] and len(opened) == 2
+    store.owned.pop(4).close()

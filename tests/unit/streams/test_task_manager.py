@@ -1,7 +1,8 @@
 """Partitions taken outside the rebalance callback (streams/task_manager.py): the callback
 returns at once with the new partitions paused; the taker fences, restores and positions
 each one, quickest first, and each serves as soon as it is taken; one given up while being
-taken is undone; a take that fails ends the worker."""
+taken is undone; a take that fails while the broker is away is undone and taken again,
+within ``broker_wait_s``; any other failure ends the worker."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import asyncio
 from typing import Any
 
 import pytest
+from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.structs import TopicPartition
 
+from memstream.core.retry import RetryPolicy
 from memstream.core.settings import Settings
 from memstream.streams.owned_loop import OwnedLoop
 from memstream.streams.stage import StageBase, Work
@@ -33,6 +36,7 @@ class SlowStage(StageBase):
         self.prepared: list[tuple[set[int], set[int]]] = []
         self.seen_assigned: list[set[int]] = []
         self.fail: int | None = None
+        self.away = 0  # the next takes that fail as if the broker were away
         self.order = order
 
     def gate(self, n: int) -> asyncio.Event:
@@ -43,6 +47,9 @@ class SlowStage(StageBase):
         for n in new:
             if n == self.fail:
                 raise RuntimeError("restore failed")
+            if self.away:
+                self.away -= 1
+                raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 9092)]")
             await self.gate(n).wait()
 
     def take_order(self, partitions: set[int]) -> list[int]:
@@ -61,11 +68,13 @@ def tps(*parts: int) -> set[TopicPartition]:
     return {TopicPartition(t, n) for t in TOPICS for n in parts}
 
 
-def make(tmp_path, stage: SlowStage) -> tuple[OwnedLoop, FakeConsumer, list[Any], list[Any]]:
+def make(tmp_path, stage: SlowStage, **settings: Any,
+         ) -> tuple[OwnedLoop, FakeConsumer, list[Any], list[Any]]:
     consumer = FakeConsumer(set(), {tp: 10 + tp.partition for tp in tps(0, 1, 2)})
     clients = FakeClients(consumer)
-    loop = OwnedLoop(Settings(data_dir=tmp_path, embedder="hashing"), stage,  # type: ignore[arg-type]
-                     clients=clients)
+    loop = OwnedLoop(Settings(data_dir=tmp_path, embedder="hashing", **settings),
+                     stage, clients=clients)  # type: ignore[arg-type]
+    loop.tasks.retry = RetryPolicy(first_delay_s=0.01, max_delay_s=0.01)
     fatal: list[Any] = []
     loop.on_fatal = lambda reason, code=70: fatal.append(reason)
     loop.connect()
@@ -164,6 +173,69 @@ async def test_a_take_that_fails_ends_the_worker(tmp_path):
     await until(lambda: fatal)
     assert "restore failed" in fatal[0] and loop.tasks.ready == set()
     assert made and loop.tasks.producer(0) is None  # fenced, then not installed
+
+
+def bare_kafka_error() -> KafkaError:
+    """What aiokafka's producer raises when the coordinator lookup loses the broker: a bare
+    KafkaError whose cause says what happened."""
+    try:
+        try:
+            raise KafkaConnectionError("Connection at 127.0.0.1:9092 closed")
+        except KafkaConnectionError as err:
+            raise KafkaError(repr(err)) from err
+    except KafkaError as wrapped:
+        return wrapped
+
+
+@pytest.mark.parametrize("where", ["fence", "restore"])
+async def test_a_take_that_fails_while_the_broker_is_away_is_undone_and_taken_again(
+        tmp_path, where):
+    """The broker restarting during a take: the producer's fence, or the stage's restore,
+    fails twice. Each failed attempt is undone (its producer stopped, the stage's state of
+    the partition let go, the partition paused) and the partition taken on the third."""
+    stage = SlowStage()
+    loop, consumer, fatal, made = make(tmp_path, stage)
+    if where == "fence":
+        loop.clients.renewals = [bare_kafka_error(), bare_kafka_error()]  # type: ignore[attr-defined]
+    else:
+        stage.away = 2
+    stage.gate(0).set()
+    await assign(loop, consumer, 0)
+    await until(lambda: loop.tasks.ready == {0})
+    assert not fatal and loop.taking == set()
+    if where == "restore":
+        assert stage.prepared == [({0}, set()), (set(), {0})] * 2 + [({0}, set())]
+        assert [producer.stopped for _, producer in made] == [True, True, False]
+    else:
+        assert stage.prepared == [(set(), {0})] * 2 + [({0}, set())] and len(made) == 1
+    assert loop.tasks.producer(0) is made[-1][1]
+    assert dict(consumer.seeks) == {tp: 10 for tp in tps(0)}
+
+
+async def test_a_take_that_fails_past_broker_wait_ends_the_worker(tmp_path):
+    stage = SlowStage()
+    stage.away = 10**6  # the broker never comes back
+    loop, consumer, fatal, made = make(tmp_path, stage, broker_wait_s=0.1)
+    await assign(loop, consumer, 0)
+    await until(lambda: fatal)
+    assert "gave up after" in fatal[0] and "broker_wait_s" in fatal[0]
+    assert loop.tasks.ready == set() and all(producer.stopped for _, producer in made)
+    assert len(made) > 1  # tried again before giving up
+
+
+async def test_a_take_given_up_while_it_waits_to_try_again_is_not_taken(tmp_path):
+    stage = SlowStage()
+    stage.away = 1
+    loop, consumer, fatal, _ = make(tmp_path, stage)
+    loop.tasks.retry = RetryPolicy(first_delay_s=0.3, max_delay_s=0.3)
+    await assign(loop, consumer, 0)
+    await until(lambda: stage.prepared == [({0}, set()), (set(), {0})])
+    await assign(loop, consumer, 1)  # 0 revoked during the wait
+    stage.gate(1).set()
+    await loop.tasks.settled()
+    assert loop.tasks.ready == {1} and not fatal
+    assert ({0}, set()) not in stage.prepared[2:]  # never taken again
+    assert loop.tasks.producer(0) is None
 
 
 async def test_stop_lets_the_take_in_progress_finish_or_cancels_it(tmp_path):
