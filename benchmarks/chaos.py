@@ -67,6 +67,7 @@ import contextlib
 import json
 import logging
 import random
+import re
 import secrets
 import socket
 import tempfile
@@ -1133,14 +1134,41 @@ class LeaderChaos:
                 "leader_kills_never_in_sync": sum(k["in_sync_s"] is None for k in self.kills)}
 
 
-async def bounce_broker(broker: Settings, at: float, down_s: float = 5.0) -> float:
-    """Stop the local broker ``at`` seconds from now and start it again; seconds it was out."""
+TAKE_LINE = re.compile(r"\] apply loop: partitions \[[^]]*\] \(new \[[^]]*\], "
+                       r"being taken \[([\d, ]*)\]\)")
+TAKEN_LINE = re.compile(r"\] apply partition (\d+) taken in ")
+
+
+def taking_shards(text: str) -> bool:
+    """Does this worker's log (its current run) show an apply take in progress: partitions
+    being taken (their shards restored) since its last assignment, not all taken yet?"""
+    found = list(TAKE_LINE.finditer(text))
+    if not found:
+        return False
+    last = found[-1]
+    being = {int(n) for n in last.group(1).split(",") if n.strip()}
+    return bool(being - {int(n) for n in TAKEN_LINE.findall(text, last.end())})
+
+
+async def bounce_broker(broker: Settings, at: float, down_s: float = 5.0,
+                        workers: Sequence[WorkerProcess] = (), wait_s: float = 120.0,
+                        ) -> tuple[float, bool | None]:
+    """Stop the local broker ``at`` seconds from now and start it again; seconds it was out,
+    and (``workers`` given) whether it went down while one of them was taking partitions:
+    from ``at`` on, it waits up to ``wait_s`` for such a moment (a worker's restart)."""
     await asyncio.sleep(at)
+    in_take: bool | None = None
+    if workers:
+        deadline = time.monotonic() + wait_s
+        while not (in_take := any(taking_shards(w.log_text()) for w in workers)):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.02)
     t0 = time.monotonic()
     await asyncio.to_thread(local_broker.stop, broker)
     await asyncio.sleep(down_s)
     await asyncio.to_thread(local_broker.start, broker, 180.0)
-    return time.monotonic() - t0
+    return time.monotonic() - t0, in_take
 
 
 async def read_topics(settings: Settings, topics: Sequence[tuple[str, int]], *,
@@ -1351,10 +1379,11 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
                     keep_topics: bool = False, shuffle: bool = False,
                     workers: int = 1, cluster: local_broker.Cluster | None = None,
                     kill_leader: int = 0, leader_down_s: float = 5.0,
-                    producer: str = "aiokafka") -> Outcome:
+                    producer: str = "aiokafka", broker_in_take: bool = False) -> Outcome:
     """Produce ``events`` at ``rate`` with ``producer``'s kind of client while the
     ``workers`` are killed ``kills`` times in all (and the broker of ``broker`` is restarted
-    once, mid-way; or the leader of the busiest partition of ``cluster`` is SIGKILLed
+    once, mid-way (``broker_in_take``: at the first moment from then on that a worker is
+    taking partitions); or the leader of the busiest partition of ``cluster`` is SIGKILLed
     ``kill_leader`` times), settle, and check both views (the HTTP one through the first
     worker, which forwards to the owners) and every acknowledged message."""
     t0 = time.time()
@@ -1393,13 +1422,15 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
         tasks: list[Any] = [producing_all(), chaos.run(kills, produce_s / max(kills, 1),
                                                        produced)]
         if broker is not None:
-            tasks.append(bounce_broker(broker, at=produce_s / 2))
+            tasks.append(bounce_broker(broker, at=produce_s / 2,
+                                       workers=procs if broker_in_take else ()))
         if leaders is not None:
             tasks.append(leaders.run(kill_leader, produce_s / kill_leader))
         done = await asyncio.gather(*tasks)
         figures["producer_failures"] = done[0]
         if broker is not None:
-            figures["broker_out_s"] = round(done[2], 1)
+            figures["broker_out_s"] = round(done[2][0], 1)
+            figures["broker_down_in_take"] = done[2][1]
         t_chaos = time.time()
         left, sessions = await settle(settings, chaos, events, settle_timeout,
                                       producing=producing)
@@ -1497,6 +1528,7 @@ def print_report(outcome: Outcome, meta: Mapping[str, Any]) -> None:
         ("kills (moment/state at kill)", f"{f['kills_done']} {f['kills_by_moment']}"),
         ("workers / kills per worker", f"{meta['workers']} / {f['kills_by_worker']}"),
         ("broker restarted (out, s)", f.get("broker_out_s", "no")),
+        ("broker down while a worker took partitions", f.get("broker_down_in_take", "-")),
         ("worker self-exits / stall restarts", f"{f['worker_self_exits']} / "
                                                f"{f['stall_restarts']}"),
         ("producer failures (re-sent)", f["producer_failures"]),
@@ -1709,6 +1741,9 @@ def main() -> None:
     ap.add_argument("--seeds", default=None,
                     help="one run per seed (e.g. 1-10): a table of the runs, one JSON line")
     ap.add_argument("--no-broker-restart", action="store_true")
+    ap.add_argument("--broker-in-take", action="store_true",
+                    help="stop the broker while a worker is taking partitions (restoring "
+                         "their shards after a kill), not at a fixed moment")
     ap.add_argument("--port", type=int, default=None,
                     help="the benchmark's own broker (default 29092) or cluster (default "
                          "29192: node i on 29192 + 10(i-1), its controller one above)")
@@ -1765,7 +1800,7 @@ def main() -> None:
                     "shuffle_producers": args.shuffle_producers,
                     "producer": args.producer, "brokers_asked": args.brokers,
                     "kill_leader": args.kill_leader, "leader_down_s": args.leader_down,
-                    "tls": args.tls,
+                    "tls": args.tls, "broker_in_take": args.broker_in_take,
                     "job_timeout_s": args.job_timeout, "work": str(work),
                     "smoke": args.smoke}
             outcome = asyncio.run(run_chaos(
@@ -1773,7 +1808,8 @@ def main() -> None:
                 seed=seed, broker=broker if restart_broker else None,
                 settle_timeout=args.settle_timeout, shuffle=args.shuffle_producers,
                 workers=args.workers, cluster=cluster, kill_leader=args.kill_leader,
-                leader_down_s=args.leader_down, producer=args.producer))
+                leader_down_s=args.leader_down, producer=args.producer,
+                broker_in_take=args.broker_in_take))
             print_report(outcome, meta)
             rows.append(summary(outcome, meta))
             if args.seeds:
