@@ -148,10 +148,9 @@ class ShardKeeper:
                 changes = job.changes + (built.changes if built is not None else 0)
                 self.store.owned[partition] = shard
                 self.held[partition] = done
-            except BaseException:
+            except Exception:  # (a cancelled take may leave a fold thread writing: left)
                 if shard is not None:  # (one never opened: the next take wipes its files)
-                    await asyncio.to_thread(shard.close)
-                    self.files.wipe(partition)
+                    await self._discard(partition, shard)
                 raise
             finally:
                 self.restoring.pop(partition, None)
@@ -161,6 +160,16 @@ class ShardKeeper:
                      "promoted" if warm else ("built and caught up" if built is not None
                                               else "caught up" if start else "restored"),
                      changes, seconds)
+
+    async def _discard(self, partition: int, shard: MemoryStore) -> None:
+        """A shard whose take failed: closed and wiped (a failure to, only logged: the
+        take's own error is the one that counts)."""
+        try:
+            await asyncio.to_thread(shard.close)
+            self.files.wipe(partition)
+        except Exception as exc:
+            log.warning("shard %d: not discarded after a failed take (%s)", partition,
+                        type(exc).__name__)
 
     async def _built(self, partition: int) -> Rebuilt | None:
         """A full restore of a long log done by a builder process (see

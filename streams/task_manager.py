@@ -65,6 +65,7 @@ class TaskManager:
         self.assignments = 0  # assignments seen (0: not joined yet: owns nothing known)
         self.fenced = 0  # partitions let go: another worker's producer fenced them
         self.taker: asyncio.Task[None] | None = None
+        self.queued = asyncio.Event()  # partitions queued while the taker runs
         self.retry = TAKE_RETRY
 
     # --- what the loop reads -------------------------------------------------------------
@@ -147,6 +148,8 @@ class TaskManager:
                  sorted(parts), sorted(new), sorted(self.taking))
         if self.taking and (self.taker is None or self.taker.done()):
             self.taker = asyncio.create_task(self._take_all(), name=f"{self.stage.name}-take")
+        elif self.taking:
+            self.queued.set()  # a take in flight (retrying, say) must not hold these back
 
     async def give_up(self, gone: set[int], fenced_at: float | None = None) -> None:
         """Let ``gone`` go: revoked (out of the map) or fenced (kept, with the time)."""
@@ -173,12 +176,18 @@ class TaskManager:
 
         try:
             while True:  # stopping: no new take; those in flight end (or are cancelled)
+                self.queued.clear()
                 if not self.stopping.is_set():
                     for n in self.stage.take_order(self.taking - set(inflight)):
                         inflight[n] = asyncio.create_task(take(self.tasks[n]), name=f"take-{n}")
                 if not inflight:
                     return
-                await asyncio.wait(set(inflight.values()), return_when=asyncio.FIRST_COMPLETED)
+                queued = asyncio.ensure_future(self.queued.wait())
+                try:
+                    await asyncio.wait({*inflight.values(), queued},
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    queued.cancel()
                 for n, running in list(inflight.items()):
                     if running.done():
                         del inflight[n]
@@ -212,13 +221,13 @@ class TaskManager:
                 taken = await self._take_once(task)
                 break
             except Exception as exc:
-                if not self._current(task):  # given up meanwhile: what it failed on is moot
-                    log.info("%s partition %d: given up while being taken (%s)",
-                             self.stage.name, n, type(exc).__name__)
-                    await self._undo(task)
-                    return
                 if not is_transient(exc):
                     raise
+                if not self._current(task):  # given up meanwhile: the broker's loss is moot
+                    log.info("%s partition %d: given up while being taken (%s)",
+                             self.stage.name, n, describe(exc))
+                    await self._undo(task)
+                    return
                 failures += 1
                 now = time.monotonic()
                 give_up_at = now + self.settings.broker_wait_s if give_up_at is None \

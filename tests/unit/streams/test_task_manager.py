@@ -37,6 +37,7 @@ class SlowStage(StageBase):
         self.seen_assigned: list[set[int]] = []
         self.fail: int | None = None
         self.away = 0  # the next takes that fail as if the broker were away
+        self.fail_only: int | None = None  # ... of this partition only (None: any)
         self.order = order
 
     def gate(self, n: int) -> asyncio.Event:
@@ -47,7 +48,7 @@ class SlowStage(StageBase):
         for n in new:
             if n == self.fail:
                 raise RuntimeError("restore failed")
-            if self.away:
+            if self.away and self.fail_only in (None, n):
                 self.away -= 1
                 raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 9092)]")
             await self.gate(n).wait()
@@ -226,7 +227,7 @@ async def test_a_take_that_fails_past_broker_wait_ends_the_worker(tmp_path):
 async def test_a_take_given_up_while_it_waits_to_try_again_is_not_taken(tmp_path):
     stage = SlowStage()
     stage.away = 1
-    loop, consumer, fatal, _ = make(tmp_path, stage)
+    loop, consumer, fatal, made = make(tmp_path, stage)
     loop.tasks.retry = RetryPolicy(first_delay_s=0.3, max_delay_s=0.3)
     await assign(loop, consumer, 0)
     await until(lambda: stage.prepared == [({0}, set()), (set(), {0})])
@@ -236,6 +237,50 @@ async def test_a_take_given_up_while_it_waits_to_try_again_is_not_taken(tmp_path
     assert loop.tasks.ready == {1} and not fatal
     assert ({0}, set()) not in stage.prepared[2:]  # never taken again
     assert loop.tasks.producer(0) is None
+    # no second fence: it would fence the partition's new owner
+    assert [tid for tid, _ in made].count(f"{loop.group}-0") == 1
+
+
+async def test_a_partition_revoked_and_assigned_again_while_its_take_waits(tmp_path):
+    """The old take, waiting to try again, ends without touching the new task of its
+    partition; the new one is taken once the old take returns; no failure."""
+    stage = SlowStage()
+    stage.away = 1
+    loop, consumer, fatal, made = make(tmp_path, stage)
+    loop.tasks.retry = RetryPolicy(first_delay_s=0.3, max_delay_s=0.3)
+    await assign(loop, consumer, 0)
+    await until(lambda: stage.prepared == [({0}, set()), (set(), {0})])
+    old = loop.tasks.tasks[0]
+    await assign(loop, consumer, 1)  # revoked ...
+    await assign(loop, consumer, 0, 1)  # ... and assigned again, while the old take waits
+    assert loop.tasks.tasks[0] is not old and old.gone
+    stage.gate(0).set()
+    stage.gate(1).set()
+    await until(lambda: loop.tasks.ready == {0, 1})
+    assert not fatal and old.gone
+    assert loop.tasks.producer(0) is made[-1][1] or loop.tasks.producer(0) is made[-2][1]
+    assert all(producer.stopped for tid, producer in made
+               if producer not in (loop.tasks.producer(0), loop.tasks.producer(1)))
+
+
+async def test_a_partition_queued_while_a_take_retries_is_taken_meanwhile(tmp_path):
+    """A take that keeps failing (the broker away for it) does not hold back a partition
+    assigned while it waits to try again."""
+    stage = SlowStage()
+    stage.fail_only = 0
+    stage.away = 10**6
+    loop, consumer, fatal, _ = make(tmp_path, stage)
+    loop.tasks.retry = RetryPolicy(first_delay_s=0.05, max_delay_s=0.05)
+    await assign(loop, consumer, 0)
+    await until(lambda: len(stage.prepared) >= 2)
+    consumer.assigned = tps(0, 1)
+    await loop.tasks.assigned(tps(0, 1))  # an assignment that adds 1 (0 kept)
+    stage.gate(1).set()
+    await until(lambda: loop.tasks.ready == {1})
+    assert loop.taking == {0} and not fatal
+    stage.away = 0
+    stage.gate(0).set()
+    await until(lambda: loop.tasks.ready == {0, 1})
 
 
 async def test_stop_lets_the_take_in_progress_finish_or_cancels_it(tmp_path):
