@@ -224,13 +224,19 @@ async def test_a_take_that_fails_past_broker_wait_ends_the_worker(tmp_path):
     assert len(made) > 1  # tried again before giving up
 
 
-async def test_a_take_given_up_while_it_waits_to_try_again_is_not_taken(tmp_path):
+async def waiting_to_try_again(tmp_path):
+    """Partition 0's take failed once (the broker away) and waits 0.3 s to try again."""
     stage = SlowStage()
     stage.away = 1
     loop, consumer, fatal, made = make(tmp_path, stage)
     loop.tasks.retry = RetryPolicy(first_delay_s=0.3, max_delay_s=0.3)
     await assign(loop, consumer, 0)
     await until(lambda: stage.prepared == [({0}, set()), (set(), {0})])
+    return stage, loop, consumer, fatal, made
+
+
+async def test_a_take_given_up_while_it_waits_to_try_again_is_not_taken(tmp_path):
+    stage, loop, consumer, fatal, made = await waiting_to_try_again(tmp_path)
     await assign(loop, consumer, 1)  # 0 revoked during the wait
     stage.gate(1).set()
     await loop.tasks.settled()
@@ -244,12 +250,7 @@ async def test_a_take_given_up_while_it_waits_to_try_again_is_not_taken(tmp_path
 async def test_a_partition_revoked_and_assigned_again_while_its_take_waits(tmp_path):
     """The old take, waiting to try again, ends without touching the new task of its
     partition; the new one is taken once the old take returns; no failure."""
-    stage = SlowStage()
-    stage.away = 1
-    loop, consumer, fatal, made = make(tmp_path, stage)
-    loop.tasks.retry = RetryPolicy(first_delay_s=0.3, max_delay_s=0.3)
-    await assign(loop, consumer, 0)
-    await until(lambda: stage.prepared == [({0}, set()), (set(), {0})])
+    stage, loop, consumer, fatal, made = await waiting_to_try_again(tmp_path)
     old = loop.tasks.tasks[0]
     await assign(loop, consumer, 1)  # revoked ...
     await assign(loop, consumer, 0, 1)  # ... and assigned again, while the old take waits
