@@ -471,14 +471,14 @@ def check_archive(expected: Mapping[TurnKey, ChatMessage],
         if c.op != ARCHIVE_OP or c.change_id in seen:
             continue
         seen.add(c.change_id)
-        key = turn_key(turn_of(c))
+        turn = turn_of(c)
+        key = turn_key(turn)
         ids[key].add(c.change_id)
         want = expected.get(key)
         if want is None:
             continue
-        if (c.memory_id != turn_id(*key) or turn_of(c).get("status") != TURN_STATUS
-                or turn_of(c).get("role") != want.role.value
-                or turn_of(c).get("content") != want.content
+        if (c.memory_id != turn_id(*key) or turn.get("status") != TURN_STATUS
+                or turn.get("role") != want.role.value or turn.get("content") != want.content
                 or (c.tenant_id, c.user_id) != key[:2]):
             report.mismatched.append((key, c.change_id))
     report.archive_changes = len(seen)

@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaProducer
 
 from memstream.core import kafka
 from memstream.core.errors import InvalidRecord, describe
+from memstream.core.retry import set_within
 from memstream.core.settings import Settings
 from memstream.memory.store.rebuild_fold import fold_access
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
@@ -68,8 +69,7 @@ class AccessRecorder:
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.flush_s)
+            await set_within(self._wake, self.flush_s)
             self._wake.clear()
             try:
                 await self.flush()

@@ -93,13 +93,18 @@ class PartitionTask:
         if not self.gone:
             self.move(TaskState.LETTING_GO)
         self.fenced_at = fenced_at
+        self.forget()
+        producer, self.producer = self.producer, None
+        return producer
+
+    def forget(self) -> None:
+        """Its table slice dropped and its positions forgotten (given up, or a take's
+        failed attempt)."""
         for table in self.tables:
             table.drop({self.partition})
         self.offsets.clear()
         self.caught_up.clear()
         self.stream_time = None
-        producer, self.producer = self.producer, None
-        return producer
 
     # --- records -------------------------------------------------------------------------
 

@@ -32,7 +32,13 @@ from typing import TYPE_CHECKING, Any
 from aiokafka.structs import TopicPartition
 
 from memstream.core.errors import describe, trace
-from memstream.core.retry import RetriesExhausted, RetryPolicy, is_transient, next_delay
+from memstream.core.retry import (
+    RetriesExhausted,
+    RetryPolicy,
+    is_transient,
+    next_delay,
+    set_within,
+)
 from memstream.streams.loop_clients import LoopClients, quietly
 from memstream.streams.partition_task import PartitionTask, TaskState
 
@@ -239,7 +245,7 @@ class TaskManager:
                 log.warning("%s partition %d: take failed (%s); again in %.1f s",
                             self.stage.name, n, describe(exc), delay)
                 await self._reset(task)
-            if await self._stopped_within(delay) or not self._current(task):
+            if await set_within(self.stopping, delay) or not self._current(task):
                 return  # stopping, or given up meanwhile (its state is let go already)
         if taken:
             log.info("%s partition %d taken in %.2fs", self.stage.name, n,
@@ -281,17 +287,8 @@ class TaskManager:
         mine = [tp for tp in self.consumer.assignment() if tp.partition == n]
         if mine:
             self.consumer.pause(*mine)
-        for table in task.tables:
-            table.drop({n})
-        task.offsets.clear()
+        task.forget()
         await self.stage.prepare(set(), {n})
-
-    async def _stopped_within(self, seconds: float) -> bool:
-        try:
-            await asyncio.wait_for(self.stopping.wait(), seconds)
-        except TimeoutError:
-            return False
-        return True
 
     async def _undo(self, task: PartitionTask) -> None:
         """What a take restored of a partition no longer its (table slice, the stage's

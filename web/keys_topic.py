@@ -26,6 +26,7 @@ from aiokafka.structs import TopicPartition
 
 from memstream.core import kafka
 from memstream.core.errors import BrokerError, ConfigError, InvalidRecord, MemstreamError
+from memstream.core.retry import set_within
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import Record, follow, read_ranges, topic_partitions
 from memstream.topics.layout import create_topics
@@ -103,11 +104,7 @@ class KeyFollower:
 
     async def wait_ready(self, timeout: float) -> bool:
         """True once the topic has been read to its end at start, False after ``timeout``."""
-        try:
-            await asyncio.wait_for(self._ready.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
+        return await set_within(self._ready, timeout)
 
     async def _run(self) -> None:
         while True:

@@ -31,6 +31,7 @@ from aiokafka.structs import TopicPartition
 
 from memstream.core import kafka
 from memstream.core.errors import InvalidRecord
+from memstream.core.retry import set_within
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import Record, end_offsets, follow, read_range
 from memstream.memory.crypto import envelope as crypto
@@ -91,9 +92,7 @@ class UserKeys(KeyView):
         return self._caught_up.is_set()
 
     async def wait_ready(self, timeout: float) -> bool:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._caught_up.wait(), timeout)
-        return self._caught_up.is_set()
+        return await set_within(self._caught_up, timeout)
 
     async def stop(self) -> None:
         if self._task is not None:

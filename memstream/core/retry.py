@@ -9,6 +9,7 @@
   A permanent error is raised as it is, after one attempt; running out of time or attempts
   raises :class:`RetriesExhausted` (the last error as ``__cause__``), so callers can tell
   "gave up" from "permanent".
+- :func:`set_within`: a wait for an event bounded by a time (a sleep a stop ends early).
 - :func:`deadline_scope` / :func:`current_deadline`: the deadline of the job being worked
   on, carried by a context variable (like a gRPC deadline) so that a nested layer, e.g. the
   LLM adapter's per-call retries, fits inside it without every interface growing a
@@ -281,6 +282,19 @@ def retry_sync(fn: Callable[[], R], *, policy: RetryPolicy, deadline: float | No
 
 # --- the deadline of the work in progress --------------------------------------------
 _DEADLINE: ContextVar[float | None] = ContextVar("memstream_deadline", default=None)
+
+
+async def set_within(event: asyncio.Event, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``event``: True once it is set, False if the time ran out
+    first (a backoff's sleep that a stop ends early; a wait for a ready flag). One set
+    already is True at once, whatever ``seconds``."""
+    if event.is_set():
+        return True
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except TimeoutError:
+        return event.is_set()
+    return True
 
 
 def current_deadline() -> float | None:

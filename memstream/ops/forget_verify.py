@@ -113,14 +113,12 @@ def _store_records(settings: Settings, tenant: str, user: str) -> int | None:
             pass  # no worker serving: open the store
     try:
         from memstream.memory.services import build_embedder, build_store
-        from memstream.memory.store import Scope, StoreError
+        from memstream.memory.store import Scope, StoreError, held_records
 
         store = build_store(settings, build_embedder(settings).dim, offline=True)
     except Exception:
         return None
     try:
-        from memstream.memory.store import held_records
-
         return held_records(store, Scope(tenant, user))
     except StoreError:  # store_partitioned: the shards live with the workers that own them
         return None

@@ -30,6 +30,7 @@ from memstream.core.retry import (
     remaining,
     retry_async,
     retry_sync,
+    set_within,
 )
 from memstream.memory.decisions import InvalidDecision
 from memstream.memory.embedding import EmbeddingError
@@ -399,3 +400,13 @@ def test_remaining():
     assert remaining(None, lambda: 5.0) is None
     assert remaining(10.0, lambda: 4.0) == 6.0
     assert remaining(10.0, lambda: 12.0) == 0.0
+
+
+async def test_set_within_is_true_once_the_event_is_set_and_false_when_the_time_runs_out():
+    import asyncio
+
+    event = asyncio.Event()
+    assert await set_within(event, 0.01) is False
+    asyncio.get_running_loop().call_later(0.01, event.set)
+    assert await set_within(event, 5.0) is True
+    assert await set_within(event, 0.0) is True  # already set: no wait
