@@ -56,6 +56,12 @@ class Candidate:
     # the id of that message (None: not known): the memory's lineage is then that message
     # alone, not every message of the job (a retrieved memory points at what stated it)
     said_by: str | None = None
+    # the old value the message says this fact replaces ("switched from Vim to Emacs":
+    # "Vim"; None: not said): the rules decision updates the memory that names it
+    replaces: str | None = None
+    # a count of the slot that grew by this ("Little Nora arrived": one more child) with no
+    # count said: the rules decision writes the slot's memory's count plus this
+    grows: int = 0
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,7 @@ class Decision:
     op: OpKind
     target: int | None = None  # 1-based index into the memories shown
     reason: str = ""
+    text: str | None = None  # what to write instead of the candidate's text (a count grown)
 
 
 @dataclass(frozen=True)
@@ -210,6 +217,8 @@ def _opened(c: Candidate, ctx: Context, op: str, memory_id: str, version: int,
 def resolve(c: Candidate, index: int, shown: IdMap, d: Decision, ctx: Context) -> list[PlannedOp]:
     """Planned ops for candidate number ``index`` of job ``ctx.job_id``."""
     ctx = ctx.said(c)
+    if d.text is not None:
+        c = replace(c, text=d.text)
     kind = d.op
     if kind == OpKind.NOOP:
         return _restated(index, shown, d, ctx)
@@ -223,10 +232,13 @@ def resolve(c: Candidate, index: int, shown: IdMap, d: Decision, ctx: Context) -
     target = shown.lookup(d.target)
     if older_than_live(ctx, target):
         return [] if kind == OpKind.DELETE else [_history(c, index, ctx, target, d.reason)]
+    # ``closed_ts``: when the statement that closed it was made (event time), beside
+    # ``valid_to`` (when it was applied): what retrieval dates "no longer true since" by
     closed = target.evolve(
         valid_to=ctx.now, updated_at=ctx.now,
         status=Status.SUPERSEDED if kind == OpKind.UPDATE else Status.DELETED,
-        extra={**target.extra, "closed_by": oid, "closed_job": ctx.job_id},
+        extra={**target.extra, "closed_by": oid, "closed_job": ctx.job_id,
+               **({"closed_ts": ctx.event_ts} if ctx.event_ts is not None else {})},
     )
     if kind == OpKind.DELETE:
         return [PlannedOp(oid, kind, target.memory_id, target, closed, (closed,), d.reason)]

@@ -33,7 +33,8 @@ from memstream.memory.outcome import JobOutcome
 from memstream.memory.toolwrite import CORE_PREFIX
 
 # on a closed version: which op and job closed it, why, of what kind, who asked
-CLOSE_MARKS = ("closed_by", "closed_job", "closed_reason", "closed_kind", "closed_actor")
+CLOSE_MARKS = ("closed_by", "closed_job", "closed_reason", "closed_kind", "closed_actor",
+               "closed_ts")
 REFLECTION = "reflection"  # extra["kind"] of a reflection memory
 
 

@@ -24,6 +24,7 @@ from memstream.memory.store import (
     HIDDEN_STATUSES,
     INDEXED_FLOATS,
     INDEXED_KEYWORDS,
+    LINEAGE,
     NOT_OPS,
     SPARSE,
     Record,
@@ -99,6 +100,7 @@ class EdgeStore:
                     log.warning("the store at %s predates the archive's word index: archived "
                                 "turns are searched by meaning only until it is rebuilt "
                                 "(memstream rebuild)", shard_dir)
+                self._index_lineage()
             else:
                 self._shard = qe.EdgeShard.create(str(shard_dir), config)
                 for name in INDEXED_KEYWORDS:
@@ -113,6 +115,30 @@ class EdgeStore:
                     if "incompatible" in str(exc).lower() else "")
             raise StoreError(f"cannot open the Qdrant Edge shard at {shard_dir}: {exc}{hint}"
                              ) from exc
+
+    def _index_lineage(self) -> None:
+        """A shard made before versions were found by their lineage (:meth:`versions`) gets
+        the index, and its memory versions the packed field it reads, once, here."""
+        qe = self._qe
+        if LINEAGE in (self._shard.info().payload_schema or {}):
+            return
+        self._shard.update(qe.UpdateOperation.create_field_index(
+            LINEAGE, qe.PayloadSchemaType.Keyword))
+        memories = qe.Filter(must_not=[matching("status", HIDDEN_STATUSES)])
+        offset: Any = None
+        n = 0
+        while True:
+            records, offset = self._shard.scroll(qe.ScrollRequest(
+                offset=offset, limit=1024, filter=memories, with_payload=True))
+            for r in records:
+                self._shard.update(qe.UpdateOperation.overwrite_payload(
+                    [r.id], pack(unpack(r.payload))))
+            n += len(records)
+            if offset is None:
+                break
+        self._shard.flush()
+        log.info("indexed the lineage of %d memory versions (once, for a shard made before it)",
+                 n)
 
     def _filter(self, scope: Scope, statuses: Sequence[str] | None,
                 extra: list[Any] | None = None, exclude_slots: Sequence[str] = (),
@@ -178,6 +204,25 @@ class EdgeStore:
             hits = self._shard.query(request)
             docs = self._records(hits)
         return [(d, float(h.score)) for h, d in zip(hits, docs, strict=True)]
+
+    def versions(self, scope: Scope, *, memory_ids: Sequence[str] = (),
+                 message_ids: Sequence[str] = ()) -> list[Memory]:
+        qe = self._qe
+        should = [qe.FieldCondition(key=key, match=qe.MatchAny(list(dict.fromkeys(ids))))
+                  for key, ids in (("memory_id", memory_ids), (LINEAGE, message_ids)) if ids]
+        if not should:
+            return []
+        own = Scope(scope.tenant_id, scope.user_id)
+        where = self._filter(own, None, [qe.Filter(should=should)])
+        found: list[Memory] = []
+        offset: Any = None
+        with self._lock:
+            while True:
+                records, offset = self._shard.scroll(qe.ScrollRequest(
+                    offset=offset, limit=256, filter=where, with_payload=self._doc_only))
+                found += [Memory.from_payload(d) for d in self._records(records)]
+                if offset is None:
+                    return found
 
     def sweep_turns(self, before: float) -> int:
         qe = self._qe

@@ -156,6 +156,13 @@ class PartitionedStore:
         with self._closing(own, shard):
             return shard.search_turns(own, k, vector=vector, sparse=sparse, window=window)
 
+    def versions(self, scope: Scope, *, memory_ids: Sequence[str] = (),
+                 message_ids: Sequence[str] = ()) -> builtins.list[Memory]:
+        own = Scope(scope.tenant_id, scope.user_id)  # the user's own, as their turns
+        shard = self._scoped(own)
+        with self._closing(own, shard):
+            return shard.versions(own, memory_ids=memory_ids, message_ids=message_ids)
+
     def sweep_turns(self, before: float) -> int:
         return sum(shard.sweep_turns(before) for shard in list(self.owned.values()))
 

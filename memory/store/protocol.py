@@ -23,8 +23,9 @@ from memstream.memory.fencing import Cursor, Published
 from memstream.memory.lexical import Sparse
 from memstream.memory.model import GLOBAL_USER, Memory, version_point_id
 
+LINEAGE = "source.message_ids"  # the messages a version came from (a turn's statement: truth)
 INDEXED_KEYWORDS = ("tenant_id", "user_id", "status", "memory_id", "slot", "type", "source.op_id",
-                    "extra.closed_by", "extra.restated_by", "session_id")
+                    "extra.closed_by", "extra.restated_by", "session_id", LINEAGE)
 INDEXED_FLOATS = ("ts",)  # an archived turn's event time (time ranges, the archive's sweep)
 SPARSE = "text"  # the sparse vector's name: an archived turn's words (memory.lexical)
 
@@ -198,6 +199,14 @@ class MemoryStore(Protocol):
         """The top-k archived turns of exactly ``scope``'s user (never the global scope) in
         ``window``: by cosine to ``vector``, or else by BM25 of ``sparse`` (the store
         applies each term's IDF over the user's turns). Payloads as stored, with scores."""
+        ...
+
+    def versions(self, scope: Scope, *, memory_ids: Sequence[str] = (),
+                 message_ids: Sequence[str] = ()) -> list[Memory]:
+        """Every version record of exactly ``scope``'s user, whatever its status (never a
+        turn or a bookkeeping record): those of ``memory_ids``, and those whose lineage
+        (:data:`LINEAGE`) holds one of ``message_ids``. What retrieval learns of the
+        statements it returns: which were superseded, by what and when (memory.truth)."""
         ...
 
     def sweep_turns(self, before: float) -> int:

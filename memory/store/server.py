@@ -16,6 +16,7 @@ from memstream.memory.store import (
     HIDDEN_STATUSES,
     INDEXED_FLOATS,
     INDEXED_KEYWORDS,
+    LINEAGE,
     NOT_OPS,
     SPARSE,
     Record,
@@ -58,8 +59,12 @@ class ServerStore:
                 for name in INDEXED_FLOATS:
                     client.create_payload_index(collection, name,
                                                 models.PayloadSchemaType.FLOAT)
+            info = client.get_collection(collection)
+            if LINEAGE not in (info.payload_schema or {}):  # made before versions were
+                client.create_payload_index(collection, LINEAGE,  # found by their lineage
+                                            models.PayloadSchemaType.KEYWORD)
             # a collection made before the archive has no word index: turns by meaning only
-            sparse = client.get_collection(collection).config.params.sparse_vectors or {}
+            sparse = info.config.params.sparse_vectors or {}
             self.lexical = SPARSE in sparse
         except Exception as exc:
             raise StoreError(f"cannot prepare collection {collection!r}: {exc}") from exc
@@ -149,6 +154,25 @@ class ServerStore:
             conds.append(m.FieldCondition(key="ts", range=m.Range(gte=window.since,
                                                                   lt=window.until)))
         return conds
+
+    def versions(self, scope: Scope, *, memory_ids: Sequence[str] = (),
+                 message_ids: Sequence[str] = ()) -> list[Memory]:
+        m = self._m
+        should: list[Any] = [
+            m.FieldCondition(key=key, match=m.MatchAny(any=list(dict.fromkeys(ids))))
+            for key, ids in (("memory_id", memory_ids), (LINEAGE, message_ids)) if ids]
+        if not should:
+            return []
+        where = self._filter(Scope(scope.tenant_id, scope.user_id), None,
+                             [m.Filter(should=should)])
+        found: list[Memory] = []
+        offset: Any = None
+        while True:
+            records, offset = self._client.scroll(self.collection, scroll_filter=where,
+                                                  limit=256, offset=offset, with_payload=True)
+            found += [Memory.from_payload(r.payload) for r in records]
+            if offset is None:
+                return found
 
     def sweep_turns(self, before: float) -> int:
         m = self._m

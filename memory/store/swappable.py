@@ -104,6 +104,10 @@ class SwappableStore:
         return self._current.search_turns(scope, k, vector=vector, sparse=sparse,
                                           window=window)
 
+    def versions(self, scope: Scope, *, memory_ids: Sequence[str] = (),
+                 message_ids: Sequence[str] = ()) -> list[Memory]:
+        return self._current.versions(scope, memory_ids=memory_ids, message_ids=message_ids)
+
     def sweep_turns(self, before: float) -> int:
         return self._current.sweep_turns(before)
 

@@ -57,6 +57,13 @@ def test_a_retraction_from_before_the_live_statement_changes_nothing():
     assert plan(OpKind.DELETE, event_ts=10.0, theirs=20.0, new_fact=False) == []
 
 
+def test_a_closed_version_keeps_when_the_closing_statement_was_made():
+    [op] = plan(OpKind.DELETE, event_ts=30.0, theirs=20.0, new_fact=False)
+    assert (op.after.valid_to, op.after.extra["closed_ts"]) == (100.0, 30.0)  # applied, said
+    [op] = plan(OpKind.DELETE, event_ts=None, theirs=20.0, new_fact=False)
+    assert "closed_ts" not in op.after.extra
+
+
 @pytest.mark.parametrize(("mine", "theirs"), [(30.0, 20.0), (20.0, 20.0), (None, 20.0),
                                               (10.0, None), (None, None)])
 def test_newer_equal_or_unknown_times_update_as_before(mine, theirs):
