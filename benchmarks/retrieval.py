@@ -82,9 +82,9 @@ from memstream.memory import lexical, retrieval
 from memstream.memory.access_stats import AccessStats
 from memstream.memory.embedding import Embedder
 from memstream.memory.extraction import Extractor, RulesModel
-from memstream.memory.hybrid import Fusion
 from memstream.memory.model import GLOBAL_USER, Memory, MemoryType, Source, Status
 from memstream.memory.services import Services, build_embedder, weights
+from memstream.memory.services import fusion as build_fusion
 from memstream.memory.store import MemoryStore, Scope
 from memstream.memory.store.edge import EdgeStore
 from memstream.memory.store.server import ServerStore
@@ -458,8 +458,8 @@ async def bench_edge(args: argparse.Namespace, settings: Settings, embedder: Emb
 
     res["recall"] = summary(timed(recall, len(work)))
     res["recall_threads"] = summary(*threaded(recall, len(work), args.concurrency))
-    fusion = Fusion(weights=settings.fusion_weights, k=settings.fusion_k,
-                    turns_k=settings.archive_k)
+    fusion = build_fusion(settings, embedder)
+    assert fusion is not None
     words = {t: lexical.query(t) for t in vectors}
     res["turns_dense"] = summary(timed(lambda i: store.search_turns(
         Scope(TENANT, work[i][0]), fusion.turns_k, vector=vectors[work[i][1]]), len(work)))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import unicodedata
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -82,6 +83,11 @@ def terms(text: str) -> list[str]:
     return out
 
 
+def is_cjk(term: str) -> bool:
+    """Whether a term is of CJK script (a character, or a pair of them)."""
+    return _IS_CJK.match(term) is not None
+
+
 def term_id(term: str) -> int:
     return zlib.crc32(term.encode("utf-8"))
 
@@ -107,6 +113,10 @@ def document(text: str, *, k1: float = K1, b: float = B, avg_len: float = AVG_LE
     return _vector(weights)
 
 
-def query(text: str) -> Sparse:
-    """A query's terms, each once with weight 1."""
-    return _vector({term_id(t): 1.0 for t in terms(text)})
+def query(text: str, also: Iterable[str] = (), weight: float = 1.0) -> Sparse:
+    """A query's terms, each once with weight 1; ``also``: more terms with ``weight``
+    (the cues of the query's subjects: memory.subjects), where the text has not named
+    them."""
+    weights = {term_id(t): weight for t in also}
+    weights.update({term_id(t): 1.0 for t in terms(text)})
+    return _vector(weights)

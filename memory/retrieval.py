@@ -12,7 +12,7 @@ from typing import Any
 
 from memstream.memory.access_stats import AccessStats
 from memstream.memory.embedding import Embedder
-from memstream.memory.hybrid import Fusion, Item, fuse, meaning_query, turn_candidates
+from memstream.memory.hybrid import Fusion, Item, fuse, meaning_query, recall_turns
 from memstream.memory.model import GLOBAL_USER, Memory, MemoryType
 from memstream.memory.scoring import Scored, Weights, rank, visible
 from memstream.memory.store import MemoryStore, Scope
@@ -65,8 +65,9 @@ def join_stats(store: MemoryStore, tenant_id: str, user_id: str,
 
 
 def ranked(store: MemoryStore, vector: list[float], q: Query, now: float, weights: Weights,
-           factor: int = 4) -> list[Scored]:
-    """The top k of the wider candidate set, scored (procedural and core memories apart)."""
+           factor: int = 4, keep: int | None = None) -> list[Scored]:
+    """The top k (``keep``) of the wider candidate set, scored (procedural and core
+    memories apart)."""
     scope = Scope(q.tenant_id, q.user_id, include_global=q.include_global)
     # Rules and core blocks are filtered in the search itself: many rules near the query
     # must not crowd the facts out of the candidate set.
@@ -74,7 +75,8 @@ def ranked(store: MemoryStore, vector: list[float], q: Query, now: float, weight
                         types=RANKED_TYPES, exclude_slots=CORE_SLOTS)
     hits = [(m, s) for m, s in hits if visible(m, now, q.statuses, q.include_expired)]
     joined = join_stats(store, q.tenant_id, q.user_id, [m for m, _ in hits])
-    return rank(list(zip(joined, [s for _, s in hits], strict=True)), now, weights, q.k)
+    return rank(list(zip(joined, [s for _, s in hits], strict=True)), now, weights,
+                q.k if keep is None else keep)
 
 
 def rules(store: MemoryStore, q: Query, now: float) -> list[Memory]:
@@ -119,14 +121,16 @@ def recall_near(store: MemoryStore, vector: list[float], q: Query, now: float,
     queries together: :mod:`memstream.web.read_batching`); ``turn_vector``: the vector the
     turns are searched by meaning with (:func:`memory.hybrid.meaning_query`'s; default
     ``vector``)."""
-    if fusion is not None:
-        weights = fusion.memory_weights(weights)
-    scored = ranked(store, vector, q, now, weights, factor)
     items: list[Item] = []
-    if fusion is not None:
-        dense, sparse = turn_candidates(store, Scope(q.tenant_id, q.user_id),
-                                        turn_vector or vector, q.text, fusion, now)
-        items = fuse(scored, dense, sparse, fusion, q.k)
+    if fusion is None:
+        scored = ranked(store, vector, q, now, weights, factor)
+    else:  # every candidate may lead the fused answer (one that shares the query's words,
+        everyone = ranked(store, vector, q, now, fusion.memory_weights(weights), factor,
+                          keep=candidates_for(q, factor))  # whatever its score)
+        scored = everyone[:q.k]
+        dense, sparse, truth = recall_turns(store, Scope(q.tenant_id, q.user_id),
+                                            turn_vector or vector, q.text, fusion, now)
+        items = fuse(everyone, dense, sparse, fusion, q.k, query=q.text, truth=truth)
     return Recall(scored, rules(store, q, now) if procedural else [],
                   core_blocks(store, q) if core else {}, items)
 
@@ -141,23 +145,31 @@ def memory_dict(m: Memory) -> dict[str, Any]:
             "last_accessed_at": m.last_accessed_at, "access_count": m.access_count}
 
 
-def item_dict(item: Item) -> dict[str, Any]:
+def item_dict(item: Item, line: str | None = None) -> dict[str, Any]:
     """A fused result as the API shows it (web.models.api.RecallItem): its kind, text, score,
-    event time and source ids."""
+    event time and source ids; for a turn whose statement was replaced, how and by what
+    (``stale``, ``valid_to``, ``superseded_by``); ``line``: what the prompt block shows."""
     if item.memory is not None:
         m = item.memory.memory
         return {"kind": "memory", "id": m.memory_id, "content": m.content,
                 "score": round(item.score, 6), "event_time": m.stated_ts or m.valid_from,
                 "session_id": m.source.session_id, "message_ids": list(m.source.message_ids),
-                "role": None, "context": None}
-    t = item.turn
+                "role": None, "context": None, "line": line,
+                "newer_turn": None if item.newer is None else item.newer.memory_id}
+    t, r = item.turn, item.replaced
     assert t is not None
     return {"kind": "turn", "id": t.memory_id, "content": t.content,
             "score": round(item.score, 6), "event_time": t.ts, "session_id": t.session_id,
             "message_ids": list(t.message_ids), "role": t.role,
             "context": None if not t.context else {
                 "role": str(t.context.get("role", "")),
-                "content": str(t.context.get("content", ""))}}
+                "content": str(t.context.get("content", ""))},
+            "line": line, "stale": None if r is None else r.kind,
+            "valid_to": None if r is None else r.at,
+            "superseded_by": None if r is None or r.current is None else {
+                "memory_id": r.current.memory_id, "version": r.current.version,
+                "content": r.current.content,
+                "event_time": r.current.stated_ts or r.current.valid_from}}
 
 
 def scored_dict(s: Scored) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from memstream.core.errors import ConfigError
 from memstream.core.settings import Settings
 from memstream.memory.embedding import Embedder, HashingEmbedder, OpenAIEmbedder, UseEmbedder
 from memstream.memory.extraction import Extractor, MemoryModel, RulesModel, WindowedJobs
+from memstream.memory.hybrid import Floors, Fusion
 from memstream.memory.scoring import Weights
 from memstream.memory.store import MemoryStore
 
@@ -95,6 +96,19 @@ def weights(settings: Settings) -> Weights:
     return Weights(recency=settings.weight_recency, importance=settings.weight_importance,
                    relevance=settings.weight_relevance, decay=settings.recency_decay,
                    normalise=settings.retrieval_normalise)
+
+
+def fusion(settings: Settings, embedder: Embedder) -> Fusion | None:
+    """How retrieval fuses the memories with the archived turns (None: the archive is
+    off): the embedder's related threshold is the memories' floor (where relevance is the
+    cosine itself) and a turn's by meaning (memory.hybrid)."""
+    if not settings.archive:
+        return None
+    related = embedder.related_threshold
+    return Fusion(weights=settings.fusion_weights, k=settings.fusion_k,
+                  turns_k=settings.archive_k, archive_days=settings.archive_days,
+                  memory_floor=related if settings.retrieval_normalise == "absolute" else 0.0,
+                  floors=Floors(dense=related, dense_share=settings.archive_turn_share))
 
 
 def build_services(settings: Settings, windowed: WindowedJobs | None = None) -> Services:

@@ -25,6 +25,7 @@ from memstream.core import kafka
 from memstream.memory import retrieval
 from memstream.memory import short_term as windows
 from memstream.memory.coalescing import tool_job_id
+from memstream.memory.prompt_block import stale_mark
 from memstream.memory.store import Scope, held_records
 from memstream.memory.tools import ToolError, parse_arguments, replace_core
 from memstream.streams import privacy, window
@@ -130,16 +131,20 @@ class WorkerBackend(ReadBackend):
                         for t in (args.since, args.until))
         rows = [r for r in rows if _within(r[4], since, until)]
         hits = windows.search(rows, args.query, limit)
-        turns = await self.archive_search(tenant, user, args.query, limit,
+        found = await self.archive_search(tenant, user, args.query, limit,
                                           session, since, until)
-        seen = {t.message_id for t in turns}
-        messages: list[dict[str, Any]] = [{"seq": t.seq, "message_id": t.message_id, "role": t.role,
-                     "content": t.content, "ts": datetime.fromtimestamp(t.ts, UTC).isoformat(),
-                     "session_id": t.session_id} for t in turns]
+        turns = [(i.turn, i.replaced) for i in found if i.turn is not None]
+        seen = {t.message_id for t, _ in turns}
+        messages: list[dict[str, Any]] = [{
+            "seq": t.seq, "message_id": t.message_id, "role": t.role, "content": t.content,
+            "ts": datetime.fromtimestamp(t.ts, UTC).isoformat(), "session_id": t.session_id,
+            **({"no_longer_true": stale_mark(r)} if r is not None else {})} for t, r in turns]
         messages += [{**w.model_dump(), "session_id": current}
                      for w in window_out(hits) if w.message_id not in seen]
         messages = messages[:limit]
-        lines = [f"[{m['ts'][:16]}] {m['role']}: {m['content']}" for m in messages]
+        lines = [f"[{m['ts'][:16]}] {m['role']}: {m['content']}"
+                 + (f" ({m['no_longer_true']})" if "no_longer_true" in m else "")
+                 for m in messages]
         return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="ok",
                           content="\n".join(lines) or "no matching messages",
                           data={"messages": messages})

@@ -18,11 +18,11 @@ from typing import Any
 
 from memstream.memory import retrieval
 from memstream.memory import short_term as windows
-from memstream.memory.archive import Turn
-from memstream.memory.hybrid import Fusion, Item, fuse, meaning_query, turn_candidates
+from memstream.memory.hybrid import Fusion, Item, fuse, meaning_query, recall_turns
 from memstream.memory.model import Memory, MemoryType
-from memstream.memory.prompt_block import prompt_block
+from memstream.memory.prompt_block import excerpt_line, fused_block, memory_line
 from memstream.memory.scoring import Scored
+from memstream.memory.services import fusion as fusion_of
 from memstream.memory.services import weights
 from memstream.memory.store import Scope, TurnWindow
 from memstream.memory.tools import TOOLS
@@ -137,14 +137,9 @@ class ReadBackend:
     def fusion(self, req: SearchRequest | None = None) -> Fusion | None:
         """How memories and archived turns are fused (None: the archive is off); a search
         request may narrow it to one kind or one way of matching turns."""
-        s = self.p.settings
-        if not s.archive:
+        f = fusion_of(self.p.settings, self.p.services.embedder)
+        if f is None:
             return None
-        f = Fusion(weights=s.fusion_weights, k=s.fusion_k, turns_k=s.archive_k,
-                   archive_days=s.archive_days,
-                   # a cosine floor: only where relevance is the cosine itself
-                   memory_floor=self.p.services.embedder.related_threshold
-                   if s.retrieval_normalise == "absolute" else 0.0)
         if req is not None:
             f = replace(f, sources=req.sources, match=req.turn_match, recency=req.recency)
         return f
@@ -167,9 +162,10 @@ class ReadBackend:
 
     async def archive_search(self, tenant: str, user: str, text: str, limit: int,
                              session_id: str | None = None, since: float | None = None,
-                             until: float | None = None) -> list[Turn]:
+                             until: float | None = None) -> list[Item]:
         """The user's archived turns best matching ``text`` (by meaning and words, fused) in
-        one session and/or an event-time range; none without the archive."""
+        one session and/or an event-time range, each with what replaced its statement (if
+        something did); none without the archive."""
         f = self.fusion()
         if f is None or not text.strip():
             return []
@@ -177,12 +173,12 @@ class ReadBackend:
         store, embedder, at = self.p.services.store, self.p.services.embedder, self.p.clock()
         fence = privacy.fenced(self.p, tenant, user)
 
-        def read() -> list[Turn]:
+        def read() -> list[Item]:
             vector = embedder.embed([meaning_query(text)])[0]
-            dense, sparse = turn_candidates(store, Scope(tenant, user), vector, text, f, at,
-                                            TurnWindow(session_id, since, until))
-            turns = [i.turn for i in fuse([], dense, sparse, f, limit) if i.turn is not None]
-            return [t for t in turns if fence is None or t.ts > fence]
+            dense, sparse, truth = recall_turns(store, Scope(tenant, user), vector, text, f, at,
+                                                TurnWindow(session_id, since, until))
+            return [i for i in fuse([], dense, sparse, f, limit, query=text, truth=truth)
+                    if i.turn is not None and (fence is None or i.turn.ts > fence)]
 
         return await asyncio.to_thread(read)
 
@@ -248,22 +244,25 @@ class ReadBackend:
         rows = (window.rows(self.p.window, tenant, user, req.session_id,
                             self.p.settings.short_term_turns) if req.session_id else [])
         items = fused_items(found)
-        memories = [i.memory for i in items if i.memory is not None]
-        block = prompt_block(found.core, memories, found.procedural,
-                             budget_chars=req.budget_chars, budget_tokens=req.budget_tokens,
-                             turns=[i.turn for i in items if i.turn is not None])
-        kept = memories[:block.kept]  # what the budget let in: only these count as hits
+        block = fused_block(found.core, items, found.procedural,
+                            budget_chars=req.budget_chars, budget_tokens=req.budget_tokens)
+        kept = list(block.memories)  # what the budget let in: only these count as hits
+        kept_evidence = [i.memory for line in block.evidence for i in line
+                         if i.memory is not None]
         if req.record_hits:
-            self._hits(q, query_id, kept)
-        self._served(started, kept)
+            self._hits(q, query_id, kept + kept_evidence)
+        self._served(started, kept + kept_evidence)
+        by_memory = {i.memory.memory.memory_id: i for i in items if i.memory is not None}
+        shown = [retrieval.item_dict(by_memory[m.memory.memory_id], memory_line(m.memory))
+                 for m in kept]
+        shown += [retrieval.item_dict(i, excerpt_line(line)) for line in block.evidence
+                  for i in line]
         return ContextResponse.model_validate({
             "query_id": query_id, "memories": [retrieval.scored_dict(x) for x in kept],
             "procedural": [retrieval.memory_dict(m) for m in found.procedural],
             "core": found.core, "window": [w.model_dump() for w in window_out(rows)],
             "prompt_block": block.text, "truncated": block.truncated,
-            "items": [retrieval.item_dict(i) for i in items
-                      if (i.memory is not None and i.memory in kept)
-                      or (i.turn is not None and i.turn in block.turns)]})
+            "items": shown})  # what the prompt block holds, in its order
 
     async def feedback(self, tenant: str, user: str, req: FeedbackRequest) -> Accepted:
         scope = Scope(tenant, user, include_global=True)

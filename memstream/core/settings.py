@@ -241,9 +241,14 @@ class Settings(BaseSettings):
     archive_k: int = Field(40, ge=1, description="Turns each of the archive's two searches "
                            "(by meaning, by words) brings to the fusion")
     fusion_weights: tuple[float, float, float, float] = Field(
-        (0.5, 1.0, 1.0, 0.1), description="Reciprocal-rank fusion weights of the memories' "
-        "ranking, the turns by meaning, the turns by words and the turns by recency "
+        (0.5, 1.0, 1.0, 0.1), description="The fused answer's weights: the memories' (any "
+        "weight > 0: the memories that answer lead it; 0: turns only), then the "
+        "reciprocal-rank fusion weights of the turns by meaning, by words and by recency "
         "(docs/archive.md: how they were chosen)")
+    archive_turn_share: float = Field(
+        0.4, ge=0, le=1, description="A turn found by meaning only (no word or subject of "
+        "the query in common) is returned when its cosine reaches the embedder's "
+        "related_threshold and this share of the best turn's: no filler (docs/archive.md)")
     fusion_k: float = Field(5.0, gt=0, description="Reciprocal-rank fusion's k: 1 / (k + rank)")
     access_flush_s: float = Field(0.2, gt=0, description="Hit events are sent every this many s")
     access_batch: int = Field(500, ge=1, description="... or when this many are waiting")

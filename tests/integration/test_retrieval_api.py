@@ -250,3 +250,49 @@ async def test_a_question_only_an_older_sessions_turn_answers_comes_back_with_it
         # another user of the tenant sees nothing of it
         other = await c.search("who replaced the valve under the sink?", user_id="dora")
         assert not [i for i in other.items if i.kind == "turn"]
+
+
+async def test_after_a_move_the_context_puts_the_new_city_first_and_marks_the_old_one(
+        api, tenant):
+    """SPEC §9d through the real pipeline: Berlin, other chat, the move to Munich, more
+    chat; the agent's context leads with Munich, and the turn that said Berlin says it was
+    replaced, when and by what."""
+    async def session(sid: str, day: datetime, lines: list[tuple[str, str]]) -> None:
+        await c.add([{"role": role, "content": text,
+                      "ts": (day + timedelta(minutes=n)).isoformat()}
+                     for n, (role, text) in enumerate(lines)], user_id="max", session_id=sid)
+        await c.end_session(user_id="max", session_id=sid)
+        await wait_covered(api, {("max", sid): len(lines)}, tenant=tenant)
+
+    jan, mar = datetime(2026, 1, 10, 9, tzinfo=UTC), datetime(2026, 3, 2, 18, tzinfo=UTC)
+    async with client_for(api, tenant) as c:
+        await session("s1", jan, [("user", "Hi, I live in Berlin with my wife."),
+                                  ("assistant", "Hello! How is Berlin treating you?")])
+        await session("s2", jan + timedelta(days=20), [
+            ("user", "How long should I boil an egg for a runny yolk?"),
+            ("assistant", "About six minutes.")])
+        await session("s3", mar, [("user", "We moved from Berlin to Munich last week."),
+                                  ("assistant", "Congratulations on the move!")])
+        await session("s4", mar + timedelta(days=3), [
+            ("user", "Any tips for a rainy Sunday film?"),
+            ("assistant", "Try something slow and warm.")])
+        ctx = await c.context("Where does the user live?", user_id="max", limit=5,
+                              budget_chars=1500, record_hits=False)
+        tool = await c.execute_tool("conversation_search", {"query": "Berlin"}, user_id="max")
+    assert ("user: Hi, I live in Berlin with my wife. (replaced 2026-03-02 by: Lives in "
+            "Munich)") in tool.content, tool.content
+    lines = ctx.prompt_block.splitlines()
+    first = next(line for line in lines if "Munich" in line or "Berlin" in line)
+    assert first == "- (2026-03-02) Lives in Munich", ctx.prompt_block
+    berlin = [line for line in lines if "Berlin with my wife" in line]
+    assert berlin == [berlin[0]] and berlin[0].startswith(
+        "- (2026-01-10, replaced 2026-03-02 by: Lives in Munich) [user] Hi, I live in Berlin"), (
+        ctx.prompt_block)
+    assert lines.index(berlin[0]) > lines.index(first)
+    assert "boil an egg" not in ctx.prompt_block  # filler is left out
+    assert len(lines) == len(set(lines))
+    [old] = [i for i in ctx.items if i.kind == "turn" and "Berlin with my wife" in i.content]
+    assert old.stale == "superseded" and old.superseded_by is not None
+    assert old.superseded_by.content == "Lives in Munich"
+    assert old.valid_to == mar.timestamp() and old.line == berlin[0]
+    assert ctx.items[0].kind == "memory" and ctx.items[0].content == "Lives in Munich"

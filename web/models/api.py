@@ -96,18 +96,36 @@ class TurnContext(_Out):
     content: str
 
 
+class Successor(_Out):
+    """The live memory that replaced what an archived turn stated."""
+
+    memory_id: str
+    version: int
+    content: str
+    event_time: float  # when it was stated (epoch s)
+
+
 class RecallItem(_Out):
     """One fused result: a memory, or an archived turn of an earlier conversation."""
 
     kind: Literal["memory", "turn"]
     id: str
     content: str
-    score: float  # the fusion's (reciprocal-rank) score
+    score: float  # the fusion's: a memory that answers the query above 1, ahead of turns
     event_time: float  # when it was said (a memory: the statement's, else valid_from), epoch s
     session_id: str
     message_ids: list[str]  # its lineage: the messages it came from
     role: str | None = None  # a turn's speaker
     context: TurnContext | None = None  # a turn's previous turn in its session
+    line: str | None = None  # what the prompt block shows of it (context answers)
+    # a turn whose statement is no longer true: how it ended, when (epoch s), and the live
+    # memory that holds the value now (superseded: what replaced it)
+    stale: Literal["superseded", "deleted", "expired"] | None = None
+    valid_to: float | None = None
+    superseded_by: Successor | None = None
+    # a memory the user said something newer about (the id of that turn, ranked above it):
+    # it is shown as dated evidence, not as what is true now
+    newer_turn: str | None = None
 
 
 class MemoryPage(_Out):

@@ -21,7 +21,7 @@ from memstream.memory.archive import (
 )
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import JobOutcome
-from memstream.memory.hybrid import Fusion, fuse, turn_candidates
+from memstream.memory.hybrid import Fusion, fuse, recall_turns, turn_candidates
 from memstream.memory.model import Memory, MemoryType, Source
 from memstream.memory.scoring import Scored
 from memstream.memory.store import Scope, TurnWindow, checksum, held_records
@@ -183,6 +183,8 @@ def turn(mid: str, msg: str, ts: float = 0.0, context: str | None = None) -> Tur
 
 
 def scored(mid: str, message_ids: tuple[str, ...], score: float = 1.0) -> Scored:
+    """A memory "memory <mid>" (related to a query of those words), ``score`` its score and
+    its relevance."""
     m = Memory(memory_id=mid, tenant_id="t1", user_id="u1", type=MemoryType.EPISODIC,
                content=f"memory {mid}", importance=5, created_at=0.0, updated_at=0.0,
                valid_from=0.0, source=Source("s1", 0, 1, "j", "op-" + mid, message_ids))
@@ -197,19 +199,33 @@ def test_weighted_rrf_adds_each_lists_reciprocal_rank():
 def test_a_turn_found_by_meaning_and_words_rises_above_one_found_once():
     f = Fusion(weights=(1.0, 1.0, 1.0, 0.0), k=10)
     both, dense_only, sparse_only = turn("t1", "m1"), turn("t2", "m2"), turn("t3", "m3")
-    items = fuse([scored("x", ("m9",))], [dense_only, both], [sparse_only, both], f, k=4)
+    items = fuse([], [dense_only, both], [sparse_only, both], f, k=4, query="text")
     assert items[0].kind == "turn" and items[0].turn == both
-    assert {i.key for i in items} == {"t:t1", "t:t2", "t:t3", "m:x"}
-    assert [i.key for i in fuse([scored("x", ("m9",))], [dense_only], [sparse_only],
-                                f, k=1)] == ["m:x"]  # a tie goes by key: m before t
+    assert {i.key for i in items} == {"t:t1", "t:t2", "t:t3"}
+    assert [i.key for i in fuse([], [dense_only], [sparse_only], f, k=1,
+                                query="text")] == ["t:t2"]  # a tie goes by key
+
+
+def test_the_memories_that_answer_lead_every_turn():
+    f = Fusion(weights=(0.5, 1.0, 1.0, 0.0), memory_floor=0.15)
+    answer = scored("x", ("m9",), 0.4)
+    items = fuse([answer], [turn("t1", "m1")], [turn("t1", "m1")], f, k=3, query="memory x")
+    assert [i.key for i in items] == ["m:x", "t:t1"] and items[0].score > 1 > items[1].score
+    # related by meaning alone, or by words alone: it does not lead (nor take a place)
+    weak = scored("x", ("m9",), 0.1)
+    assert [i.key for i in fuse([weak], [turn("t1", "m1")], [], f, k=3,
+                                query="memory x")] == ["t:t1"]
+    assert [i.key for i in fuse([answer], [turn("t1", "m1")], [], f, k=3,
+                                query="unrelated words")] == ["t:t1"]
 
 
 def test_sources_narrow_the_fusion_and_recency_breaks_ties_toward_newer_turns():
     old, new = turn("t1", "m1", ts=10.0), turn("t2", "m2", ts=20.0)
     mem = [scored("x", ("m9",), 0.9), scored("y", ("m8",), 0.5)]
-    only_mem = fuse(mem, [old], [old], Fusion(sources="memories"), k=5)
+    only_mem = fuse(mem, [old], [old], Fusion(sources="memories"), k=5, query="memory")
     assert [i.key for i in only_mem] == ["m:x", "m:y"]
-    only_turns = fuse(mem, [old, new], [], Fusion(sources="turns", weights=(1, 1, 0, 0)), k=5)
+    only_turns = fuse(mem, [old, new], [], Fusion(sources="turns", weights=(1, 1, 0, 0)), k=5,
+                      query="memory")
     assert [i.key for i in only_turns] == ["t:t1", "t:t2"]
     recent = fuse([], [old, new], [new, old], Fusion(weights=(1, 1, 1, 0.5)), k=5)
     assert [i.key for i in recent] == ["t:t2", "t:t1"]
@@ -224,7 +240,7 @@ def test_a_turn_a_returned_memory_states_in_full_is_left_out():
     assert not stated_by(stated, [("m1", "m2")]) and not stated_by(stated, [()])
     assert not stated_by(stated, [("m0",)])  # a memory of its context alone: not this turn
     items = fuse([scored("x", ("m1",)), scored("y", ("m4", "m5", "m6"))],
-                 [stated, wider], [stated, wider], Fusion(), k=10)
+                 [stated, wider], [stated, wider], Fusion(), k=10, query="memory")
     assert {i.key for i in items} == {"m:x", "m:y", "t:t2"}
 
 
@@ -241,15 +257,6 @@ def test_turn_candidates_apply_the_archives_age_bound(store):
     assert [t.content for t in dense] == [t.content for t in sparse] == ["we hiked the Andes"]
     dense, sparse = turn_candidates(store, scope, vector, "hiked", Fusion(match="sparse"), now)
     assert dense == [] and len(sparse) == 2
-
-
-def test_a_memory_unrelated_to_the_query_does_not_take_a_matching_turns_place():
-    related, unrelated = scored("x", ("m9",), 0.4), scored("y", ("m8",), 0.05)
-    match = turn("t1", "m1")
-    items = fuse([related, unrelated], [match], [match], Fusion(memory_floor=0.15), k=2)
-    assert [i.key for i in items] == ["t:t1", "m:x"]
-    assert {i.key for i in fuse([related, unrelated], [match], [match], Fusion(), k=3)} == {
-        "t:t1", "m:x", "m:y"}
 
 
 @pytest.mark.parametrize("archive", [True, False])
@@ -324,9 +331,14 @@ def test_the_turns_a_memory_deleted_by_the_user_came_from_are_not_returned(store
     contradicted = replace_memory(gone, "m2", ("s1-m1",), "delete")
     store.write([gone, contradicted], [EMB.embed(["PIN"])[0]] * 2)
     vector, scope = EMB.embed(["PIN bank"])[0], Scope("t1", "u1")
-    dense, sparse = turn_candidates(store, scope, vector, "PIN 4711 bank Porto", Fusion(), 0.0)
-    # the user's deletion hides its source turn; a model's DELETE (a contradiction) does not
-    assert {t.message_id for t in dense} == {t.message_id for t in sparse} == {"s1-m1"}
+    dense, sparse, truth = recall_turns(store, scope, vector, "PIN 4711 bank Porto",
+                                        Fusion(), 0.0)
+    # the user's deletion hides its source turn; a model's DELETE (a retraction) marks it
+    assert {t.message_id for t in dense} == {"s1-m0", "s1-m1"}
+    items = fuse([], dense, sparse, Fusion(), 5, query="PIN 4711 bank Porto", truth=truth)
+    assert [(i.turn.message_id, i.replaced.kind) for i in items if i.turn and i.replaced] == [
+        ("s1-m1", "deleted")]
+    assert {i.turn.message_id for i in items if i.turn} == {"s1-m1"}
 
 
 def replace_memory(m: Memory, mid: str, ids: tuple[str, ...], kind: str) -> Memory:

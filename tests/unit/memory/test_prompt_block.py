@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from memstream.memory.archive import Turn
 from memstream.memory.model import GLOBAL_USER, Memory, MemoryType, Source
 from memstream.memory.prompt_block import Block, estimate_tokens, prompt_block
 from memstream.memory.scoring import Scored
@@ -34,7 +35,8 @@ RULES = [mem("Confirm before booking.", kind=MemoryType.PROCEDURAL)]
 
 
 def test_full_layout():
-    block = prompt_block(CORE, [scored("Lives in Berlin."), scored("Works at Siemens.")], RULES)
+    memories = [scored("Lives in Berlin."), scored("Works at Siemens.")]
+    block = prompt_block(CORE, memories, RULES)
     assert block == Block(
         "## Core memory\n"
         "[profile] Name: Ada.\n"
@@ -44,7 +46,7 @@ def test_full_layout():
         "## What you remember about the user\n"
         "- (2026-01-05) Lives in Berlin.\n"
         "- (2026-01-05) Works at Siemens.",
-        truncated=False, kept=2)
+        truncated=False, kept=2, memories=tuple(memories))
 
 
 def test_empty_sections_are_left_out():
@@ -130,12 +132,13 @@ def test_char_budget_stops_at_first_misfit_in_rank_order():
 
 
 def test_exact_fit_is_not_truncated():
-    full = prompt_block(CORE, _memories(), RULES)
-    block = prompt_block(CORE, _memories(), RULES, budget_chars=len(full.text))
+    memories = _memories()
+    full = prompt_block(CORE, memories, RULES)
+    block = prompt_block(CORE, memories, RULES, budget_chars=len(full.text))
     assert block == full
     tokens = estimate_tokens(full.text)
-    assert prompt_block(CORE, _memories(), RULES, budget_tokens=tokens) == full
-    assert prompt_block(CORE, _memories(), RULES, budget_tokens=tokens - 1).truncated
+    assert prompt_block(CORE, memories, RULES, budget_tokens=tokens) == full
+    assert prompt_block(CORE, memories, RULES, budget_tokens=tokens - 1).truncated
 
 
 def test_token_budget_holds_and_keeps_rank_order():
@@ -188,3 +191,55 @@ def test_header_counts_against_the_budget():
 def test_estimate_tokens(text, tokens):
     assert estimate_tokens(text) == tokens
 
+
+
+# --- evidence: archived turns, marked when what they state was replaced ---------------------
+
+
+def _turn(text: str, day: int) -> Turn:
+    return Turn(f"t{day}", "s1", f"m{day}", 1, "user", text, JAN5 + day * 86_400, None)
+
+
+@pytest.mark.parametrize(("kind", "current", "direct", "mark"), [
+    ("superseded", "Lives in Porto", True, "replaced 2026-01-25 by: Lives in Porto"),
+    ("superseded", "Lives in Porto", False, "replaced 2026-01-25; now: Lives in Porto"),
+    ("superseded", None, True, "replaced 2026-01-25"),
+    ("deleted", None, True, "no longer true since 2026-01-25"),
+    ("expired", None, True, "expired 2026-01-25"),
+])
+def test_a_turn_whose_statement_was_replaced_says_so_in_its_date(kind, current, direct, mark):
+    from memstream.memory.hybrid import Item
+    from memstream.memory.truth import Replaced
+
+    said = mem("Lives in Lyon")
+    claim = Replaced(kind, said, JAN5 + 20 * 86_400, mem(current) if current else None, direct)
+    item = Item("turn", 0.5, turn=_turn("I live in Lyon", 3), replaced=claim)
+    block = prompt_block({}, [], [], evidence=[item])
+    assert block.text.splitlines()[1] == f"- (2026-01-08, {mark}) [user] I live in Lyon"
+    assert block.evidence == ((item,),)
+
+
+def test_evidence_never_repeats_a_memory_line():
+    from memstream.memory.hybrid import Item
+
+    fact = scored("Lives in Porto.")
+    twin = Item("memory", 0.4, memory=scored("Lives in Porto."), newer=_turn("x", 9))
+    block = prompt_block({}, [fact], [], evidence=[twin])
+    assert block.text.count("Lives in Porto.") == 1
+
+
+def test_an_excerpt_names_its_stale_statement_when_another_still_holds():
+    from memstream.memory.hybrid import Item
+    from memstream.memory.truth import Replaced
+
+    moved = Turn("t1", "s1", "m1", 1, "user", "I moved to Munich.", JAN5, None)
+    kids = Turn("t2", "s1", "m2", 2, "user", "We have 2 kids.", JAN5 + 60,
+                {"message_id": "m1", "role": "user", "content": "I moved to Munich."})
+    claim = Replaced("superseded", mem("Has 2 children"), JAN5 + 20 * 86_400,
+                     mem("Has 3 children"))
+    items = [Item("turn", 0.5, turn=kids, replaced=claim), Item("turn", 0.4, turn=moved)]
+    line = prompt_block({}, [], [], evidence=items).text.splitlines()[1]
+    assert line == ('- (2026-01-05, "Has 2 children" replaced 2026-01-25 by: Has 3 children) '
+                    "[user] I moved to Munich. / [user] We have 2 kids.")
+    alone = prompt_block({}, [], [], evidence=items[:1]).text.splitlines()[1]
+    assert alone.startswith("- (2026-01-05, replaced 2026-01-25 by: Has 3 children) ")
