@@ -150,6 +150,13 @@ BENCHMARKS: tuple[Bench, ...] = (
     Bench("locomo", broker=True, needs_data=True,
           keys=("conversations", "questions", "results"), headline=("results",),
           timeout_s=240.0),
+    Bench("updates", broker=True,
+          keys=("stories", "overall.current_in_block_pct", "overall.ok_pct",
+                "overall.stale_first", "overall.control_recall_pct",
+                "pipeline.messages_covered", "by_kind.control", "verdicts"),
+          headline=("overall.ok_pct", "overall.current_in_block_pct", "overall.stale_first",
+                    "overall.control_recall_pct", "overall.filler_lines"),
+          timeout_s=180.0),
 )
 
 

@@ -237,6 +237,14 @@ async def _decided(settings: Settings, expected: int, timeout: float, stall_s: f
             if r.topic == topics.decisions.name], len(jobs), len(failed), len(seen)
 
 
+def llm_costs(decisions: Sequence[JobDecision]) -> tuple[int, int, int]:
+    """LLM calls, prompt and completion tokens of the jobs decided (a job decided twice,
+    after a crash, counts once)."""
+    jobs = {d.job_id: d for d in decisions}.values()
+    return (sum(d.llm_calls for d in jobs), sum(d.prompt_tokens for d in jobs),
+            sum(d.completion_tokens for d in jobs))
+
+
 def lineages(decisions: Sequence[JobDecision]) -> dict[str, frozenset[str]]:
     """Every turn any version of a memory came from (a merged memory: its parts' too)."""
     turns: defaultdict[str, set[str]] = defaultdict(set)
@@ -345,10 +353,7 @@ async def run_policy(policy: Policy, conversations: Sequence[Conversation], base
         said = {(e.user_id, round(e.ts.timestamp(), 3)): e.message_id for e in evs
                 if isinstance(e, ChatMessage)} if settings.llm == "rules" else {}
         known = Known(lineages(decisions), stated_turns(decisions, said))
-        for d in {d.job_id: d for d in decisions}.values():
-            result.llm_calls += d.llm_calls
-            result.prompt_tokens += d.prompt_tokens
-            result.completion_tokens += d.completion_tokens
+        result.llm_calls, result.prompt_tokens, result.completion_tokens = llm_costs(decisions)
         url = f"http://{settings.web_host}:{settings.web_port}"
         async with AsyncMemoryClient(url, ADMIN, tenant_id=TENANT, timeout=60.0) as client:
             for conv in conversations:
