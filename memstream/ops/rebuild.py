@@ -148,7 +148,7 @@ def rebuild(settings: Settings, into: Path | None, tenant: str | None, user: str
         from memstream.ops.rebuild_shards import rebuild_partitioned
 
         if not rebuild_partitioned(settings, into, verify=verify, swap=swap, force=force,
-                                   keep=keep):
+                                   keep=keep).ok:
             raise SystemExit(1)
         return
     if embedder is not None and tenant is not None:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -46,6 +48,37 @@ RUNNING = ("the shards under {root} are open in a running worker ({error}): a sh
            "rebuilt with its worker stopped — stop it and run `memstream rebuild` again (a "
            "worker also restores a shard from the memory-change topic by itself when "
            "{root}/<partition> is removed while it is stopped)")
+
+
+@dataclass
+class ShardsRebuilt:
+    """What ``rebuild_partitioned`` did: the verdict of each partition that had a live
+    shard to compare with (user by user, record for record)."""
+
+    ok: bool  # every compared shard equal (True when nothing was compared)
+    shards: int = 0
+    changes: int = 0
+    verdicts: dict[int, checksum.Verification] = field(default_factory=dict)
+
+    def verdict(self) -> checksum.Verification:
+        """The partitions' verdicts as one (a user lives in one partition)."""
+        found = list(self.verdicts.values())
+        return checksum.Verification(
+            users=sum(v.users for v in found), equal=sum(v.equal for v in found),
+            differ=sorted(k for v in found for k in v.differ),
+            only_live=sorted(k for v in found for k in v.only_live),
+            only_rebuilt=sorted(k for v in found for k in v.only_rebuilt))
+
+
+def verdict_line(v: checksum.Verification, shards: int) -> str:
+    """``N users compared in S shards: E equal, D differing`` (and the one-sided users)."""
+    line = (f"{v.users} user{'s' * (v.users != 1)} compared in {shards} "
+            f"shard{'s' * (shards != 1)}: {v.equal} equal, {len(v.differ)} differing")
+    if v.only_live or v.only_rebuilt:
+        line += (f", {len(v.only_live)} only in the live shards, {len(v.only_rebuilt)} only "
+                 "in the rebuilt ones")
+    shown = [f"{t}/{u}" for t, u in (v.differ + v.only_live + v.only_rebuilt)[:5]]
+    return line + (f" (e.g. {', '.join(shown)})" if shown else "")
 
 
 def _verify(live: MemoryStore, new: MemoryStore) -> checksum.Verification:
@@ -69,8 +102,10 @@ def _live_shards(settings: Settings, dim: int) -> dict[int, MemoryStore]:
 
 
 def rebuild_partitioned(settings: Settings, into: Path | None, *, verify: bool, swap: bool,
-                        force: bool, keep: bool) -> bool:
-    """See the module doc; prints what it did, returns whether every shard verified."""
+                        force: bool, keep: bool,
+                        echo: Callable[[str], None] = click.echo) -> ShardsRebuilt:
+    """See the module doc; prints what it did (through ``echo``), returns the verdicts
+    (``ok``: every shard verified)."""
     from memstream.memory.services import build_embedder
     from memstream.streams.shards import ShardFiles
 
@@ -95,13 +130,14 @@ def rebuild_partitioned(settings: Settings, into: Path | None, *, verify: bool, 
             raise click.ClickException(str(exc)) from exc
         for done in built:
             shards.append(open_edge_shard(done.path, dim))
-        ok = True
+        result = ShardsRebuilt(ok=True, shards=len(built), changes=sum(d.changes for d in built))
         for done, shard in zip(built, shards, strict=True):
             if (verify or swap) and done.partition in live:
                 done.verdict = _verify(live[done.partition], shard)
-                ok = ok and done.verdict.ok
-            click.echo(f"partition {done.partition}: {done.changes} changes; "
-                       + ("no live shard" if done.verdict is None else done.verdict.summary()))
+                result.verdicts[done.partition] = done.verdict
+                result.ok = result.ok and done.verdict.ok
+            echo(f"partition {done.partition}: {done.changes} changes; "
+                 + ("no live shard" if done.verdict is None else done.verdict.summary()))
     except BaseException:
         for store in [*shards, *live.values()]:
             store.close()
@@ -110,11 +146,14 @@ def rebuild_partitioned(settings: Settings, into: Path | None, *, verify: bool, 
     for store in [*shards, *live.values()]:
         store.close()
     seconds = time.perf_counter() - started
-    changes = sum(d.changes for d in built)
-    click.echo(f"rebuilt {len(built)} shards into {into}: {changes} changes, {seconds:.2f} s "
-               f"({changes / max(seconds, 1e-9):,.0f} changes/s, "
-               f"{len(shares(settings.partitions, settings.rebuild_processes))} processes)")
-    if swap and (ok or force):
+    changes = result.changes
+    echo(f"rebuilt {len(built)} shards into {into}: {changes} changes, {seconds:.2f} s "
+         f"({changes / max(seconds, 1e-9):,.0f} changes/s, "
+         f"{len(shares(settings.partitions, settings.rebuild_processes))} processes)")
+    if result.verdicts:
+        echo(("verified: " if result.ok else "MISMATCH: ")
+             + verdict_line(result.verdict(), len(result.verdicts)))
+    if swap and (result.ok or force):
         files = ShardFiles(root, settings.erasure_bound_s)
         now = time.time()
         for done in built:
@@ -124,12 +163,12 @@ def rebuild_partitioned(settings: Settings, into: Path | None, *, verify: bool, 
             files.write_checkpoint(done.partition, done.offsets, now)
         files.wipe("global")  # read again from the global-changes topic at start
         shutil.rmtree(into, ignore_errors=True)
-        click.echo(f"swapped: {len(built)} shards in {root}, each with the offsets it holds; "
-                   "the worker adopts them at its next start")
+        echo(f"swapped: {len(built)} shards in {root}, each with the offsets it holds; "
+             "the worker adopts them at its next start")
     elif keep:
-        click.echo(f"kept the rebuilt shards in {into}")
+        echo(f"kept the rebuilt shards in {into}")
     else:
         shutil.rmtree(into, ignore_errors=True)
-        click.echo(f"deleted the rebuilt shards ({into}): nothing swapped" if swap else
-                   "deleted the rebuilt shards (verified only)")
-    return ok
+        echo(f"deleted the rebuilt shards ({into}): nothing swapped" if swap else
+             "deleted the rebuilt shards (verified only)")
+    return result

@@ -3,10 +3,12 @@ against one worker serving the API and the page, on the real broker.
 
 A user with memories (one of them hostile HTML) is searched, a memory's versions and
 lineage opened, back to its source messages, one memory deleted through the page and seen
-gone; hostile text shows literally and runs nothing; a wrong key gets an error, not data.
-The pure functions of the page (Prometheus parsing, quantiles, change events, jobs) are
-checked in the same browser. Every wait is Playwright's auto-waiting or a polled barrier.
-A screenshot lands in ``.artifacts/inspector.png``.
+gone; the `context` an agent is handed for a typed query is shown (its prompt block, its
+items and what replaced them); hostile text shows literally and runs nothing; a wrong key
+gets an error, not data. The pure functions of the page (Prometheus parsing, quantiles,
+change events, jobs, context rows) are checked in the same browser. Every wait is
+Playwright's auto-waiting or a polled barrier. A screenshot lands in
+``.artifacts/inspector.png``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import os
 import re
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
@@ -234,6 +237,74 @@ async def test_rollback_undo_and_forget_through_the_page(world):
     await page.context.close()
 
 
+async def test_the_context_view_shows_what_the_agent_is_handed(world):
+    """The `context` answer for a query typed by the operator: the prompt block as text,
+    exactly as the API returned it, and a row per item (kind, date, score, text, whether it
+    is still true and what replaced it, the block line it became); hostile memory text
+    stays text there too."""
+    from playwright.async_api import expect
+
+    w = await open_page(world, ADMIN)
+    page = w.page
+    await expect(page.locator("#context-result")).to_be_hidden()
+
+    async def ask(query: str) -> dict:
+        await page.fill("#context-query", query)
+        await page.fill("#context-budget", "4000")
+        async with page.expect_response(lambda r: r.url.endswith("/context")) as answer:
+            await page.click("#context")
+        resp = await answer.value
+        assert resp.status == 200 and resp.request.headers.get("x-api-key") == ADMIN
+        assert '"record_hits":false' in (resp.request.post_data or "").replace(" ", "")
+        return await resp.json()
+
+    ctx = await ask("where do I live?")
+    await expect(page.locator("#context-result")).to_be_visible()
+    block = page.locator("#prompt-block")
+    await expect(block).to_contain_text("Lives in Porto")
+    assert await block.text_content() == ctx["prompt_block"]  # as the agent reads it
+    rows = page.locator("#context-items tbody tr")
+    await expect(rows).to_have_count(len(ctx["items"]))
+    assert ctx["items"], ctx
+    for n, item in enumerate(ctx["items"]):
+        row = rows.nth(n)
+        await expect(row).to_have_attribute("data-kind", item["kind"])
+        await expect(row).to_contain_text(item["content"])
+        shown = float(await row.locator("td.score").inner_text())
+        assert abs(shown - item["score"]) <= 0.0005 + 1e-9, (shown, item)
+        if item.get("stale") == "superseded" and item.get("superseded_by"):
+            await expect(row).to_have_attribute("data-stale", "superseded")
+            when = datetime.fromtimestamp(item["valid_to"], UTC).date().isoformat()
+            await expect(row.locator("td.still")).to_contain_text(
+                f"replaced {when} by: {item['superseded_by']['content']}")
+        if item.get("line"):
+            await expect(row.locator("td.line")).to_have_text(item["line"])
+            assert item["line"] in ctx["prompt_block"].splitlines()
+    live = page.locator('#context-items tbody tr[data-kind="memory"]').filter(
+        has_text="Lives in Porto")
+    await expect(live).to_have_count(1)
+    await expect(live.locator("td.still")).to_have_text("live")
+    # the Lisbon turn, said before the move: never shown as current
+    for n, item in enumerate(ctx["items"]):
+        if item["kind"] == "turn" and "I live in Lisbon" in item["content"]:
+            assert item.get("stale") in (None, "superseded"), item
+            if "stale" in item:  # the API says whether it is still true: the page shows it
+                assert item["stale"] == "superseded", item
+                await expect(rows.nth(n).locator("td.still")).to_contain_text("replaced")
+    # a memory of the block opens its history
+    await live.locator("button.open-memory").click()
+    await expect(page.locator("#versions tbody tr")).to_have_count(2)
+
+    ctx = await ask("what is my nickname?")
+    await expect(rows).to_have_count(len(ctx["items"]))
+    section = page.locator("#context-section")
+    await expect(section).to_contain_text(HOSTILE)  # literally, as text
+    assert HOSTILE in (await block.text_content() or "")
+    assert await section.locator("img, script").count() == 0
+    assert w.dialogs == [] and w.errors == [] and w.csp_reports() == []
+    await page.context.close()
+
+
 async def test_a_wrong_key_shows_an_error_not_data(world):
     from playwright.async_api import expect
 
@@ -321,7 +392,31 @@ async def test_the_pages_pure_functions(world):
       ];
       const ev = L.changeEvents(log);
       const jobs = L.jobsOf(ev, {j3: {kind: "deletion", actor: "admin"}});
+      const ctx = {
+        memories: [{memory_id: "m9", recency: 0.9, importance_score: 0.7, relevance: 0.55}],
+        items: [
+          {kind: "memory", id: "m9", content: "Lives in Munich", score: 0.3,
+           event_time: day + 86400, session_id: "s2", message_ids: ["a"], role: null,
+           context: null, stale: null, valid_to: null, superseded_by: null,
+           line: "- (2024-10-05) Lives in Munich"},
+          {kind: "turn", id: "t1", content: "I live in Berlin", score: 0.2, event_time: day,
+           session_id: "s1", message_ids: ["b"], role: "user",
+           context: {role: "assistant", content: "Where do you live?"},
+           stale: "superseded", valid_to: day + 86400,
+           superseded_by: {memory_id: "m9", content: "Lives in Munich", event_time: day + 86400},
+           line: null},
+          {kind: "turn", id: "t2", content: "I eat meat", score: 0.1, event_time: day,
+           session_id: "s1", message_ids: ["c"], role: "user", context: null,
+           stale: "deleted", valid_to: day + 2 * 86400, superseded_by: null},
+          {kind: "turn", id: "t3", content: "hello", score: 0.05, event_time: day,
+           session_id: "s1", message_ids: ["d"], role: "user", context: null},
+        ],
+      };
       return {
+        rows_ctx: L.contextRows(ctx).map((r) => [r.label, r.note, r.why, r.line, r.stale,
+          r.replacedBy]),
+        expired: L.staleNote({stale: "expired", valid_to: day}),
+        unknown: L.staleNote({stale: "superseded"}),
         ops: L.sumBy(s, "memstream_memory_changes_total", "op"),
         triggers: L.sumBy(s, "memstream_jobs_total", "trigger"),
         buckets: b.map((x) => [x.le === Infinity ? "inf" : x.le, x.count]),
@@ -347,3 +442,12 @@ async def test_the_pages_pure_functions(world):
                            ["j2", "extraction", {"update": 1}, 1, ""],
                            ["j1", "extraction", {"add": 2}, 2, ""]]
     assert got["rows"] == ["update", "supersede", "delete"]
+    assert got["rows_ctx"] == [
+        ["memory", "", "live memory: recency 0.90, importance 0.70, relevance 0.55",
+         "- (2024-10-05) Lives in Munich", "", ""],
+        ["turn [user]", "replaced 2024-10-05 by: Lives in Munich",
+         "said in session s1; after [assistant] Where do you live?", "", "superseded", "m9"],
+        ["turn [user]", "deleted 2024-10-06", "said in session s1", "", "deleted", ""],
+        ["turn [user]", "", "said in session s1", "", "", ""],  # no staleness fields
+    ]
+    assert got["expired"] == "expired 2024-10-04" and got["unknown"] == "replaced"

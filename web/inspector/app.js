@@ -5,7 +5,7 @@
 import { barChart, stackedChart } from "/inspector/charts.js";
 import { $, button, cell, chart, fill, num, row, say, short } from "/inspector/dom.js";
 import {
-  OPS, auditKinds, changeEvents, countBy, formatTime, jobsOf, perDay, rowOp,
+  OPS, auditKinds, changeEvents, contextRows, countBy, formatTime, jobsOf, perDay, rowOp,
 } from "/inspector/logic.js";
 import { loadMetrics } from "/inspector/metrics.js";
 
@@ -84,6 +84,44 @@ async function search(query) {
   fill("results", rows);
   $("results").hidden = rows.length === 0;
   $("results-empty").hidden = rows.length !== 0;
+}
+
+// What the agent is handed: the context answer's prompt block, as text, and its items.
+function contextRequest() {
+  const body = { query: $("context-query").value.trim(), record_hits: false };
+  const k = Number.parseInt($("context-k").value, 10);
+  const budget = Number.parseInt($("context-budget").value, 10);
+  if (k > 0) body.k = k;
+  if (budget > 0) body.budget_chars = budget;
+  return body;
+}
+
+async function showContext() {
+  const body = contextRequest();
+  if (!body.query) return;
+  const ctx = await call("POST", userPath("/context"), body);
+  $("prompt-block").textContent = ctx.prompt_block;
+  const lines = ctx.prompt_block ? ctx.prompt_block.split("\n").length : 0;
+  const rules = (ctx.procedural || []).length;
+  $("context-note").textContent = `${lines} line(s), ${ctx.prompt_block.length} characters`
+    + `${ctx.truncated ? ", cut by the budget" : ""}; ${ctx.memories.length} memories and `
+    + `${rules} rule(s) of how to act; query ${short(ctx.query_id)}`;
+  const rows = contextRows(ctx).map((r) => {
+    const text = r.kind === "memory"
+      ? memoryCell({ memory_id: r.id, content: r.text }) : cell(r.text, "content");
+    const still = cell(r.note || (r.kind === "memory" ? "live" : ""),
+      r.stale ? `still stale stale-${r.stale}` : "still");
+    if (r.replacedBy) {
+      still.append(" ", button("open", guarded(() => openMemory(r.replacedBy)), "replaced-by"));
+    }
+    return row([cell(r.label, "kind"), cell(formatTime(r.at), "date"),
+      cell(num(r.score), "score"), text, still, cell(r.why, "why"),
+      cell(r.line, "line")], { kind: r.kind, stale: r.stale, id: r.id });
+  });
+  fill("context-items", rows);
+  $("context-items").hidden = rows.length === 0;
+  $("context-empty").hidden = rows.length !== 0;
+  $("context-result").hidden = false;
 }
 
 async function openMemory(memoryId) {
@@ -193,6 +231,7 @@ async function refresh() {
   await Promise.all([loadChanges(), loadMetrics(call), reopen]);
   const query = $("query").value.trim();
   if (query) await search(query);
+  if (!$("context-result").hidden) await showContext();
 }
 
 // --- actions: each a job of the user in the pipeline ------------------------------------
@@ -233,9 +272,13 @@ async function act(what, send, check = applied) {
 
 // --- wiring ----------------------------------------------------------------------------
 function clearData() {
-  for (const id of ["results", "memories", "versions", "jobs", "changes", "governance"]) {
+  for (const id of ["results", "memories", "versions", "jobs", "changes", "governance",
+    "context-items"]) {
     fill(id, []);
   }
+  $("prompt-block").textContent = "";
+  $("context-note").textContent = "";
+  $("context-result").hidden = true;
   for (const id of ["chart-days", "chart-types", "chart-latency", "chart-ops",
     "chart-triggers", "source-messages"]) $(id).replaceChildren();
   Object.assign(state, { memoryId: null, changes: [], audit: {}, changesCursor: null });
@@ -288,6 +331,7 @@ function init() {
     const query = $("query").value.trim();
     if (query) await search(query);
   }));
+  $("context-form").addEventListener("submit", guarded(showContext));
   $("status-filter").addEventListener("change", guarded(() => loadMemories()));
   $("memories-more").addEventListener("click", guarded(() => loadMemories(true)));
   $("changes-more").addEventListener("click", guarded(() => loadChanges(true)));

@@ -197,3 +197,65 @@ export function auditKinds(entries) {
   }
   return out;
 }
+
+/** An epoch-seconds time as "YYYY-MM-DD" (UTC); "" for none. */
+export function formatDay(t) {
+  return formatTime(t).slice(0, 10);
+}
+
+const STALE_WORDS = { superseded: "replaced", deleted: "deleted", expired: "expired" };
+
+/**
+ * What an item of a context answer says about itself being out of date: "" while what it
+ * states is still true (or the API does not say), else e.g.
+ * "replaced 2026-02-21 by: Lives in Munich", "deleted 2026-02-21", "expired 2026-03-01".
+ * ``stale``, ``valid_to`` and ``superseded_by`` are read when present, ignored when absent.
+ */
+export function staleNote(item) {
+  const stale = item.stale;
+  if (!stale) return "";
+  const word = STALE_WORDS[stale] || String(stale);
+  const when = formatDay(item.valid_to);
+  const by = item.superseded_by;
+  const what = by && typeof by.content === "string" ? ` by: ${by.content}` : "";
+  return `${word}${when ? ` ${when}` : ""}${stale === "superseded" ? what : ""}`;
+}
+
+/**
+ * A context answer (``POST .../context``) as the rows of the inspector's table, in the
+ * answer's order: for each item its kind, date (event time), score, text, whether it is
+ * still true, why it is there (a memory's score components, a turn's session and the turn
+ * it answered) and the prompt-block line it became (``line``, when the API gives it).
+ */
+export function contextRows(ctx) {
+  const scored = new Map((ctx.memories || []).map((m) => [m.memory_id, m]));
+  return (ctx.items || []).map((item) => {
+    const memory = item.kind === "memory" ? scored.get(item.id) : undefined;
+    const why = [];
+    if (memory) {
+      why.push(`live memory: recency ${fixed(memory.recency)}, importance `
+        + `${fixed(memory.importance_score)}, relevance ${fixed(memory.relevance)}`);
+    } else if (item.kind === "memory") {
+      why.push("memory");
+    }
+    if (item.kind === "turn") {
+      why.push(`said in session ${item.session_id}`);
+      if (item.context && item.context.content) {
+        why.push(`after [${item.context.role}] ${item.context.content}`);
+      }
+    }
+    const by = item.superseded_by;
+    return {
+      kind: item.kind, id: item.id, role: item.role || "",
+      label: item.kind === "turn" && item.role ? `turn [${item.role}]` : item.kind,
+      at: item.event_time, score: item.score, text: item.content,
+      stale: item.stale || "", note: staleNote(item), why: why.join("; "),
+      line: typeof item.line === "string" ? item.line : "",
+      replacedBy: by && by.memory_id ? by.memory_id : "",
+    };
+  });
+}
+
+function fixed(x) {
+  return typeof x === "number" ? x.toFixed(2) : "?";
+}
