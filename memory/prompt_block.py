@@ -20,8 +20,8 @@ that made it (its event time; ``valid_from`` where none is known). The turns are
 evidence: those of the best rank that fit, listed newest first, and a turn whose statement
 was replaced says so in its date: ``replaced DAY by: what holds now`` (``replaced DAY; now:
 ...`` when versions came between), ``no longer true since DAY`` (retracted), ``expired
-DAY``; an excerpt of several messages of which another still holds quotes the stale
-statement first (``"Has 2 children" replaced DAY by: Has 3 children``).
+DAY``; an excerpt holding more than one message of the user quotes the stale statement
+first (``"Has 2 children" replaced DAY by: Has 3 children``).
 
 Global-scope memories (``user_id == GLOBAL_USER``) stay in the ranked list, marked
 ``(general knowledge)``, rather than getting a section of their own: one list keeps the
@@ -134,12 +134,15 @@ def stale_mark(r: Replaced, tz: tzinfo = UTC, *, named: bool = False) -> str:
 
 def turn_line(turn: Turn, tz: tzinfo = UTC, replaced: Replaced | None = None) -> str:
     """``- (YYYY-MM-DD) [role] context / [role] text``, dated by the turn's event time, and
-    marked when what it states was replaced (:func:`stale_mark`)."""
+    marked when what it states was replaced (:func:`stale_mark`; named when the context
+    is the user's too)."""
     said = f"[{one_line(turn.role)}] {one_line(turn.content)}"
     ctx = turn.context or {}
+    users = int(turn.role == "user")
     if str(ctx.get("content") or "").strip():
         said = f"[{one_line(str(ctx.get('role', '')))}] {one_line(str(ctx['content']))} / {said}"
-    mark = "" if replaced is None else f", {stale_mark(replaced, tz)}"
+        users += ctx.get("role") == "user"
+    mark = "" if replaced is None else f", {stale_mark(replaced, tz, named=users > 1)}"
     return f"- ({_day(turn.ts, tz)}{mark}) {said}"
 
 
@@ -205,8 +208,8 @@ def excerpts(evidence: Sequence[Item]) -> list[list[Item]]:
 def excerpt_line(group: Sequence[Item], tz: tzinfo = UTC) -> str:
     """One evidence line: a memory (:func:`memory_line`), a turn (:func:`turn_line`), or
     the messages of several turns in their session's order, dated by the first turn and
-    marked by the newest replacement among them (naming the replaced statement when
-    another statement of the excerpt was not replaced)."""
+    marked by the newest replacement among them (naming the replaced statement when the
+    excerpt holds more than one message of the user)."""
     turns = [i.turn for i in group if i.turn is not None]
     if not turns:
         assert group[0].memory is not None
@@ -224,8 +227,8 @@ def excerpt_line(group: Sequence[Item], tz: tzinfo = UTC) -> str:
         said[t.message_id] = (t.seq, t.role, t.content)
     text = " / ".join(f"[{one_line(role)}] {one_line(content)}"
                       for _, role, content in sorted(said.values(), key=lambda m: m[0]))
-    # a statement of the excerpt still true beside the stale one: say which one is stale
-    named = len(claims) < sum(t.role == "user" for t in turns)
+    # more than one statement of the user in the excerpt: say which one is stale
+    named = sum(role == "user" for _, role, _ in said.values()) > 1
     mark = "" if claim is None else f", {stale_mark(claim, tz, named=named)}"
     return f"- ({_day(min(t.ts for t in turns), tz)}{mark}) {text}"
 

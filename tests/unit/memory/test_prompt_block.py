@@ -242,4 +242,9 @@ def test_an_excerpt_names_its_stale_statement_when_another_still_holds():
     assert line == ('- (2026-01-05, "Has 2 children" replaced 2026-01-25 by: Has 3 children) '
                     "[user] I moved to Munich. / [user] We have 2 kids.")
     alone = prompt_block({}, [], [], evidence=items[:1]).text.splitlines()[1]
-    assert alone.startswith("- (2026-01-05, replaced 2026-01-25 by: Has 3 children) ")
+    assert alone == line  # the same two messages: one turn and the one it follows
+    kids = Turn("t2", "s1", "m2", 2, "user", "We have 2 kids.", JAN5 + 60,
+                {"message_id": "m1", "role": "assistant", "content": "Anything else?"})
+    one = prompt_block({}, [], [], evidence=[Item("turn", 0.5, turn=kids, replaced=claim)])
+    assert one.text.splitlines()[1] == ("- (2026-01-05, replaced 2026-01-25 by: Has 3 children)"
+                                        " [assistant] Anything else? / [user] We have 2 kids.")
