@@ -29,6 +29,7 @@ from memstream.core import kafka
 from memstream.core.errors import MemstreamError
 from memstream.core.kafka_io import TopicReader, send_events, send_raw, start_producer
 from memstream.core.settings import Settings
+from memstream.core.topic_reader import end_offsets
 from memstream.dev import broker as local_broker
 from memstream.dev.process import WorkerProcess
 from memstream.memory.applying import apply_change
@@ -139,20 +140,26 @@ class Harness:
     async def ingested(self, messages: int, timeout: float = 30.0) -> None:
         """Barrier: the ingest loop has committed ``messages`` chat messages (its group's
         offsets on the messages topic, summed), state and outputs in the same transactions."""
+        deadline = time.monotonic() + timeout
+        while (done := await self.ingest_committed()) < messages:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{done} of {messages} messages committed")
+            await asyncio.sleep(0.1)
 
+    async def ingest_caught_up(self, timeout: float = 30.0) -> None:
+        """Barrier: every chat message on the topic so far is committed by the ingest loop."""
+        topic = self.topics.messages.name
+        ends = (await end_offsets(self.settings, [topic]))[topic]
+        await self.ingested(sum(ends.values()), timeout)
+
+    async def ingest_committed(self) -> int:
+        """The chat messages the ingest loop has committed so far (every test's)."""
         admin = kafka.admin(self.settings)
         await admin.start()
         group, topic = f"{self.settings.app_id}-ingest", self.topics.messages.name
-        deadline = time.monotonic() + timeout
         try:
-            while True:
-                found = await admin.list_consumer_group_offsets(group)
-                done = sum(max(0, o.offset) for tp, o in found.items() if tp.topic == topic)
-                if done >= messages:
-                    return
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{done} of {messages} messages committed")
-                await asyncio.sleep(0.1)
+            found = await admin.list_consumer_group_offsets(group)
+            return sum(max(0, o.offset) for tp, o in found.items() if tp.topic == topic)
         finally:
             await admin.close()
 
