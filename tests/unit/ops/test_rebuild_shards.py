@@ -76,7 +76,7 @@ def _dead(pid: int) -> bool:
     """Gone, or a zombie waiting to be reaped (Linux)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped before, or while, it was read
         return True
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
