@@ -183,12 +183,30 @@ async def test_every_poison_class_is_dead_lettered_and_valid_messages_go_on(worl
 
 
 async def set_topic_config(settings: Settings, topic: str, config: dict[str, str]) -> None:
+    """Alter, then barrier: the broker reports the new values (KRaft applies an altered
+    config from its metadata log a moment after the controller accepted it; a record
+    written meanwhile still meets the old limit)."""
     admin = kafka.admin(settings)
     await admin.start()
     try:
         await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, config)])
+        deadline = time.monotonic() + 30
+        while (found := await topic_config(admin, topic)) is None or any(
+                found.get(k) != v for k, v in config.items()):
+            assert time.monotonic() < deadline, f"{topic}: config not applied: {found}"
+            await asyncio.sleep(0.1)
     finally:
         await admin.close()
+
+
+async def topic_config(admin, topic: str) -> dict[str, str] | None:
+    responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    for response in responses:
+        for resource in response.to_object()["resources"]:
+            if resource["error_code"] == 0 and resource["resource_name"] == topic:
+                return {e["config_names"]: e["config_value"]
+                        for e in resource["config_entries"]}
+    return None
 
 
 async def committed(settings: Settings, tp: TopicPartition) -> int | None:
