@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import pytest_asyncio
@@ -140,11 +140,16 @@ class Harness:
     async def ingested(self, messages: int, timeout: float = 30.0) -> None:
         """Barrier: the ingest loop has committed ``messages`` chat messages (its group's
         offsets on the messages topic, summed), state and outputs in the same transactions."""
+        admin = kafka.admin(self.settings)
+        await admin.start()
         deadline = time.monotonic() + timeout
-        while (done := await self.ingest_committed()) < messages:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{done} of {messages} messages committed")
-            await asyncio.sleep(0.1)
+        try:
+            while (done := await self._ingest_committed(admin)) < messages:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{done} of {messages} messages committed")
+                await asyncio.sleep(0.1)
+        finally:
+            await admin.close()
 
     async def ingest_caught_up(self, timeout: float = 30.0) -> None:
         """Barrier: every chat message on the topic so far is committed by the ingest loop."""
@@ -152,16 +157,11 @@ class Harness:
         ends = (await end_offsets(self.settings, [topic]))[topic]
         await self.ingested(sum(ends.values()), timeout)
 
-    async def ingest_committed(self) -> int:
+    async def _ingest_committed(self, admin: Any) -> int:
         """The chat messages the ingest loop has committed so far (every test's)."""
-        admin = kafka.admin(self.settings)
-        await admin.start()
         group, topic = f"{self.settings.app_id}-ingest", self.topics.messages.name
-        try:
-            found = await admin.list_consumer_group_offsets(group)
-            return sum(max(0, o.offset) for tp, o in found.items() if tp.topic == topic)
-        finally:
-            await admin.close()
+        found = await admin.list_consumer_group_offsets(group)
+        return sum(max(0, o.offset) for tp, o in found.items() if tp.topic == topic)
 
     def job_list(self, tenant: str | None = None) -> list[ExtractionJob]:
         """Every job seen so far (of one tenant: tests sharing a worker keep apart)."""
