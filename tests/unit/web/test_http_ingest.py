@@ -305,3 +305,19 @@ def test_the_document_says_202_and_names_the_session_id():
     assert "202" in end["responses"] and not end["requestBody"]["required"]
     assert {p["name"] for p in end["parameters"]} >= {"tenant", "user", "session_id",
                                                        "Idempotency-Key"}
+
+
+async def test_the_real_producer_with_no_broker_is_503_within_its_timeout():
+    """aiokafka itself (nothing listens on the port): the errors it raises are the 503."""
+    settings = Settings.model_construct(**{**Settings().model_dump(),
+                                           "bootstrap_servers": "127.0.0.1:9"})
+    producer = backend_ingest.IngestProducer(settings, timeout_s=3.0)
+    event = SessionEvent(tenant_id="acme", user_id="u1", session_id="s1", ts=NOW)
+    try:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(ApiError) as refused:
+            await producer.send("memstream.session-events", [event])
+        assert refused.value.status == 503
+        assert asyncio.get_running_loop().time() - started < 6.0
+    finally:
+        await producer.close()
