@@ -21,7 +21,9 @@ only), and answered from a warm standby shard here when the owner cannot be reac
   the standby workers the map names (``X-Memstream-Standby-Read``, signed like any forward).
   Writes and tool calls are never served from a standby: the caller gets 503 and retries
   with the same ``Idempotency-Key`` (the client does), which the owner takes once.
-- Requests for the tenant as a whole, health, metrics and the inspector are served here.
+- Requests for the tenant as a whole, health, metrics and the inspector are served here,
+  and so are the HTTP way in's writes (:data:`memstream.web.http_ingest.LOCAL`): any worker
+  produces a user's messages, the partitioner puts them on the user's partition.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from memstream.web.forwarding import (
 )
 from memstream.web.http_base import DEPS
 from memstream.web.http_checks import FORWARDED_BY, identified, read_body
+from memstream.web.http_ingest import LOCAL
 from memstream.web.models import paths
 from memstream.web.models.api import Principal, ToolCallRequest
 from memstream.web.models.history import CorrectionRequest
@@ -120,7 +123,7 @@ class Router:
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         tenant = request.match_info.get("tenant")
         user = request.match_info.get("user")
-        if tenant is None or user is None:
+        if tenant is None or user is None or self._is_local(request):
             return await handler(request)
         if FORWARDED_BY in request:  # verified by web.forwarding; never forwarded again
             if request[STANDBY_ASKED] and self._is_read(request):
@@ -145,6 +148,11 @@ class Router:
                 if answer is not None:
                     return answer
         raise ShardNotHere(partition, f"owned by {owner}, which does not answer")
+
+    @staticmethod
+    def _is_local(request: web.Request) -> bool:
+        route = request.match_info.route.resource
+        return route is not None and route.canonical in LOCAL
 
     @staticmethod
     def _is_read(request: web.Request) -> bool:

@@ -570,7 +570,7 @@ def test_every_route_that_changes_something_takes_an_idempotency_key():
     changing = {r.name for r in ROUTES if r.method != "GET" and r.path not in READS}
     assert WRITES == changing == {
         "feedback", "execute_tool", "delete_memory", "delete_memories", "rollback_memory",
-        "forget_user", "undo_job"}
+        "forget_user", "undo_job", "add_messages", "end_session"}
     doc = openapi_document(ROUTES)
     for r in ROUTES:
         params = doc["paths"][r.path][r.method.lower()].get("parameters", [])
