@@ -65,6 +65,12 @@ def acl_broker() -> object:
     local_broker.wipe(broker)
 
 
+def broker_log() -> str:
+    """The broker's log: the authorizer logs each denial there (kafka.authorizer.logger)."""
+    path = local_broker.paths_for(Settings(kafka_port=ACL_PORT)).log_file
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
 def memstream(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSTREAM_")}
     env.update(settings_env(settings))
@@ -126,6 +132,9 @@ async def test_a_turn_acmes_chat_service_writes_is_processed(world, acme):
     assert "Porto" in event.after.content
     log = world.workers[0].log_text()
     assert "AuthorizationFailed" not in log and "Authorization failed" not in log, log[-3000:]
+    denied = [line for line in broker_log().splitlines()
+              if "Principal = User:worker is Denied" in line]
+    assert not denied, denied[:5]  # the worker asked for nothing it is not granted
 
 
 async def test_acmes_chat_service_is_refused_on_every_other_topic(world, acme):
@@ -137,6 +146,8 @@ async def test_acmes_chat_service_is_refused_on_every_other_topic(world, acme):
     for topic in others:
         with pytest.raises(TopicAuthorizationFailedError):
             await acme.send_and_wait(topic, value, key=b"acme/u1")
+    # the broker says so in its log (what the worker's test reads for its own principal)
+    assert "Principal = User:chat-acme is Denied" in broker_log()
 
 
 async def test_another_tenants_record_on_acmes_topic_is_dead_lettered(world, acme):
