@@ -25,6 +25,7 @@ import pytest_asyncio
 from aiokafka.errors import TopicAuthorizationFailedError
 from pydantic import SecretStr
 
+from memstream.client import AsyncMemoryClient
 from memstream.consumer import MemoryChanges
 from memstream.core import kafka
 from memstream.core.kafka_io import send_events
@@ -117,12 +118,16 @@ def tenant_topic(h: Harness, tenant: str, suffix: str) -> str:
     return tenant_prefix(h.settings, tenant) + suffix
 
 
-async def test_a_turn_acmes_chat_service_writes_is_processed(world, acme):
+async def test_a_turn_acmes_chat_service_writes_is_processed(world):
     """The whole worker runs as its principal (ingest, extract, apply: memory changes and
     public events written), and the reader reads the events with its own."""
     user = f"u{uuid.uuid4().hex[:8]}"
-    said = chat("Remember this: I live in Porto", user=user, tenant="acme")  # explicit
-    await send_events(acme, tenant_topic(world, "acme", "messages"), [said])
+    # the Python client with acme's chat service's login writes acme's own topic
+    async with AsyncMemoryClient("http://127.0.0.1:9", "unused", tenant_id="acme",
+                                 kafka=as_user(world.settings, "chat-acme"),
+                                 topic_prefix=world.settings.topic_prefix) as client:
+        await client.add("Remember this: I live in Porto", user_id=user,  # explicit
+                         session_id="s1")
     await wait_covered(world, {(user, "s1"): 1}, timeout=90, tenant="acme")
     reader = as_user(world.settings, "reader")
     async with asyncio.timeout(90), MemoryChanges(reader, group_id="memory-reader",
