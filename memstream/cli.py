@@ -9,7 +9,7 @@ import sys
 import click
 from aiokafka.errors import KafkaConnectionError
 
-from memstream.core.errors import BrokerError
+from memstream.core.errors import BrokerError, ConfigError
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.ops.changes_cli import changes, schemas
@@ -295,8 +295,11 @@ def acls(settings: Settings, fmt: str, worker_principal: str, chat_principal: st
         n = asyncio.run(acl_ops.apply(settings, found))
         click.echo(f"{n} ACL bindings created for {len(found)} principals")
     elif fmt == "strimzi":
-        click.echo(acl_ops.strimzi_users(found, strimzi_cluster, strimzi_authentication),
-                   nl=False)
+        try:
+            users = acl_ops.strimzi_users(found, strimzi_cluster, strimzi_authentication)
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from exc
+        click.echo(users, nl=False)
     else:
         click.echo(acl_ops.kafka_acls_commands(found, bootstrap or settings.bootstrap_servers,
                                                command_config), nl=False)

@@ -23,11 +23,12 @@ the integration test does on a broker with an authorizer.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from memstream.core.errors import BrokerError
+from memstream.core.errors import BrokerError, ConfigError
 from memstream.core.settings import Settings
 from memstream.topics.registry import registry, tenant_prefix
 
@@ -42,6 +43,7 @@ _ALLOW = 3
 _STRIMZI_TYPES = {TOPIC: "topic", GROUP: "group", CLUSTER: "cluster",
                   TRANSACTIONAL_ID: "transactionalId"}
 CLUSTER_NAME = "kafka-cluster"
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -167,9 +169,15 @@ def kafka_acls_commands(found: Iterable[Principal], bootstrap: str = "<broker:90
 
 def strimzi_name(principal: str) -> str:
     """The KafkaUser's name of a principal: Strimzi makes ``User:<name>`` (SCRAM) or
-    ``User:CN=<name>`` (TLS) of it."""
+    ``User:CN=<name>`` (TLS) of it. A Kubernetes resource name (lower case letters, digits,
+    '-' and '.'), or :class:`ConfigError`."""
     name = principal.split(":", 1)[1] if principal.startswith("User:") else principal
-    return name[3:] if name.startswith("CN=") else name
+    name = name[3:] if name.startswith("CN=") else name
+    if not _K8S_NAME.fullmatch(name):
+        raise ConfigError(f"principal {principal!r}: a KafkaUser is named {name!r}, which is "
+                          "no Kubernetes resource name (lower case letters, digits, '-', "
+                          "'.'); choose principals that are (--chat-principal ...)")
+    return name
 
 
 def strimzi_users(found: Iterable[Principal], cluster: str = "my-cluster",

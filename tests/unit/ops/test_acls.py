@@ -10,6 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from memstream.cli import main
+from memstream.core.errors import ConfigError
 from memstream.core.settings import Settings
 from memstream.ops import acls
 from memstream.ops.acls import CLUSTER, GROUP, TOPIC, TRANSACTIONAL_ID, Names, permits
@@ -108,6 +109,8 @@ def test_the_strimzi_users_are_kafka_user_resources():
         {"resource": {"type": "topic", "name": "ms.tenant.acme.", "patternType": "prefix"},
          "operations": ["Write", "Describe"], "host": "*"},
         {"resource": {"type": "cluster"}, "operations": ["IdempotentWrite"], "host": "*"}]
+    with pytest.raises(ConfigError, match="Kubernetes resource name"):
+        acls.strimzi_users(acls.principals(PER_TENANT, Names(chat="User:Chat_{tenant}")))
     worker = docs[0]["spec"]["authorization"]["acls"]
     assert {"type": "transactionalId", "name": "ms-app-", "patternType": "prefix"} in [
         a["resource"] for a in worker]
@@ -133,5 +136,8 @@ def test_the_command_prints_both_formats_and_refuses_an_inconsistent_layout(monk
     assert "--topic memstream.tenant.acme. --resource-pattern-type prefixed" in out.output
     out = runner.invoke(main, ["acls", "--format", "strimzi"], env=env)
     assert out.exit_code == 0 and "kind: KafkaUser" in out.output
+    out = runner.invoke(main, ["acls", "--format", "strimzi",
+                               "--chat-principal", "User:C_{tenant}"], env=env)
+    assert out.exit_code == 1 and "Kubernetes resource name" in out.output
     out = runner.invoke(main, ["acls"], env={**env, "MEMSTREAM_TENANTS": ""})
     assert out.exit_code == 1 and "with no tenant" in out.output
