@@ -60,6 +60,8 @@ class ClientBase:
         self._current = 0
         self.tenant_id = check_id("tenant_id", tenant_id)
         self.topic_prefix = topic_prefix
+        # the per-tenant layout (docs/tenancy.md): the tenant's own input topics
+        self.per_tenant = kafka is not None and kafka.input_topics == "per-tenant"
         if kafka is not None:  # the whole connection: bootstrap servers, SASL, SSL
             bootstrap_servers = bootstrap_servers or kafka.bootstrap_servers
             kafka = kafka.model_copy(update={"bootstrap_servers": bootstrap_servers})
@@ -120,9 +122,15 @@ class ClientBase:
                              session_id=session_id, role=role, now=self._clock())
 
     def _message_records(self, events: Sequence[ChatMessage]) -> list[Record]:
-        return to_records(f"{self.topic_prefix}.messages", events)
+        return to_records(self._input_topic("messages"), events)
 
     def _session_end_records(self, user_id: str, session_id: str) -> list[Record]:
         event = SessionEvent(tenant_id=self.tenant_id, user_id=user_id, session_id=session_id,
                              ts=self._clock())
-        return to_records(f"{self.topic_prefix}.session-events", [event])
+        return to_records(self._input_topic("session-events"), [event])
+
+    def _input_topic(self, name: str) -> str:
+        """Where a chat service writes (``messages``, ``session-events``): the shared topic,
+        or with ``kafka`` settings of the per-tenant layout, the client's tenant's own."""
+        tenant = f"tenant.{self.tenant_id}." if self.per_tenant else ""
+        return f"{self.topic_prefix}.{tenant}{name}"

@@ -290,6 +290,23 @@ class Settings(BaseSettings):
         "record", description="record: call and append; replay: answers from the file only "
         "(a miss is an error, never a call); auto: from the file, else call and append")
 
+    # --- Tenant boundaries on the way in (docs/tenancy.md) ------------------------------
+    input_topics: Literal["shared", "per-tenant"] = Field(
+        "shared", description="shared: chat services write the messages and session-events "
+        "topics; per-tenant: also one pair per tenant of `tenants` "
+        "(<prefix>.tenant.<tenant>.messages / .session-events), so a PREFIXED ACL on "
+        "<prefix>.tenant.<tenant>. confines a chat service to its tenant (memstream acls); a "
+        "record whose tenant is not its topic's is dead-lettered")
+    tenants: str = Field(
+        "", description="per-tenant: the tenants whose input topics the worker creates, "
+        "checks and reads, comma-separated (letters, digits, '_', '-': no '.', the "
+        "separator of the topic names)")
+
+    @property
+    def tenant_ids(self) -> tuple[str, ...]:
+        """``tenants`` as a list (order kept, duplicates and blanks dropped)."""
+        return tuple(dict.fromkeys(t.strip() for t in self.tenants.split(",") if t.strip()))
+
     # --- The local broker (memstream broker ...) --------------------------------------
     kafka_version: str = Field("4.4.0", description="org.apache.kafka:kafka_2.13 version")
     kafka_home: Path = Field(default_factory=_default_home, description="Jar cache, broker data")
