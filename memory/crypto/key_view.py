@@ -254,6 +254,11 @@ class KeyView:
         kek = self._tenants.get(tenant, _Tenant()).keks.get(m.kek or "")
         self._ring.marker_ok(tenant, user, m, kek)  # a worker: msig; a reader: sig
         u = self._users.setdefault((tenant, user), _User())  # state only once verified
+        if u.marker is not None and not u.shredded <= set(m.keys):
+            # an older marker (replayed, or signed again by a rotation that raced a forget):
+            # markers list every key id shredded so far, so the newer one is written back
+            u.held_marker = True
+            return
         u.forgotten_at, u.marker, u.held_marker = m.at, value, False
         u.shredded.update(m.keys)
         for key_id in m.keys:

@@ -140,3 +140,26 @@ async def test_a_readers_keys_under_tenant_keys_it_lacks_are_bounded(monkeypatch
     r = replay(UserKeys(Settings(read_keys=read_key), TOPIC), log)
     assert r.locked("t1", "flood2", "k") and not r.locked("t1", "flood3", "k")
     assert len(r._users) == 1 + 3 and r.rejected == 2  # u1, and the bound
+
+
+async def test_an_older_marker_after_a_newer_one_is_answered_by_the_newer():
+    """A rotation signs the marker it read again; a forget of the same user between its
+    read and its write makes that an older marker (fewer keys): were it taken, compaction
+    would keep it alone and the newer key's tombstone would be written back."""
+    log: list = []
+    w = writer(log)
+    await w.key_for_write("t1", "u1")
+    await w.forget("t1", "u1", 10.0, "r1", "a")
+    plan = writer(list(log), **BOTH).rotation()  # read before the second forget
+    k2 = await w.key_for_write("t1", "u1")
+    await w.forget("t1", "u1", 20.0, "r2", "a")
+    newer = dict(log)[b"t1/u1/!forgotten"]
+    rot = writer(log, **BOTH)
+    await rot.write(plan.records)  # the older marker, signed again, lands last
+    fresh = writer(log, **BOTH)
+    assert fresh.forgotten_at("t1", "u1") == 20.0 and k2[0] in fresh.shredded("t1", "u1")
+    await fresh.repair()
+    assert log[-1] == (b"t1/u1/!forgotten", newer)  # the newer marker written back
+    after = writer(compacted(log), **BOTH)
+    assert after.forgotten_at("t1", "u1") == 20.0 and not opens(after, sealed(w, k2))
+    assert after.repairs() == []
