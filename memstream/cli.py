@@ -396,19 +396,24 @@ def keys_list(settings: Settings, tenant: str | None) -> None:
 
 @keys.command("revoke")
 @click.argument("key_id")
+@click.option("--delete", is_flag=True, help="Also write the key's signed tombstone: "
+              "compaction then removes its records, the revocation's audit record too")
 @click.pass_obj
-def keys_revoke(settings: Settings, key_id: str) -> None:
+def keys_revoke(settings: Settings, key_id: str, delete: bool) -> None:
     """Revoke a key (its record stays on the topic, with the time of revocation)."""
     from memstream.core.errors import MemstreamError
-    from memstream.web.keys_topic import revoke_key
+    from memstream.web.keys_topic import delete_key, revoke_key
 
     try:
         record = asyncio.run(revoke_key(settings, key_id))
+        if delete:
+            asyncio.run(delete_key(settings, key_id))
     except MemstreamError as exc:
         raise _key_errors(exc) from exc
     assert record.revoked_at is not None
     click.echo(f"revoked {record.key_id} (tenant {record.tenant_id}) at "
-               f"{record.revoked_at.isoformat(timespec='seconds')}")
+               f"{record.revoked_at.isoformat(timespec='seconds')}"
+               + ("; deleted (signed tombstone)" if delete else ""))
 
 
 @keys.command("rotate-master")
@@ -429,7 +434,11 @@ def keys_rotate_master(settings: Settings) -> None:
     except MemstreamError as exc:
         raise _key_errors(exc) from exc
     click.echo(f"master version {report.version}: {report.keks} tenant key(s) rewrapped, "
-               f"{report.new_keks} made, {report.data_keys} legacy data key(s) rewrapped")
+               f"{report.new_keks} made, {report.data_keys} legacy data key(s) rewrapped, "
+               f"{report.markers} forget marker(s) signed again")
+    if report.rejected.get("unsigned"):
+        click.echo(f"{report.rejected['unsigned']} forget marker(s) not taken (unsigned, or "
+                   "signed with the tenant key only: see MEMSTREAM_FORGET_MARKERS_LEGACY)")
     other = {k: n for k, n in report.rejected.items() if k not in ("undecryptable",
                                                                      "unsigned")}
     if other:

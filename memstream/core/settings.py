@@ -141,6 +141,10 @@ class Settings(BaseSettings):
     master_key_previous: SecretStr | None = Field(
         None, description="Older master keys still accepted for unwrapping, as "
         "'<version>:<key>' separated by commas (during a rotation; drop them afterwards)")
+    forget_markers_legacy: bool = Field(
+        False, description="Workers accept forget markers signed with the tenant key only "
+        "(written before markers carried the workers' signature): set it for an upgrade "
+        "until `memstream keys rotate-master` has signed them again, then unset it")
     read_keys: SecretStr | None = Field(
         None, description="Downstream readers: tenant read keys (`memstream keys create "
         "--tenant T --read-events`), separated by commas; they open the events of their "
