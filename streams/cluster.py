@@ -37,6 +37,7 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
+from memstream.core.errors import describe
 from memstream.streams.cluster_trust import (
     EXIT_NO_SECRET,
     NeedsSecret,
@@ -253,10 +254,10 @@ def received(data: bytes, me: str, trust: Trust | None) -> ClusterMap | None:
         if trust is not None:
             trust.end(secret_refusal(me, str(exc)), EXIT_NO_SECRET)
         else:
-            log.warning("cluster map not read (%s)", exc)
+            log.warning("cluster map not read (%s)", describe(exc))
         return None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        log.warning("cluster map ignored (%s); routing with the previous one", exc)
+        log.warning("cluster map ignored (%s); routing with the previous one", describe(exc))
         return None
     others = set(the_map.workers) - {me}
     if trust is not None and not trust.signs and others:

@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from memstream.core import kafka
+from memstream.core.errors import describe
 from memstream.core.settings import Settings
 from memstream.streams.ingest_tables import LoopTable, restore
 
@@ -86,7 +87,7 @@ class KafkaClients:
                 found = await admin.list_consumer_group_offsets(self.settings.app_id)
                 self._legacy = {t: o.offset for t, o in found.items() if o.offset >= 0}
             except Exception as exc:  # no such group: a new deployment
-                log.debug("no offsets of group %s (%s)", self.settings.app_id, exc)
+                log.debug("no offsets of group %s (%s)", self.settings.app_id, describe(exc))
             finally:
                 await quietly(admin.close())
         if tp in self._legacy:
@@ -100,4 +101,4 @@ async def quietly(coro: Any) -> None:
     try:
         await coro
     except Exception as exc:  # closing a client that already failed
-        log.debug("closing: %s", exc)
+        log.debug("closing: %s", describe(exc))
