@@ -40,6 +40,11 @@ class LoopClients(Protocol):
         ...
 
 
+def rebalance_timeout_s(s: Settings) -> float:
+    """How long a loop's consumer may take a batch, and a rebalance may wait for it."""
+    return max(300.0, 3 * s.job_timeout_s)
+
+
 class KafkaClients:
     """The loop's clients on a real cluster (see the module docstring)."""
 
@@ -49,8 +54,8 @@ class KafkaClients:
 
     def consumer(self, group: str, member: str | None, assignor: Any) -> AIOKafkaConsumer:
         s = self.settings
-        poll_ms = int(max(300.0, 3 * s.job_timeout_s) * 1000)
-        return kafka.consumer(
+        poll_ms = int(rebalance_timeout_s(s) * 1000)
+        consumer = kafka.consumer(
             s, group_id=group, group_instance_id=member, enable_auto_commit=False,
             isolation_level="read_committed", auto_offset_reset="earliest",
             partition_assignment_strategy=(assignor,),
@@ -60,6 +65,10 @@ class KafkaClients:
             # batch in progress: neither may cost the partitions
             max_poll_interval_ms=poll_ms, rebalance_timeout_ms=poll_ms,
             max_partition_fetch_bytes=MAX_BYTES, fetch_max_bytes=4 * MAX_BYTES)
+        bind = getattr(assignor, "bind", None)  # streams.cluster: maps bound to its joins
+        if bind is not None:
+            bind(consumer)
+        return consumer
 
     async def producer(self, transactional_id: str) -> AIOKafkaProducer:
         producer = kafka.producer(self.settings, transactional_id=transactional_id,

@@ -6,7 +6,9 @@ only), and answered from a warm standby shard here when the owner cannot be reac
   and the tenant (403) are checked where the request arrives, before anything is sent
   anywhere; a body is read to its end (chunked too) or refused at the limit (413).
 - **Forwarded** (only with the cluster secret): method, path, query and body go to the
-  owner's advertised URL without the caller's key: with ``X-Memstream-Forwarded`` (this
+  owner's advertised URL (its scheme, host and port; the path and query re-encoded from the
+  parsed request, never the raw target, which must be a path: :mod:`.forwarding`) without
+  the caller's key: with ``X-Memstream-Forwarded`` (this
   worker), ``X-Memstream-Principal`` (whom the key opened), the write's ``Idempotency-Key``
   and an ``X-Memstream-Credential`` signed over all of them (:mod:`.forwarding`). A
   forwarded request is never forwarded again. Only a JSON answer is relayed (with its
