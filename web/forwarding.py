@@ -1,6 +1,7 @@
 """What one worker trusts of a request another worker forwarded, and nothing a client sends.
 
-- **Ingress** (:func:`ingress`, the app's first middleware after the error one): every
+- **Ingress** (:func:`ingress`, the app's first middleware after the error one): a request
+  target that is not a path (absolute form, ``GET http://x/v1/...``) is 400; every
   ``X-Memstream-*`` header a request arrives with is dropped, unless it carries a
   ``X-Memstream-Credential`` that verifies (:func:`memstream.core.cluster_auth.check_forward`:
   the cluster secret, this exact method, path, body and signed headers, fresh, its nonce
@@ -11,7 +12,9 @@
   the secret) is 401. A write (:attr:`Route.write`) gets its ``Idempotency-Key`` here: the
   caller's (checked), else a new one; the answer carries it.
 - **Outbound** (:func:`outbound`): the headers of a forward: no key of the caller's, only
-  the signed ones and the credential over them.
+  the signed ones and the credential over them; it goes to :func:`forward_url`: the
+  verified base URL's scheme, host and port with the path and query re-encoded from the
+  parsed request (:func:`forward_target`, which the credential signs).
 - **TLS** (:func:`client_ssl`, :func:`server_ssl`): the contexts of the forwarder's session
   (peers verified with ``web_tls_ca`` or the system's CAs) and of the server.
 """
