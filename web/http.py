@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from memstream.core.errors import trace
+from memstream.core.errors import describe, trace
 from memstream.core.retry import is_transient
 from memstream.memory.store.partitioned import ShardNotHere
 from memstream.web.forwarding import ingress
@@ -96,7 +96,7 @@ async def _answer(request: web.Request,
     except ApiError as exc:
         return _error(exc.status, exc.code, exc.message, exc.headers)
     except ShardNotHere as exc:  # its owner is restoring it, or cannot be reached
-        log.info("http: %s", exc)
+        log.info("http: %s", describe(exc))
         return _error(503, ErrorCode.UNAVAILABLE, "this user's memories are moving between "
                       "workers; retry shortly")
     except web.HTTPException as exc:

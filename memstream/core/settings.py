@@ -97,6 +97,14 @@ class Settings(BaseSettings):
     login_failures_per_minute: int = Field(
         20, ge=1, description="Failed key checks per key prefix and per client address "
         "per minute; more are answered 429 until the minute has passed")
+    requests_per_key_per_s: float = Field(
+        100.0, ge=0, description="Requests each API key (a tenant key, the admin key, the "
+        "metrics key) may make per second on one worker's HTTP API, on every route that takes "
+        "a key; past it (and its burst) that key alone is answered 429 with Retry-After "
+        "(memstream_auth_failures_total{reason=\"request_rate\"}). 0: no limit")
+    requests_per_key_burst: int = Field(
+        200, ge=1, description="Requests an API key may make at once above "
+        "requests_per_key_per_s (the size of its token bucket)")
     rebuild_settle_s: float = Field(
         300.0, ge=0, le=3600, description="A store switch (memstream rebuild --swap) copies "
         "the users the worker wrote this recently from the live store instead of verifying them "

@@ -614,7 +614,8 @@ async def test_a_worker_without_a_standby_asks_the_standby_worker_when_the_owner
         async with pair(b_down=True) as p:
             url_c = url_of(c_server)
             url_a = url_of(p.client.server)
-            three = ClusterMap(workers={"A": url_a, "B": url_of(p.b_server), "C": url_c},
+            url_b = p.cluster.routing().workers["B"]  # closed: its port is refused
+            three = ClusterMap(workers={"A": url_a, "B": url_b, "C": url_c},
                                owners={PB: "B", PA: "A"}, standbys={PB: ("C",)})
             p.cluster.update("apply", three)
             cluster_c.update("apply", three)
