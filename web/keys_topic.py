@@ -107,8 +107,8 @@ def _take(record: Any, into: dict[str, KeyRecord | None],
                                 "signed with another admin key): ignored")
     except InvalidRecord as exc:
         if not logged:
-            log.warning("api keys: skipped record %s[%d]@%d (%s: %s)", record.topic,
-                        record.partition, record.offset, exc.kind, exc)
+            log.warning("api keys: skipped record %s[%d]@%d (%s)", record.topic,
+                        record.partition, record.offset, describe(exc))
         if refused is not None:
             refused(record, exc)
         return

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from memstream.core.errors import InvalidRecord
+from memstream.core.errors import InvalidRecord, describe
 from memstream.memory.crypto import envelope as crypto
 from memstream.memory.crypto import key_records as rec
 from memstream.memory.crypto.key_records import FORGOTTEN, KEK, ROLL, Keyring
@@ -206,8 +206,8 @@ class KeyView:
         offset = getattr(where, "offset", -1)
         name = (key or b"").rsplit(b"/", 1)[-1][:40].decode("ascii", "replace")
         log.log(logging.WARNING if self.rejected <= _LOGGED else logging.DEBUG,
-                "user keys: set aside the record of key id %r at offset %d (%s: %s)",
-                name, offset, exc.kind, exc)
+                "user keys: set aside the record of key id %r at offset %d (%s)",
+                name, offset, describe(exc))
         if self._on_reject is not None:
             self._on_reject(exc)
         if self.dead_letters:
