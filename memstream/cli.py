@@ -9,7 +9,7 @@ import sys
 import click
 from aiokafka.errors import KafkaConnectionError
 
-from memstream.core.errors import BrokerError
+from memstream.core.errors import BrokerError, ConfigError
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
 from memstream.ops.changes_cli import changes, schemas
@@ -64,20 +64,33 @@ def _cluster(settings: Settings) -> local_broker.Cluster | None:
 @click.option("--brokers", type=click.IntRange(1, local_broker.MAX_NODES), default=1,
               show_default=True, help="Nodes: more than 1 starts a KRaft cluster (each node "
               "broker and controller; topics 3/2-replicated from 3 nodes on)")
+@click.option("--authorizer", is_flag=True, help="With --sasl: ACLs decide what each user "
+              "may do (StandardAuthorizer; MEMSTREAM_KAFKA_SASL_USERNAME is a super user; "
+              "memstream acls --apply)")
+@click.option("--user", "users", multiple=True, metavar="NAME=PASSWORD",
+              help="With --sasl: another user who may log in (repeat)")
 @click.pass_obj
-def broker_start(settings: Settings, sasl: bool, brokers: int) -> None:
+def broker_start(settings: Settings, sasl: bool, brokers: int, authorizer: bool,
+                 users: tuple[str, ...]) -> None:
     """Fetch (once), format (once) and start the broker; wait until it serves clients."""
     cluster = _cluster(settings)
     if brokers == 1:
         if cluster is not None and cluster.running():
             raise click.ClickException(f"a {len(cluster.nodes)}-node cluster runs on "
                                        f"{settings.kafka_port}: `memstream broker stop` first")
-        pid = local_broker.start(settings, sasl=sasl)
-        how = " (SASL_PLAINTEXT, PLAIN)" if sasl else ""
+        logins = dict(u.split("=", 1) for u in users if "=" in u)
+        if len(logins) != len(users):
+            raise click.UsageError("--user takes NAME=PASSWORD")
+        try:
+            pid = local_broker.start(settings, sasl=sasl, users=logins, authorizer=authorizer)
+        except BrokerError as exc:
+            raise click.ClickException(str(exc)) from exc
+        how = (" (SASL_PLAINTEXT, PLAIN" + (", ACLs" if authorizer else "") + ")"
+               if sasl else "")
         click.echo(f"kafka {settings.kafka_version} ready on 127.0.0.1:{settings.kafka_port}"
                    f"{how} (pid {pid})")
         return
-    if sasl:
+    if sasl or authorizer or users:
         raise click.ClickException("--sasl is for a single broker only")
     cluster = local_broker.Cluster(settings, brokers)
     try:
@@ -240,6 +253,58 @@ def topics_list(settings: Settings) -> None:
                    f"{keep:>7}  {spec.schema.__name__}")
 
 
+@main.command("acls")
+@click.option("--format", "fmt", type=click.Choice(["kafka-acls", "strimzi"]),
+              default="kafka-acls", show_default=True, help="kafka-acls.sh commands, or "
+              "Strimzi KafkaUser resources (kafka.strimzi.io/v1beta2)")
+@click.option("--worker-principal", default="User:memstream", show_default=True)
+@click.option("--chat-principal", default="User:chat-{tenant}", show_default=True,
+              help="a chat service's principal, {tenant} replaced by each tenant")
+@click.option("--reader-principal", default="User:memstream-reader", show_default=True)
+@click.option("--reader-group", default="memory-reader", show_default=True,
+              help="the downstream reader's consumer group")
+@click.option("--tenant", "tenants", multiple=True,
+              help="a tenant with a chat service (repeat; default MEMSTREAM_TENANTS)")
+@click.option("--bootstrap", default=None, help="kafka-acls: --bootstrap-server (default: "
+              "MEMSTREAM_BOOTSTRAP_SERVERS)")
+@click.option("--command-config", default="admin.properties", show_default=True,
+              help="kafka-acls: the admin client's properties (a super user's login)")
+@click.option("--strimzi-cluster", default="my-cluster", show_default=True)
+@click.option("--strimzi-authentication", default="scram-sha-512", show_default=True,
+              type=click.Choice(["scram-sha-512", "tls", "tls-external"]))
+@click.option("--apply", "apply_them", is_flag=True,
+              help="create them on the cluster instead (the Kafka login of these settings "
+                   "must be a super user's)")
+@click.pass_obj
+def acls(settings: Settings, fmt: str, worker_principal: str, chat_principal: str,
+         reader_principal: str, reader_group: str, tenants: tuple[str, ...],
+         bootstrap: str | None, command_config: str, strimzi_cluster: str,
+         strimzi_authentication: str, apply_them: bool) -> None:
+    """Print the Kafka ACLs of every principal: the worker, a chat service per tenant (its
+    tenant's input topics only, with MEMSTREAM_INPUT_TOPICS=per-tenant), a downstream
+    reader (docs/tenancy.md)."""
+    from memstream.ops import acls as acl_ops
+    from memstream.topics.registry import tenancy_problems
+
+    problems = tenancy_problems(settings)
+    if problems:
+        raise click.ClickException("; ".join(problems))
+    names = acl_ops.Names(worker_principal, chat_principal, reader_principal, reader_group)
+    found = acl_ops.principals(settings, names, tenants or None)
+    if apply_them:
+        n = asyncio.run(acl_ops.apply(settings, found))
+        click.echo(f"{n} ACL bindings created for {len(found)} principals")
+    elif fmt == "strimzi":
+        try:
+            users = acl_ops.strimzi_users(found, strimzi_cluster, strimzi_authentication)
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from exc
+        click.echo(users, nl=False)
+    else:
+        click.echo(acl_ops.kafka_acls_commands(found, bootstrap or settings.bootstrap_servers,
+                                               command_config), nl=False)
+
+
 @main.group()
 def keys() -> None:
     """Per-tenant API keys of the HTTP API (stored hashed on a compacted topic); tenant
@@ -331,19 +396,24 @@ def keys_list(settings: Settings, tenant: str | None) -> None:
 
 @keys.command("revoke")
 @click.argument("key_id")
+@click.option("--delete", is_flag=True, help="Also write the key's signed tombstone: "
+              "compaction then removes its records, the revocation's audit record too")
 @click.pass_obj
-def keys_revoke(settings: Settings, key_id: str) -> None:
+def keys_revoke(settings: Settings, key_id: str, delete: bool) -> None:
     """Revoke a key (its record stays on the topic, with the time of revocation)."""
     from memstream.core.errors import MemstreamError
-    from memstream.web.keys_topic import revoke_key
+    from memstream.web.keys_topic import delete_key, revoke_key
 
     try:
         record = asyncio.run(revoke_key(settings, key_id))
+        if delete:
+            asyncio.run(delete_key(settings, key_id))
     except MemstreamError as exc:
         raise _key_errors(exc) from exc
     assert record.revoked_at is not None
     click.echo(f"revoked {record.key_id} (tenant {record.tenant_id}) at "
-               f"{record.revoked_at.isoformat(timespec='seconds')}")
+               f"{record.revoked_at.isoformat(timespec='seconds')}"
+               + ("; deleted (signed tombstone)" if delete else ""))
 
 
 @keys.command("rotate-master")
@@ -364,7 +434,11 @@ def keys_rotate_master(settings: Settings) -> None:
     except MemstreamError as exc:
         raise _key_errors(exc) from exc
     click.echo(f"master version {report.version}: {report.keks} tenant key(s) rewrapped, "
-               f"{report.new_keks} made, {report.data_keys} legacy data key(s) rewrapped")
+               f"{report.new_keks} made, {report.data_keys} legacy data key(s) rewrapped, "
+               f"{report.markers} forget marker(s) signed again")
+    if report.rejected.get("unsigned"):
+        click.echo(f"{report.rejected['unsigned']} forget marker(s) not taken (unsigned, or "
+                   "signed with the tenant key only: see MEMSTREAM_FORGET_MARKERS_LEGACY)")
     other = {k: n for k, n in report.rejected.items() if k not in ("undecryptable",
                                                                      "unsigned")}
     if other:

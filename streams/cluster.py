@@ -15,10 +15,13 @@ where any user's partition is served (the API forwards to it) and which shards i
 warm as a standby. :func:`plan` is pure; the assignor is a thin shell over it.
 
 Workers prove who they are (:mod:`streams.cluster_trust`): with ``MEMSTREAM_CLUSTER_SECRET``
-each member signs its metadata and the leader takes only members whose metadata verifies and
-whose URL is ``http(s)`` (the others: no partitions, not in the map); the leader signs the
-map, and a worker routes only with a map that verifies. Without the secret a worker must be
-alone: one that meets another ends itself (exit 78).
+each member signs its metadata (with the time it joined and its group) and the leader takes
+only members whose metadata verifies, is recent and whose URL is ``http(s)``, one member per
+worker id (the others: no partitions, not in the map); the leader signs the map bound to
+its group, generation, time and the member ids it was made for, and a worker routes only
+with a map that verifies and was made for its own join (:meth:`bind` gives the assignor its
+consumer's group, generation and member id). Without the secret a worker must be alone: one
+that meets another ends itself (exit 78).
 """
 
 from __future__ import annotations
@@ -37,9 +40,12 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
+from memstream.core.errors import describe
 from memstream.streams.cluster_trust import (
     EXIT_NO_SECRET,
+    GroupState,
     NeedsSecret,
+    NotForThisJoin,
     Trust,
     Untrusted,
     allowed_url,
@@ -125,34 +131,82 @@ def plan(workers: Iterable[Worker], partitions: Iterable[int], standby_replicas:
     return ClusterMap({w.worker_id: w.url for w in ordered}, owners, standbys, now, single)
 
 
+def group_state(consumer: Any) -> GroupState | None:
+    """The group, generation and member id of ``consumer``'s current join (aiokafka's
+    coordinator sets them before it asks its assignor to assign or hands it an
+    assignment); None before its first join."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    group = getattr(coordinator, "group_id", None)
+    generation = getattr(coordinator, "generation", None)
+    member = getattr(coordinator, "member_id", None)
+    if not (isinstance(group, str) and isinstance(generation, int) and generation >= 0
+            and isinstance(member, str) and member):
+        return None
+    return GroupState(group, generation, member)
+
+
+def _nobody() -> GroupState | None:
+    return None
+
+
+def _no_rejoin() -> None:
+    return None
+
+
+@dataclass
+class _Joined:
+    """How an assignor reads its consumer's join and asks for another (``bind``)."""
+
+    state: Callable[[], GroupState | None]
+    rejoin: Callable[[], None]
+    group: str = ""  # known before the first join (the member id and generation are not)
+
+
 def assignor_for(worker: Worker, standby_replicas: int | None,
                  on_map: Callable[[ClusterMap], None],
-                 trust: Trust | None = None) -> type[AbstractPartitionAssignor]:
+                 trust: Trust | None = None,
+                 state: Callable[[], GroupState | None] = _nobody,
+                 rejoin: Callable[[], None] = _no_rejoin,
+                 ) -> type[AbstractPartitionAssignor]:
     """An assignor class (the client takes classes) that announces ``worker`` and hands
-    every map it receives (and, with ``trust``, that proves itself: :func:`received`) to
-    ``on_map``. ``trust`` None: nothing signed or checked (as before issue 29)."""
+    every map it receives (and, with ``trust``, that proves itself and was made for this
+    join: :func:`received`) to ``on_map``. ``trust`` None: nothing signed or checked (as
+    before issue 29). ``state``/``rejoin``: its consumer's join and how to ask for another
+    (set by ``bind(consumer)``)."""
     warned: set[str] = set()  # the members this leader said it ignores (said once)
+    joined = _Joined(state, rejoin)
 
     class _WorkerAssignor(AbstractPartitionAssignor):
         name = ASSIGNOR_NAME
         version = 0
 
         @classmethod
+        def bind(cls, consumer: Any) -> None:
+            """The consumer this assignor assigns for: its joins bind the maps."""
+            joined.group = str(getattr(consumer, "_group_id", None) or "")
+            joined.state = lambda: group_state(consumer)
+            joined.rejoin = lambda: consumer._coordinator.request_rejoin()
+
+        @classmethod
         def metadata(cls, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
+            key = trust.member_key if trust is not None else None
+            now = joined.state()
             me = member_bytes(worker.worker_id, worker.url, worker.single, worker.since,
-                              trust.member_key if trust is not None else None)
+                              key, at=trust.clock() if trust is not None else 0.0,
+                              group=joined.group or (now.group if now is not None else ""))
             return ConsumerProtocolMemberMetadata(cls.version, list(topics), me)
 
         @classmethod
         def assign(cls, cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata],
                    ) -> dict[str, ConsumerProtocolMemberAssignment]:
             return assign(cluster, members, standby_replicas, trust, warned,
-                          worker.worker_id)
+                          worker.worker_id, joined.state())
 
         @classmethod
         def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
             if assignment.user_data:
-                the_map = received(assignment.user_data, worker.worker_id, trust)
+                the_map = received(assignment.user_data, worker.worker_id, trust,
+                                   joined.state(), joined.rejoin)
                 if the_map is not None:
                     on_map(the_map)
 
@@ -160,22 +214,30 @@ def assignor_for(worker: Worker, standby_replicas: int | None,
 
 
 def admitted(members: Mapping[str, ConsumerProtocolMemberMetadata], trust: Trust | None,
+             state: GroupState | None = None,
              ) -> tuple[dict[str, Worker], dict[str, tuple[str, str]]]:
     """Pure: per member id the worker it is; and the members not taken (with ``trust``:
-    metadata that does not verify under its key, or a URL not ``http(s)``), per member id
-    (claimed worker id, why). Without ``trust`` a member without our metadata is taken as
-    a worker named by its member id, with no URL (as before issue 29)."""
+    metadata that does not verify under its key, made for another group or too long ago,
+    a URL not ``http(s)``, or a worker id a member with newer metadata claims too), per
+    member id (claimed worker id, why). Without ``trust`` a member without our metadata is
+    taken as a worker named by its member id, with no URL (as before issue 29)."""
     workers: dict[str, Worker] = {}
     ignored: dict[str, tuple[str, str]] = {}
+    made: dict[str, tuple[float, str]] = {}  # member id -> (metadata time, member id)
+    signs = trust is not None and trust.signs
     for member_id, meta in members.items():
         try:
             if trust is None:
                 raw = checked_member(meta.user_data, None, urls=False)
             else:
-                raw = checked_member(meta.user_data, trust.member_key)
+                raw = checked_member(
+                    meta.user_data, trust.member_key, now=trust.clock() if signs else None,
+                    max_age_s=trust.member_max_age_s,
+                    group=state.group if signs and state is not None else None)
             workers[member_id] = Worker(str(raw["worker"]), str(raw.get("url", "")),
                                         bool(raw.get("single", False)),
                                         float(raw.get("since", 0.0)))
+            made[member_id] = (float(raw.get("at", 0.0)), member_id)
         except Untrusted as exc:
             ignored[member_id] = (_claimed(meta.user_data), str(exc))
         except (ValueError, KeyError, TypeError):  # not our metadata
@@ -183,6 +245,13 @@ def admitted(members: Mapping[str, ConsumerProtocolMemberMetadata], trust: Trust
                 workers[member_id] = Worker(member_id, "")
             else:
                 ignored[member_id] = ("", "no worker metadata")
+    if signs:  # one member per worker id: the newest metadata
+        newest: dict[str, str] = {}
+        for member_id in sorted(workers, key=made.__getitem__):
+            newest[workers[member_id].worker_id] = member_id
+        for member_id in set(workers) - set(newest.values()):
+            ignored[member_id] = (workers.pop(member_id).worker_id, "its worker id is "
+                                  "claimed by a member with newer metadata (a replay?)")
     return workers, ignored
 
 
@@ -195,14 +264,15 @@ def _claimed(data: bytes | None) -> str:
 
 def assign(cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata],
            standby_replicas: int | None, trust: Trust | None = None,
-           warned: set[str] | None = None, me: str = "",
+           warned: set[str] | None = None, me: str = "", state: GroupState | None = None,
            ) -> dict[str, ConsumerProtocolMemberAssignment]:
     """The leader's work: the members' worker ids, the plan, each taken member its
     partitions of every topic it subscribes to and the whole map (signed with ``trust``'s
     key); a member not taken (:func:`admitted`) no partition and no map, said once per
     member in ``warned``. A leader (``me``) without the secret (``trust`` that does not
-    sign) that sees another worker among the members ends itself."""
-    workers, ignored = admitted(members, trust)
+    sign) that sees another worker among the members ends itself. The signed map binds
+    ``state`` (the leader's join: group, generation) and the member ids it was made for."""
+    workers, ignored = admitted(members, trust, state)
     if trust is not None and not trust.signs:
         seen = {w.worker_id for w in workers.values()} | {c or m for m, (c, _) in ignored.items()}
         if len(seen - {me}) > (0 if me else 1):
@@ -221,9 +291,12 @@ def assign(cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata],
     parts: set[int] = set()
     for topic in topics:
         parts |= set(cluster.partitions_for_topic(topic) or ())
-    the_map = plan(workers.values(), parts, standby_replicas, time.time())
+    now = trust.clock() if trust is not None else time.time()
+    the_map = plan(workers.values(), parts, standby_replicas, now)
     key = trust.map_key if trust is not None else None
-    sealed, note = sealed_map(the_map.to_bytes(), key), ignored_note(key)
+    bound = {m: w.worker_id for m, w in workers.items()}
+    sealed = sealed_map(the_map.to_bytes(), key, state=state, members=bound, made_at=now)
+    note = ignored_note(key)
     out: dict[str, ConsumerProtocolMemberAssignment] = {}
     for member_id, meta in members.items():
         taken = member_id in workers
@@ -238,13 +311,17 @@ def _names(ids: Iterable[str]) -> str:
     return ", ".join(repr(i)[1:-1][:80] for i in sorted(ids))
 
 
-def received(data: bytes, me: str, trust: Trust | None) -> ClusterMap | None:
+def received(data: bytes, me: str, trust: Trust | None, state: GroupState | None = None,
+             rejoin: Callable[[], None] = _no_rejoin) -> ClusterMap | None:
     """The map this worker routes with from its assignment's user data, or None (it keeps
     its previous one; logged). With ``trust``: signed by a leader with the secret (if this
-    worker has one) and every URL ``http(s)``; a worker without the secret that gets a
-    signed envelope or a map of other workers ends itself."""
+    worker has one), made for this worker's join (``state``; one made for another join
+    asks for a rejoin: ``rejoin``) and every URL ``http(s)``; a worker without the secret
+    that gets a signed envelope or a map of other workers ends itself."""
     try:
-        the_map = ClusterMap.from_bytes(opened_map(data, trust.map_key if trust else None))
+        key = trust.map_key if trust else None
+        the_map = ClusterMap.from_bytes(opened_map(
+            data, key, state=state, me=me, now=trust.clock() if trust else 0.0))
         if trust is not None:
             bad = sorted(w for w, url in the_map.workers.items() if not allowed_url(url))
             if bad:
@@ -253,10 +330,15 @@ def received(data: bytes, me: str, trust: Trust | None) -> ClusterMap | None:
         if trust is not None:
             trust.end(secret_refusal(me, str(exc)), EXIT_NO_SECRET)
         else:
-            log.warning("cluster map not read (%s)", exc)
+            log.warning("cluster map not read (%s)", describe(exc))
+        return None
+    except NotForThisJoin as exc:
+        log.warning("cluster map ignored (%s); rejoining for one of this join",
+                    describe(exc))
+        rejoin()
         return None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        log.warning("cluster map ignored (%s); routing with the previous one", exc)
+        log.warning("cluster map ignored (%s); routing with the previous one", describe(exc))
         return None
     others = set(the_map.workers) - {me}
     if trust is not None and not trust.signs and others:

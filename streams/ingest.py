@@ -148,13 +148,25 @@ def _took(p: Pipeline, batch: Batch, kbytes: bytes, state: UserState,
         batch.out.append((p.topics.job_results.name, kbytes, res.dumps()))
 
 
+def check_tenant(p: Pipeline, topic: str, decoded: Any) -> None:
+    """A record on a tenant's own input topic (the per-tenant layout) is of that tenant, or
+    :class:`InvalidRecord` (dead-lettered): a chat service whose ACLs let it write only its
+    tenant's topics cannot write another tenant's memories (docs/tenancy.md)."""
+    owner = p.topics.tenant_of(topic)
+    if owner is not None and decoded.tenant_id != owner:
+        raise InvalidRecord("tenant", f"{topic}: a record of tenant {decoded.tenant_id!r} on "
+                            f"tenant {owner!r}'s input topic (a chat service writes only its "
+                            "own tenant's topics)")
+
+
 def handle_record(p: Pipeline, batch: Batch, record: Any) -> None:
     """One input record: decoded, or set aside as a dead letter (sent in the batch's
     transaction, so it is there exactly when the record counts as read); one that is not
     on its key's partition is re-routed there."""
     try:
-        decoded = decode_input(p, placement.source_topic(p.topics, record), record.key,
-                               record.value)
+        source = placement.source_topic(p.topics, record)
+        decoded = decode_input(p, source, record.key, record.value)
+        check_tenant(p, source, decoded)
     except InvalidRecord as exc:
         set_aside(p, batch, exc, record)
         return

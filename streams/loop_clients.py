@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
 from memstream.core import kafka
+from memstream.core.errors import describe
 from memstream.core.settings import Settings
 from memstream.streams.ingest_tables import LoopTable, restore
 
@@ -39,6 +40,11 @@ class LoopClients(Protocol):
         ...
 
 
+def rebalance_timeout_s(s: Settings) -> float:
+    """How long a loop's consumer may take a batch, and a rebalance may wait for it."""
+    return max(300.0, 3 * s.job_timeout_s)
+
+
 class KafkaClients:
     """The loop's clients on a real cluster (see the module docstring)."""
 
@@ -48,8 +54,8 @@ class KafkaClients:
 
     def consumer(self, group: str, member: str | None, assignor: Any) -> AIOKafkaConsumer:
         s = self.settings
-        poll_ms = int(max(300.0, 3 * s.job_timeout_s) * 1000)
-        return kafka.consumer(
+        poll_ms = int(rebalance_timeout_s(s) * 1000)
+        consumer = kafka.consumer(
             s, group_id=group, group_instance_id=member, enable_auto_commit=False,
             isolation_level="read_committed", auto_offset_reset="earliest",
             partition_assignment_strategy=(assignor,),
@@ -59,6 +65,10 @@ class KafkaClients:
             # batch in progress: neither may cost the partitions
             max_poll_interval_ms=poll_ms, rebalance_timeout_ms=poll_ms,
             max_partition_fetch_bytes=MAX_BYTES, fetch_max_bytes=4 * MAX_BYTES)
+        bind = getattr(assignor, "bind", None)  # streams.cluster: maps bound to its joins
+        if bind is not None:
+            bind(consumer)
+        return consumer
 
     async def producer(self, transactional_id: str) -> AIOKafkaProducer:
         producer = kafka.producer(self.settings, transactional_id=transactional_id,
@@ -86,7 +96,7 @@ class KafkaClients:
                 found = await admin.list_consumer_group_offsets(self.settings.app_id)
                 self._legacy = {t: o.offset for t, o in found.items() if o.offset >= 0}
             except Exception as exc:  # no such group: a new deployment
-                log.debug("no offsets of group %s (%s)", self.settings.app_id, exc)
+                log.debug("no offsets of group %s (%s)", self.settings.app_id, describe(exc))
             finally:
                 await quietly(admin.close())
         if tp in self._legacy:
@@ -100,4 +110,4 @@ async def quietly(coro: Any) -> None:
     try:
         await coro
     except Exception as exc:  # closing a client that already failed
-        log.debug("closing: %s", exc)
+        log.debug("closing: %s", describe(exc))

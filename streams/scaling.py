@@ -18,6 +18,7 @@ from memstream.memory.store.partitioned import PartitionedStore
 from memstream.streams import lifecycle
 from memstream.streams.cluster import Cluster, ClusterMap, Worker, must_leave, worker_of
 from memstream.streams.cluster_trust import Trust
+from memstream.streams.loop_clients import rebalance_timeout_s
 from memstream.streams.owned_loop import halt
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.shard_builders import worker_builders
@@ -85,9 +86,11 @@ def register(p: Pipeline) -> None:
 
 def trust_of(s: Settings, end: Callable[[str, int], None] = halt) -> Trust:
     """What this worker's groups sign with and check by: the cluster secret's keys (none:
-    it must be alone; meeting another worker ends it through ``end``)."""
+    it must be alone; meeting another worker ends it through ``end``). A member's metadata
+    is taken for the rebalance timeout (a member joins, then waits up to that long for the
+    others) and two minutes more."""
     secret = s.cluster_secret.get_secret_value() if s.cluster_secret is not None else None
-    return Trust.of(secret, end)
+    return Trust.of(secret, end, member_max_age_s=rebalance_timeout_s(s) + 120.0)
 
 
 def _alone(me: Worker, end: Callable[..., None] = halt) -> Callable[[str, ClusterMap], None]:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from memstream.core.errors import describe
 from memstream.core.topic_reader import end_offsets
 from memstream.memory.fencing import Cursor
 from memstream.memory.store import MemoryStore
@@ -190,7 +191,8 @@ class ShardKeeper:
         try:
             done = await self.builders.build(partition, self.files.root)
         except BuilderFailed as exc:
-            log.warning("shard %d: %s; restored in this process instead", partition, exc)
+            log.warning("shard %d: %s; restored in this process instead", partition,
+                        describe(exc))
             self.files.wipe(partition)
             return None
         log.info("shard %d: %d change(s) folded in a builder process", partition, done.changes)

@@ -22,6 +22,7 @@ from typing import Any
 
 from aiokafka.structs import TopicPartition
 
+from memstream.core.errors import describe
 from memstream.core.topic_reader import Record, follow
 from memstream.memory.fencing import Cursor
 from memstream.memory.store import MemoryStore
@@ -169,7 +170,7 @@ class Standbys:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("standby shards: %s: %s; again in 2 s", type(exc).__name__, exc)
+                log.warning("standby shards: %s; again in 2 s", describe(exc))
                 await asyncio.sleep(2.0)
 
     async def _plan(self, opener: Any) -> None:
@@ -324,6 +325,5 @@ class GlobalCopy:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("global shard: %s: %s; following again in 2 s",
-                            type(exc).__name__, exc)
+                log.warning("global shard: %s; following again in 2 s", describe(exc))
                 await asyncio.sleep(2.0)

@@ -58,7 +58,7 @@ def register(p: Pipeline) -> None:
                 try:
                     request = SwitchRequest.model_validate_json(path.read_text())
                 except (OSError, ValueError) as exc:
-                    log.warning("unreadable rebuild request %s: %s", path.name, exc)
+                    log.warning("unreadable rebuild request %s: %s", path.name, describe(exc))
                     path.unlink(missing_ok=True)
                     continue
                 path.unlink(missing_ok=True)  # taken once
@@ -77,9 +77,9 @@ def register(p: Pipeline) -> None:
             # answer, so the CLI never returns while that copy of the memories is still there
             try:
                 await asyncio.to_thread(discard, later[0], later[1])
-            except Exception:
-                log.exception("rebuild request %s: deleting %s failed", request.request_id,
-                              later[1])
+            except Exception as exc:
+                log.error("rebuild request %s: deleting %s failed\n%s", request.request_id,
+                          later[1], trace(exc))
             later = None
         write_json(root / f"result-{request.request_id}.json", result)
         log.info("rebuild request %s: %s", request.request_id, result.message)

@@ -11,6 +11,10 @@ door, so that nothing downstream (state snapshots, the store, other consumers) m
 - text: strict UTF-8, no NaN / Infinity (nor ``1e999``), integers within signed 64 bits
   (a 5,000-digit literal never reaches ``int()``), at most :data:`MAX_DEPTH` nested
   arrays/objects, no lone UTF-16 surrogate (``"\\ud800"``) in any string or key;
+- framing: on the messages and session-events topics (:data:`FRAMED_MODELS`) a value in
+  Confluent's schema-registry wire format is read as its JSON payload, the schema id kept
+  on the event (``schema_id``); Avro or Protobuf behind the header is refused by name
+  (:mod:`memstream.topics.framing`);
 - contract: a JSON object, ``schema_version`` absent or the integer :data:`SCHEMA_VERSION`
   (``true`` and ``1.0`` are not), the model's fields, every datetime convertible to UTC
   within years :data:`MIN_YEAR`..:data:`MAX_YEAR`, and for keyed events a record key equal
@@ -32,9 +36,13 @@ from typing import Annotated, Any, Literal, NoReturn, TypeVar, get_args, get_ori
 from pydantic import BaseModel, ValidationError
 
 from memstream.core.errors import InvalidRecord
-from memstream.topics.schemas import SCHEMA_VERSION, ChatMessage, DeadLetter, Event
+from memstream.topics.framing import unframe
+from memstream.topics.schemas import SCHEMA_VERSION, ChatMessage, DeadLetter, Event, SessionEvent
 
 M = TypeVar("M", bound=BaseModel)
+
+# What chat services produce may come in Confluent's schema-registry wire format (topics.framing)
+FRAMED_MODELS: frozenset[type[BaseModel]] = frozenset({ChatMessage, SessionEvent})
 
 MAX_DEPTH = 32  # nested arrays/objects; our deepest event (a decision's records) uses ~6
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
@@ -228,17 +236,13 @@ def _check_key(event: BaseModel, key: bytes | None) -> None:
             "key", f"record key {_show(key)} does not match tenant/user {expected!r}")
 
 
-def _decode(model: type[M], value: bytes | None, key: bytes | None,
-            max_bytes: int | None) -> M:
-    if not value:
-        raise InvalidRecord("empty", "record has no value (tombstone)" if value is None
-                            else "record value is empty")
-    if max_bytes is not None and len(value) > max_bytes:
-        raise InvalidRecord("too_large", f"record is {len(value)} bytes, limit {max_bytes}")
-    data = parse_json(value)
+def _validate(model: type[M], payload: bytes, key: bytes | None, schema_id: int | None) -> M:
+    data = parse_json(payload)
     if not isinstance(data, dict):
         raise InvalidRecord("schema", f"expected a JSON object, got {_show(data)}")
     _check_version(data)
+    if model in FRAMED_MODELS:  # the header's id (None: not framed), never one the JSON claims
+        data["schema_id"] = schema_id
     try:
         event = model.model_validate(data)
     except ValidationError as exc:
@@ -246,6 +250,25 @@ def _decode(model: type[M], value: bytes | None, key: bytes | None,
     check_datetimes(event)
     _check_key(event, key)
     return event
+
+
+def _decode(model: type[M], value: bytes | None, key: bytes | None,
+            max_bytes: int | None) -> M:
+    if not value:
+        raise InvalidRecord("empty", "record has no value (tombstone)" if value is None
+                            else "record value is empty")
+    if max_bytes is not None and len(value) > max_bytes:
+        raise InvalidRecord("too_large", f"record is {len(value)} bytes, limit {max_bytes}")
+    if model not in FRAMED_MODELS:
+        return _validate(model, value, key, None)
+    schema_id, payload = unframe(value)
+    try:
+        return _validate(model, payload, key, schema_id)
+    except InvalidRecord as exc:  # a framed record's reason names its schema id
+        if schema_id is None:
+            raise
+        raise InvalidRecord(exc.kind, f"{exc} (schema-registry framed JSON, schema id "
+                                      f"{schema_id})") from None
 
 
 def decode(

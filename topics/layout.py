@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from memstream.core.errors import BrokerError, ConfigError
 from memstream.core.settings import Settings
-from memstream.topics.registry import TopicSpec, registry, table_changelogs
+from memstream.topics.registry import TopicSpec, registry, table_changelogs, tenancy_problems
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +271,9 @@ async def prepare(settings: Settings, specs: list[TopicSpec] | None = None) -> L
     the layout a worker of ``settings`` may run on."""
     from memstream.core import kafka
 
+    inconsistent = tenancy_problems(settings)  # before anything is created for it
+    if inconsistent:
+        raise LayoutError(inconsistent)
     specs = specs if specs is not None else all_specs(settings)
     admin = kafka.admin(settings)
     await admin.start()

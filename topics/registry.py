@@ -7,7 +7,8 @@ of one user's events in order. :mod:`topics.layout` creates and checks them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 
 from pydantic import BaseModel
 
@@ -74,6 +75,9 @@ class Topics:
     user_keys: TopicSpec
     global_changes: TopicSpec
     repartition: TopicSpec
+    # the per-tenant layout (MEMSTREAM_INPUT_TOPICS=per-tenant): (tenant, its topic) for
+    # each tenant's messages and session-events topic; empty in the shared layout
+    tenant_inputs: tuple[tuple[str, TopicSpec], ...] = ()
 
     def all(self) -> list[TopicSpec]:
         return [
@@ -81,17 +85,22 @@ class Topics:
             self.dead_letters, self.decisions, self.memory_changes, self.memory_events,
             self.tool_requests, self.memory_access, self.api_keys,
             self.user_keys, self.global_changes, self.repartition,
-        ]
+        ] + [spec for _, spec in self.tenant_inputs]
 
     def ingest_inputs(self) -> list[TopicSpec]:
         """What the ingest stage consumes, in one co-partitioned stream."""
         return [self.messages, self.session_events, self.job_results,
-                self.tool_requests, self.repartition]
+                self.tool_requests, self.repartition] + [s for _, s in self.tenant_inputs]
 
     def placed_by_producers(self) -> list[TopicSpec]:
         """The inputs other programs write: a record may arrive on a partition that is not
         its key's (another client's partitioner) and is re-routed (streams.ingest)."""
-        return [self.messages, self.session_events]
+        return [self.messages, self.session_events] + [s for _, s in self.tenant_inputs]
+
+    def tenant_of(self, topic: str) -> str | None:
+        """The tenant whose input topic ``topic`` is (the per-tenant layout), else None:
+        a record on it must be of that tenant (streams.ingest dead-letters the others)."""
+        return next((t for t, spec in self.tenant_inputs if spec.name == topic), None)
 
 
 def registry(settings: Settings) -> Topics:
@@ -103,7 +112,7 @@ def registry(settings: Settings) -> Topics:
     # Retention deletes whole closed segments: with segments of a tenth of the retention a
     # record is gone within 1.1 x the retention, also on a quiet partition.
     rolled = {"segment.ms": str(max(1000, min(keep // 10, DAY_MS)))}
-    return Topics(
+    topics = Topics(
         messages=TopicSpec(
             settings.topic("messages"), ChatMessage, n, keep,
             doc="Chat services produce every conversation message here, keyed tenant/user.",
@@ -188,6 +197,56 @@ def registry(settings: Settings) -> Topics:
                 max(settings.max_message_bytes * 2, KAFKA_MAX_MESSAGE_BYTES)), **rolled},
         ),
     )
+    return replace(topics, tenant_inputs=tenant_inputs(settings, topics.messages,
+                                                       topics.session_events))
+
+
+# --- the per-tenant layout (docs/tenancy.md) ---------------------------------------------
+
+# A tenant of the per-tenant layout names topics: only what a topic name takes, and no '.',
+# the separator that ends the tenant's part, so that the PREFIXED ACL on
+# "<prefix>.tenant.acme." matches acme's topics and never those of "acme.x" or "acme2"
+# (the record grammar, schemas.ID_PATTERN, allows '.', ':', '@', '+', '=' as well).
+TENANT_TOPIC_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+MAX_TOPIC_CHARS = 249  # Kafka's limit on a topic name
+TENANT_INPUTS = ("messages", "session-events")
+
+
+def tenant_prefix(settings: Settings, tenant: str) -> str:
+    """What every input topic of ``tenant`` starts with, and nothing of another tenant."""
+    return settings.topic(f"tenant.{tenant}.")
+
+
+def tenancy_problems(settings: Settings) -> list[str]:
+    """What makes the settings' input layout inconsistent, one line each (empty: fine)."""
+    tenants = settings.tenant_ids
+    if settings.input_topics == "shared":
+        return []
+    if not tenants:
+        return ["MEMSTREAM_INPUT_TOPICS=per-tenant with no tenant: set MEMSTREAM_TENANTS to "
+                "the tenants whose input topics the worker reads (comma-separated)"]
+    lines = [f"tenant {t!r} cannot name a topic of the per-tenant layout: letters, digits, "
+             "'_' and '-' only, no '.' (MEMSTREAM_TENANTS)"
+             for t in tenants if not TENANT_TOPIC_ID.fullmatch(t)]
+    longest = max(len(tenant_prefix(settings, t)) + len("session-events") for t in tenants)
+    if not lines and longest > MAX_TOPIC_CHARS:
+        lines.append(f"a per-tenant topic name would have {longest} characters, Kafka takes "
+                     f"{MAX_TOPIC_CHARS}: shorten MEMSTREAM_TOPIC_PREFIX or the tenant ids")
+    return lines
+
+
+def tenant_inputs(settings: Settings, messages: TopicSpec, session_events: TopicSpec,
+                  ) -> tuple[tuple[str, TopicSpec], ...]:
+    """Each tenant's messages and session-events topic (the per-tenant layout): the shared
+    topics' specs under the tenant's names, co-partitioned with them."""
+    if settings.input_topics != "per-tenant":
+        return ()
+    out = []
+    for tenant in settings.tenant_ids:
+        for spec, suffix in zip((messages, session_events), TENANT_INPUTS, strict=True):
+            out.append((tenant, replace(spec, name=tenant_prefix(settings, tenant) + suffix,
+                                        doc=f"{spec.doc} Tenant {tenant}'s only.")))
+    return tuple(out)
 
 
 def compaction_within(bound_s: float) -> dict[str, str]:

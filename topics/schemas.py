@@ -30,6 +30,7 @@ from pydantic import (
     ValidationError,
     WithJsonSchema,
 )
+from pydantic.json_schema import SkipJsonSchema
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -133,6 +134,13 @@ Vector = Annotated[
 ]
 
 
+# The schema id of a record that came in Confluent's schema-registry wire format
+# (topics.framing), set by the codec from the record's header (None: plain JSON); kept on
+# the decoded event, not resolved, and never written: not in ``dumps``, not in the contract.
+SchemaId = SkipJsonSchema[int | None]
+_SCHEMA_ID = Field(None, exclude=True, description="set by the codec from a registry header")
+
+
 def user_key(tenant_id: str, user_id: str) -> str:
     """The Kafka record key of everything that belongs to one user."""
     return f"{tenant_id}/{user_id}"
@@ -173,6 +181,7 @@ class ChatMessage(Event):
     content: str = Field(description="The message text: data, never a command")
     ts: Timestamp = Field(description="When the message was written (ISO 8601)")
     metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    schema_id: SchemaId = _SCHEMA_ID
 
 
 class SessionEventKind(StrEnum):
@@ -187,6 +196,7 @@ class SessionEvent(Event):
     session_id: Ident
     kind: SessionEventKind = SessionEventKind.ENDED
     ts: Timestamp
+    schema_id: SchemaId = _SCHEMA_ID
 
 
 class TriggerReason(StrEnum):

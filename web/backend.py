@@ -34,6 +34,7 @@ from memstream.streams.pipeline import Pipeline
 from memstream.streams.waiters import Outcome
 from memstream.topics.schemas import ID_PATTERN, ToolRequest, ToolWrite
 from memstream.web import backend_history as history
+from memstream.web import backend_ingest as ingest
 from memstream.web.backend_reads import (
     ReadBackend,
     page_offset,
@@ -55,6 +56,12 @@ from memstream.web.models.history import (
     HistoryResponse,
     Residue,
     SourceResponse,
+)
+from memstream.web.models.intake import (
+    MessagesAccepted,
+    MessagesRequest,
+    SessionEndAccepted,
+    SessionEndRequest,
 )
 
 log = logging.getLogger(__name__)
@@ -80,6 +87,7 @@ class WorkerBackend(ReadBackend):
         self._producer: AIOKafkaProducer | None = None
         self._producer_lock = asyncio.Lock()
         self.audit_log: Any = None  # memstream.web.audit.AuditLog, started by web.serve
+        self.ingest = ingest.IngestProducer(p.settings)  # the HTTP way in's producer
 
     # --- tools ---------------------------------------------------------------------------
 
@@ -252,7 +260,19 @@ class WorkerBackend(ReadBackend):
         return AuditPage.model_validate({
             "entries": rows, "next_cursor": page_token(offset + limit) if more else None})
 
+    # --- the HTTP way in (web.backend_ingest) ---------------------------------------------
+
+    async def add_messages(self, tenant: str, user: str, req: MessagesRequest,
+                           idempotency_key: str | None = None) -> MessagesAccepted:
+        return await ingest.add_messages(self.p, self.ingest, tenant, user, req,
+                                         idempotency_key)
+
+    async def end_session(self, tenant: str, user: str, session: str,
+                          req: SessionEndRequest) -> SessionEndAccepted:
+        return await ingest.end_session(self.p, self.ingest, tenant, user, session, req)
+
     async def close(self) -> None:
+        await self.ingest.close()
         if self.batcher is not None:
             self.batcher.close()
         if self._producer is not None:

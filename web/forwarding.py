@@ -1,6 +1,7 @@
 """What one worker trusts of a request another worker forwarded, and nothing a client sends.
 
-- **Ingress** (:func:`ingress`, the app's first middleware after the error one): every
+- **Ingress** (:func:`ingress`, the app's first middleware after the error one): a request
+  target that is not a path (absolute form, ``GET http://x/v1/...``) is 400; every
   ``X-Memstream-*`` header a request arrives with is dropped, unless it carries a
   ``X-Memstream-Credential`` that verifies (:func:`memstream.core.cluster_auth.check_forward`:
   the cluster secret, this exact method, path, body and signed headers, fresh, its nonce
@@ -11,7 +12,9 @@
   the secret) is 401. A write (:attr:`Route.write`) gets its ``Idempotency-Key`` here: the
   caller's (checked), else a new one; the answer carries it.
 - **Outbound** (:func:`outbound`): the headers of a forward: no key of the caller's, only
-  the signed ones and the credential over them.
+  the signed ones and the credential over them; it goes to :func:`forward_url`: the
+  verified base URL's scheme, host and port with the path and query re-encoded from the
+  parsed request (:func:`forward_target`, which the credential signs).
 - **TLS** (:func:`client_ssl`, :func:`server_ssl`): the contexts of the forwarder's session
   (peers verified with ``web_tls_ca`` or the system's CAs) and of the server.
 """
@@ -28,6 +31,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from multidict import CIMultiDict
 from pydantic import ValidationError
+from yarl import URL
 
 from memstream.core.cluster_auth import (
     CREDENTIAL_HEADER,
@@ -37,6 +41,7 @@ from memstream.core.cluster_auth import (
     check_forward,
     forward_credential,
 )
+from memstream.streams.cluster_trust import allowed_url
 from memstream.web.http_base import DEPS, ApiError, Handler
 from memstream.web.http_checks import (
     FORWARDED_BY,
@@ -120,6 +125,10 @@ def ingress(gate: ForwardGate | None, writes: Collection[str]) -> Middleware:
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not request.raw_path.startswith("/"):  # absolute form (GET http://x/...): its
+            # path would reach the routes while a forward's URL was made of the raw target
+            raise ApiError(400, ErrorCode.BAD_REQUEST, "the request target must be a path "
+                           "(origin form: /v1/...)")
         arrived = request
         if CREDENTIAL_HEADER in arrived.headers:
             request = await _verified(arrived, gate)
@@ -135,10 +144,41 @@ def ingress(gate: ForwardGate | None, writes: Collection[str]) -> Middleware:
     return check
 
 
+class BadOwnerURL(ValueError):
+    """The URL a verified map gives a worker is not one to forward to (a configuration
+    error, never "the owner is down")."""
+
+
+def forward_target(request: web.Request) -> URL:
+    """The path and query a forward sends and signs, re-encoded from the parsed request
+    (never the raw target as it arrived)."""
+    return URL.build(path=request.rel_url.path, query=request.rel_url.query)
+
+
+def forward_url(base: str, target: URL) -> URL:
+    """Where a forward of ``target`` (:func:`forward_target`) to the worker advertised at
+    ``base`` goes: ``base``'s scheme, host and port, its path (a prefix) and the target's
+    path and query; :class:`BadOwnerURL` when ``base`` is not a plain ``http(s)`` URL."""
+    if not allowed_url(base):
+        raise BadOwnerURL("not an http(s) URL with a host")
+    try:
+        parsed = URL(base)
+        origin = parsed.origin()
+    except ValueError as exc:
+        raise BadOwnerURL(type(exc).__name__) from None
+    if parsed.user or parsed.password or parsed.query_string or parsed.fragment:
+        raise BadOwnerURL("it has credentials, a query or a fragment")
+    return origin.with_path(parsed.path.rstrip("/") + target.path).with_query(target.query)
+
+
 def outbound(secret: str, me: str, request: web.Request, body: bytes, principal: Principal,
-             standby: bool, now: float, to: str) -> dict[str, str]:
+             standby: bool, now: float, to: str, target: str | None = None,
+             ) -> dict[str, str]:
     """The headers of a forward of ``request`` to worker ``to``: no key of the caller's,
-    only what the credential signs (and the body's type)."""
+    only what the credential signs (and the body's type); ``target``: the path and query
+    it is sent to (default: :func:`forward_target`'s)."""
+    if target is None:
+        target = forward_target(request).raw_path_qs
     headers = {"Accept": "application/json", FORWARDED: me, TO: to,
                PRINCIPAL_HEADER: principal.model_dump_json()}
     if body:
@@ -148,7 +188,7 @@ def outbound(secret: str, me: str, request: web.Request, body: bytes, principal:
     if request.get(IDEMPOTENCY):
         headers[IDEMPOTENCY_KEY] = request[IDEMPOTENCY]
     headers[CREDENTIAL_HEADER] = forward_credential(
-        secret, worker=me, method=request.method, target=request.raw_path, body=body,
+        secret, worker=me, method=request.method, target=target, body=body,
         headers=headers, now=now)
     return headers
 

@@ -9,9 +9,10 @@ dependency and is tested with aiohttp's test server alone. What a call *does* is
 
 The package imports one way: :mod:`.http_base` (ApiError, Backend, Route) and
 :mod:`.http_checks` (key, scope, bodies) under the route modules (:mod:`.http_core`,
-:mod:`.http_governance`, :mod:`.http_inspector`, :mod:`.http_metrics`), under this module,
-which assembles the table, builds the app (its error middleware and OpenAPI document) and
-serves it. Every path is a constant of :mod:`memstream.web.models.paths`.
+:mod:`.http_governance`, :mod:`.http_ingest`, :mod:`.http_inspector`,
+:mod:`.http_metrics`), under this module, which assembles the table, builds the app (its
+error middleware and OpenAPI document) and serves it. Every path is a constant of
+:mod:`memstream.web.models.paths`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from memstream.core.errors import trace
+from memstream.core.errors import describe, trace
 from memstream.core.retry import is_transient
 from memstream.memory.store.partitioned import ShardNotHere
 from memstream.web.forwarding import ingress
@@ -42,6 +43,7 @@ from memstream.web.http_base import (
 from memstream.web.http_checks import IDEMPOTENCY, bound
 from memstream.web.http_core import CORE_ROUTES
 from memstream.web.http_governance import GOVERNANCE_ROUTES
+from memstream.web.http_ingest import INGEST_ROUTES
 from memstream.web.http_inspector import INSPECTOR_ROUTES
 from memstream.web.http_metrics import METRICS_ROUTES
 from memstream.web.models.api import ErrorBody, ErrorCode, ErrorDetail
@@ -53,8 +55,10 @@ __all__ = ["ROUTES", "ApiError", "Authoriser", "Backend", "HttpServer", "Route",
 
 log = logging.getLogger(__name__)
 
-# Core; history, corrections, forget-me and audit; the inspector page; metrics.
-ROUTES: tuple[Route, ...] = CORE_ROUTES + GOVERNANCE_ROUTES + INSPECTOR_ROUTES + METRICS_ROUTES
+# Core; history, corrections, forget-me and audit; the HTTP way in (messages, session
+# ends); the inspector page; metrics.
+ROUTES: tuple[Route, ...] = (CORE_ROUTES + GOVERNANCE_ROUTES + INGEST_ROUTES + INSPECTOR_ROUTES
+                             + METRICS_ROUTES)
 WRITES = frozenset(r.name for r in ROUTES if r.write)  # each takes an Idempotency-Key
 
 
@@ -92,7 +96,7 @@ async def _answer(request: web.Request,
     except ApiError as exc:
         return _error(exc.status, exc.code, exc.message, exc.headers)
     except ShardNotHere as exc:  # its owner is restoring it, or cannot be reached
-        log.info("http: %s", exc)
+        log.info("http: %s", describe(exc))
         return _error(503, ErrorCode.UNAVAILABLE, "this user's memories are moving between "
                       "workers; retry shortly")
     except web.HTTPException as exc:

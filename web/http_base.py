@@ -110,11 +110,13 @@ class Backend(Protocol):
 
 class LoginGuard:
     """Failed key checks per key prefix and per client address: at most ``per_minute`` of
-    either in the last minute; past that, an address's calls are refused (429) before their
-    key is looked at, and a prefix's failing keys are answered 429 (its valid key still
-    opens: a key id is no secret). Bounded: ``most`` prefixes and addresses (the least
-    recently failed forgotten first), each with at most ``per_minute`` times. ``counts``:
-    the failures by reason (``unknown_key``, ``rate_limited``), for
+    either in the last minute; past that, a failing key from that address or under that
+    prefix is answered 429 instead of 401. Only failures are limited: every key is checked
+    first and a valid key always opens (a NAT's address, or a key id, is no secret anyone
+    could lock out). Bounded: ``most`` prefixes and addresses (the least recently failed
+    forgotten first), each with at most ``per_minute`` times. ``counts``: the refusals by
+    reason (``unknown_key``, ``rate_limited``: a failure past the limit,
+    ``request_rate``: a valid key over its request rate, :meth:`limit_requests`), for
     ``memstream_auth_failures_total``."""
 
     WINDOW_S = 60.0
@@ -123,10 +125,22 @@ class LoginGuard:
                  most: int = 10_000) -> None:
         self.per_minute, self._clock, self._most = per_minute, clock, most
         self._failed: OrderedDict[str, deque[float]] = OrderedDict()
-        self.counts = {"unknown_key": 0, "rate_limited": 0}
+        self.counts = {"unknown_key": 0, "rate_limited": 0, "request_rate": 0}
+        self.requests: KeyRate | None = None  # per key: None, not limited
+
+    def limit_requests(self, per_s: float, burst: int) -> None:
+        """Limit each key's requests to ``per_s`` a second (``burst`` at once); 0: none."""
+        self.requests = KeyRate(per_s, burst, self._clock, self._most) if per_s > 0 else None
+
+    def request_wait(self, key_id: str) -> float | None:
+        """Seconds until the key ``key_id`` may make its next request; None: now (taken)."""
+        wait = self.requests.take(key_id) if self.requests is not None else None
+        if wait is not None:
+            self.counts["request_rate"] += 1
+        return wait
 
     def retry_after(self, *who: str) -> float | None:
-        """Seconds until ``who`` (prefixes, addresses) may try again; None: now."""
+        """Seconds until ``who`` (prefixes, addresses) may fail again; None: now."""
         now, waits = self._clock(), []
         for name in who:
             times = self._recent(name, now)
@@ -155,6 +169,29 @@ class LoginGuard:
         while times and times[0] <= now - self.WINDOW_S:
             times.popleft()
         return times
+
+
+class KeyRate:
+    """A token bucket per key id: ``per_s`` tokens a second, at most ``burst`` held; a
+    request takes one. Bounded: ``most`` keys (the least recently used forgotten first: it
+    starts again full, which only a valid key can cause)."""
+
+    def __init__(self, per_s: float, burst: int, clock: Callable[[], float],
+                 most: int = 10_000) -> None:
+        self.per_s, self.burst, self._clock, self._most = per_s, max(1, burst), clock, most
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, when
+
+    def take(self, key_id: str) -> float | None:
+        """None: taken; else seconds until a token is there (nothing taken)."""
+        now = self._clock()
+        tokens, when = self._buckets.get(key_id, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - when) * self.per_s)
+        wait = None if tokens >= 1.0 else (1.0 - tokens) / self.per_s
+        self._buckets[key_id] = (tokens - 1.0 if wait is None else tokens, now)
+        self._buckets.move_to_end(key_id)
+        while len(self._buckets) > self._most:
+            self._buckets.popitem(last=False)
+        return wait
 
 
 def key_prefix(key: str) -> str:

@@ -1,8 +1,9 @@
 """The request checks and answers every route of the HTTP API is built from: key, scope,
 path ids, bounded JSON bodies, list parameters, and the JSON answer.
 
-A scoped route checks, in this order: failed-login limit (429), key (401), path ids (400),
-tenant (403), readiness (503), then reads the body (413 / 400). The body is never read for
+A scoped route checks, in this order: key (401; a failing one past the failed-login limit
+429; a valid one past its request rate 429), path ids (400), tenant (403), readiness (503),
+then reads the body (413 / 400). The body is never read for
 a caller without a key. A request another worker forwarded (its credential verified by
 :mod:`memstream.web.forwarding`) carries its caller's principal instead of a key.
 The ``Content-Type`` is not checked: a body that parses as a JSON object is accepted (curl's
@@ -71,25 +72,36 @@ PRINCIPAL = web.RequestKey("memstream_principal", Principal)  # whom it is for, 
 FORWARDED_BY = web.RequestKey("memstream_forwarded_by", str)  # the worker that signed it
 
 
+def well_formed(key: str) -> bool:
+    """Could ``key`` be a credential at all: 1 to MAX_KEY_CHARS printable ASCII characters
+    (a key, the metrics key, the admin key). Anything else (non-ASCII text, bytes that are
+    not UTF-8, control characters) is a malformed credential: 401, never looked up."""
+    return 0 < len(key) <= MAX_KEY_CHARS and key.isascii() and key.isprintable()
+
+
 def check_key(request: web.Request, key: str,
               accept: Callable[[str], Principal | None]) -> Principal:
-    """``accept(key)`` under the failed-login limit: 429 before the key is looked at when
-    the caller's address failed too often this minute; a key that fails while its prefix
-    (its key id) failed too often is 429 too, but a valid key is never refused for its
-    prefix (a key id is no secret: anyone could lock a key out); else 401 (counted)."""
+    """``accept(key)``, the key checked first: a valid key always opens, whatever failed
+    before from its address or under its key id (one NAT, or a key id, which is no secret,
+    cannot lock anyone out), under its key's request rate (429 to that key only). A key
+    that fails is 401 (counted), or 429 once its address or its prefix (its key id) failed
+    too often this minute. A missing key is 401, not counted; a malformed one 401,
+    counted."""
     guard = request.app[DEPS].guard
-    address, prefix = f"addr:{request.remote or '?'}", f"key:{key_prefix(key)}"
-    wait = guard.retry_after(address)
-    if wait is None:
-        principal = accept(key) if key and len(key) <= MAX_KEY_CHARS else None
-        if principal is not None:
-            return principal
-        if not key:  # a missing key guesses nothing: not counted
-            raise ApiError(401, ErrorCode.UNAUTHORIZED, "missing or unknown API key")
-        wait = guard.retry_after(prefix)
-        guard.failed(address, prefix)
+    principal = accept(key) if well_formed(key) else None
+    if principal is not None:
+        wait = guard.request_wait(principal.key_id)
         if wait is None:
-            raise ApiError(401, ErrorCode.UNAUTHORIZED, "missing or unknown API key")
+            return principal
+        raise ApiError(429, ErrorCode.RATE_LIMITED, "too many requests with this key; "
+                       "retry later", {"Retry-After": str(max(1, math.ceil(wait)))})
+    if not key:  # a missing key guesses nothing: not counted
+        raise ApiError(401, ErrorCode.UNAUTHORIZED, "missing or unknown API key")
+    who = (f"addr:{request.remote or '?'}", f"key:{key_prefix(key)}")
+    wait = guard.retry_after(*who)
+    if wait is None:
+        guard.failed(*who)
+        raise ApiError(401, ErrorCode.UNAUTHORIZED, "missing or unknown API key")
     raise ApiError(429, ErrorCode.RATE_LIMITED, "too many failed key checks; retry later",
                    {"Retry-After": str(math.ceil(wait))})
 

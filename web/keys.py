@@ -137,8 +137,8 @@ class KeyRing:
     Only records whose signature verifies with this ring's admin key are taken; others are
     skipped, counted in ``rejected`` and logged once per key id (its id only). A ring
     without an admin key therefore accepts no tenant key: tenant keys need
-    MEMSTREAM_ADMIN_KEY on every worker. Tombstones still remove a key unsigned: a forged
-    one can only deny a key, never grant one.
+    MEMSTREAM_ADMIN_KEY on every worker. A tombstone given here removes its key: the
+    topic's follower (:mod:`memstream.web.keys_topic`) passes only signed ones.
 
     The last record of a key id wins, also one without ``revoked_at`` after a revocation:
     that is what compaction keeps, so a worker that replays the compacted topic reaches the

@@ -9,55 +9,110 @@ plaintext keys nor hashes are ever logged.
 
 Records are signed with a key derived from the admin key (:mod:`memstream.web.keys`): creating
 and revoking need ``MEMSTREAM_ADMIN_KEY``, and the follower's ring takes only records that
-verify, so a service that can produce to the topic cannot mint itself a key.
+verify, so a service that can produce to the topic cannot mint itself a key. A tombstone
+(:func:`delete_key`) is signed too, in a record header, because it has no value to sign::
+
+    header "memstream-sig" = lowercase hex of HMAC-SHA256(signing_key(admin key),
+                                                 UTF-8("api-keys\x1ftombstone\x1f" + key id))
+
+(``signing_key`` as in :mod:`memstream.web.keys`; the topic role ``api-keys`` makes the MAC
+mean nothing on another topic). A record or tombstone that does not verify changes nothing:
+the follower counts it (``rejected``), logs its key id and offset and dead-letters it
+without its value. The derivation stays on the admin key, not the cluster secret: the
+operator's CLI mints, revokes and deletes keys with the admin key and needs no cluster
+secret, and every worker holds the admin key already.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from memstream.core import kafka
-from memstream.core.errors import BrokerError, ConfigError, InvalidRecord, MemstreamError
+from memstream.core.errors import (
+    BrokerError,
+    ConfigError,
+    InvalidRecord,
+    MemstreamError,
+    describe,
+)
 from memstream.core.retry import set_within
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import Record, follow, read_ranges, topic_partitions
+from memstream.topics.codec import dead_letter
 from memstream.topics.layout import create_topics
 from memstream.topics.registry import KEYS_TOPIC, TopicSpec, registry
-from memstream.web.keys import KeyRecord, KeyRing, decode, new_key, revoke, verify
+from memstream.web.keys import KeyRecord, KeyRing, decode, new_key, revoke, signing_key, verify
 
 # The logger keeps the name it had before this module was split from keys.py, so that
 # logging configuration and filters that name "memstream.web.keys" still apply.
 log = logging.getLogger("memstream.web.keys")
 
+SIG_HEADER = "memstream-sig"
+_TOMBSTONE_CONTEXT = b"api-keys\x1ftombstone\x1f"  # (topic role, key)
+_MAX_DEAD = 1000  # dead letters waiting for the producer: beyond, counted only
 
 
 class UnknownKeyError(MemstreamError, LookupError):
     """No API key with this id on the keys topic."""
 
 
+def tombstone_mac(admin_key: str, key_id: str) -> str:
+    """The signature of the tombstone of ``key_id`` (layout in the module docstring)."""
+    return hmac.new(signing_key(admin_key), _TOMBSTONE_CONTEXT + key_id.encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def tombstone_verifies(admin_key: str | None, key_id: str, headers: Any) -> bool:
+    """True when ``headers`` (a record's: (name, bytes) pairs) carry the tombstone's
+    signature under ``admin_key``; False without an admin key."""
+    if not admin_key:
+        return False
+    want = tombstone_mac(admin_key, key_id).encode()
+    return any(name == SIG_HEADER and isinstance(value, bytes)
+               and hmac.compare_digest(value, want) for name, value in headers or ())
+
+
 def _take(record: Any, into: dict[str, KeyRecord | None],
-          keep: Callable[[str, KeyRecord | None], bool] | None = None) -> None:
-    """Decode a consumed record into ``into`` (later ones win); a bad one is logged, skipped.
+          keep: Callable[[str, KeyRecord | None], bool] | None = None, *,
+          admin_key: str | None = None,
+          refused: Callable[[Any, InvalidRecord], None] | None = None) -> None:
+    """Decode a consumed record into ``into`` (later ones win); a bad one is logged, skipped
+    (and handed to ``refused``).
 
     ``keep`` (e.g. :meth:`KeyRing.admit`) filters before a record enters ``into``, so one it
-    refuses leaves the key id's earlier record in place instead of replacing it.
+    refuses leaves the key id's earlier record in place instead of replacing it. A tombstone
+    counts only when signed with ``admin_key`` (:func:`tombstone_verifies`).
     """
+    logged = False  # keep() logs a record it refuses
     try:
         key_id, found = decode(record.key, record.value)
+        if found is None and not tombstone_verifies(admin_key, key_id, record.headers):
+            raise InvalidRecord("unsigned", "tombstone without a valid signature (forged, "
+                                "or signed with another admin key): ignored")
+        if keep is not None and not keep(key_id, found):
+            logged = True
+            raise InvalidRecord("unsigned", "record signature does not verify (forged, or "
+                                "signed with another admin key): ignored")
     except InvalidRecord as exc:
-        log.warning("api keys: skipped record %s[%d]@%d (%s: %s)", record.topic,
-                    record.partition, record.offset, exc.kind, exc)
+        if not logged:
+            log.warning("api keys: skipped record %s[%d]@%d (%s)", record.topic,
+                        record.partition, record.offset, describe(exc))
+        if refused is not None:
+            refused(record, exc)
         return
-    if keep is None or keep(key_id, found):
-        into[key_id] = found
+    into[key_id] = found
 
 
 class KeyFollower:
@@ -71,8 +126,16 @@ class KeyFollower:
     """
 
     def __init__(self, ring: KeyRing, settings: Settings, topic: str, *,
-                 retry_s: float = 1.0, poll_s: float = 1.0) -> None:
+                 retry_s: float = 1.0, poll_s: float = 1.0,
+                 dead_letters: str | None = None) -> None:
         self.ring = ring
+        admin = settings.admin_key
+        self._admin = admin.get_secret_value() if admin is not None else None
+        self.dead_letters = dead_letters  # None: set-aside records are only counted, logged
+        self.rejected: dict[str, int] = {}  # records and tombstones set aside, by kind
+        self._dead: list[tuple[bytes | None, bytes]] = []  # dead letters not yet sent
+        self._producer: AIOKafkaProducer | None = None
+        self._sender: asyncio.Task[None] | None = None  # sends dead letters: never blocks
         self.settings = settings
         self.topic = topic
         self.retry_s = retry_s
@@ -86,7 +149,8 @@ class KeyFollower:
     @classmethod
     def for_settings(cls, settings: Settings, ring: KeyRing | None = None) -> KeyFollower:
         return cls(ring if ring is not None else KeyRing.for_settings(settings),
-                   settings, settings.topic(KEYS_TOPIC))
+                   settings, settings.topic(KEYS_TOPIC),
+                   dead_letters=registry(settings).dead_letters.name)
 
     @property
     def ready(self) -> bool:
@@ -101,6 +165,13 @@ class KeyFollower:
         if task is not None:
             task.cancel()
             await asyncio.wait({task})  # the caller's own cancellation still propagates
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.cancel()
+            await asyncio.wait({sender})
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
 
     async def wait_ready(self, timeout: float) -> bool:
         """True once the topic has been read to its end at start, False after ``timeout``."""
@@ -121,19 +192,53 @@ class KeyFollower:
             await asyncio.sleep(self.retry_s)
 
     def _take(self, record: Any, into: dict[str, KeyRecord | None]) -> None:
-        _take(record, into, self.ring.admit)
+        _take(record, into, self.ring.admit, admin_key=self._admin, refused=self._refused)
+
+    def _refused(self, record: Any, exc: InvalidRecord) -> None:
+        """A record set aside: counted, and its dead letter (without its value) queued."""
+        self.rejected[exc.kind] = self.rejected.get(exc.kind, 0) + 1
+        if self.dead_letters is None or len(self._dead) >= _MAX_DEAD:
+            return
+        letter = dead_letter(exc, topic=record.topic, partition=record.partition,
+                             offset=record.offset, key=record.key, value=record.value,
+                             now=datetime.now(UTC))
+        letter = letter.model_copy(update={"value_b64": "", "truncated": True})
+        self._dead.append((record.key, letter.dumps()))
+
+    def _kick_dead(self) -> None:
+        """Send the queued dead letters in a task of their own: following never waits on
+        the dead-letter topic (a broker error there only delays them to the next batch)."""
+        if self._dead and (self._sender is None or self._sender.done()):
+            self._sender = asyncio.create_task(self._send_dead(), name="api-keys dead letters")
+
+    async def _send_dead(self) -> None:
+        if not self._dead or self.dead_letters is None:
+            return
+        try:
+            if self._producer is None:
+                producer = kafka.producer(self.settings, acks="all", enable_idempotence=True)
+                await producer.start()
+                self._producer = producer
+            while self._dead:
+                key, letter = self._dead[0]
+                await self._producer.send_and_wait(self.dead_letters, key=key, value=letter)
+                self._dead.pop(0)
+        except Exception as exc:
+            log.warning("api keys: %d dead letter(s) not sent yet (%s)", len(self._dead),
+                        describe(exc))
 
     async def _follow(self) -> None:
         def take(records: list[Record]) -> None:
             if not self._ready.is_set():  # the initial read: applied at once when done
                 for record in records:
                     self._take(record, self._staged)
-                return
-            changes: dict[str, KeyRecord | None] = {}
-            for record in records:
-                self._take(record, changes)
-            if changes:
-                self.ring.update(changes)
+            else:
+                changes: dict[str, KeyRecord | None] = {}
+                for record in records:
+                    self._take(record, changes)
+                if changes:
+                    self.ring.update(changes)
+            self._kick_dead()
 
         def caught_up() -> None:
             self._problem = ""
@@ -181,6 +286,7 @@ async def _read_all(settings: Settings, timeout: float,
                     ) -> dict[str, KeyRecord | None]:
     topic = settings.topic(KEYS_TOPIC)
     found: dict[str, KeyRecord | None] = {}
+    admin = settings.admin_key.get_secret_value() if settings.admin_key is not None else None
     with _broker_errors(topic):
         tps = await topic_partitions(settings, topic)
         if not tps:
@@ -188,7 +294,7 @@ async def _read_all(settings: Settings, timeout: float,
 
         def take(_: TopicPartition, records: list[Record]) -> None:
             for r in records:
-                _take(r, found, keep)
+                _take(r, found, keep, admin_key=admin)
 
         try:
             await read_ranges(settings, tps, take, idle_timeout_s=timeout)
@@ -197,13 +303,20 @@ async def _read_all(settings: Settings, timeout: float,
     return found
 
 
-async def _send(settings: Settings, record: KeyRecord) -> None:
+async def _send(settings: Settings, record: KeyRecord | str) -> None:
+    """Write ``record``, or (a key id) the key's signed tombstone."""
     topic = settings.topic(KEYS_TOPIC)
+    if isinstance(record, str):
+        key_id, value = record, None
+        headers = [(SIG_HEADER, tombstone_mac(_admin_key(settings), key_id).encode())]
+    else:
+        key_id, value, headers = record.key_id, record.dumps(), []
     with _broker_errors(topic):
         producer = kafka.producer(settings, enable_idempotence=True, acks="all")
         await producer.start()
         try:
-            await producer.send_and_wait(topic, key=record.key_id.encode(), value=record.dumps())
+            await producer.send_and_wait(topic, key=key_id.encode(), value=value,
+                                         headers=headers)
         finally:
             await producer.stop()
 
@@ -249,3 +362,19 @@ async def revoke_key(settings: Settings, key_id: str, *, timeout: float = 30.0,
     if revoked is not current:
         await _send(settings, revoked)
     return revoked
+
+
+async def delete_key(settings: Settings, key_id: str, *, timeout: float = 30.0) -> None:
+    """Write the signed tombstone of a key: compaction then drops its records (the
+    revocation's audit record with them). Only a revoked key is deleted (revoke first, so
+    that a worker that missed the tombstone still refuses it). Raises ConfigError without
+    ``settings.admin_key`` and :class:`UnknownKeyError` when the topic holds no such key,
+    or ConfigError when it is not revoked."""
+    admin = _admin_key(settings)
+    found = await _read_all(settings, timeout, lambda _, r: r is None or verify(r, admin))
+    current = found.get(key_id)
+    if current is None:
+        raise UnknownKeyError(f"no API key with id {key_id!r}")
+    if current.revoked_at is None:
+        raise ConfigError(f"API key {key_id} is not revoked: revoke it first")
+    await _send(settings, key_id)

@@ -26,6 +26,7 @@ from memstream.web.http_base import (
     PageRoute,
     Route,
 )
+from memstream.web.http_ingest import AcceptedRoute
 from memstream.web.models.api import MAX_PAGE, ErrorBody, ErrorCode
 
 REF = "#/components/schemas/{model}"
@@ -68,18 +69,25 @@ def error_statuses(route: Route) -> list[int]:
     return sorted(found)
 
 
+def success_status(route: Route) -> int:
+    """The status of a route's answer when it succeeds (202: taken, not yet processed)."""
+    return route.status if isinstance(route, AcceptedRoute) else 200
+
+
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 def _operation(r: Route, refs: Mapping[Any, dict[str, Any]]) -> dict[str, Any]:
     out = refs[(r.out, "serialization")] if r.out is not None else {"type": "object"}
-    ok = _json(out, "OK")
+    status = success_status(r)
+    ok = _json(out, "Accepted" if status == 202 else "OK")
     if isinstance(r, PageRoute):  # the inspector's files: text, not JSON
         ok = {"description": "OK", "content": {r.media_type: {"schema": {"type": "string"}}}}
-    op: dict[str, Any] = {"operationId": r.name, "summary": r.summary, "responses": {"200": ok}}
+    op: dict[str, Any] = {"operationId": r.name, "summary": r.summary,
+                          "responses": {str(status): ok}}
     if "{tenant}" in r.path:
-        extra = [{**_PATH_PARAMS[0], "name": n} for n in ("memory_id", "job_id")
+        extra = [{**_PATH_PARAMS[0], "name": n} for n in ("memory_id", "job_id", "session_id")
                  if f"{{{n}}}" in r.path]
         query = _LIST_QUERY if r.name == "list_memories" else (
             _LIST_QUERY[:2] if r.name in ("change_log", "tenant_audit") else [])

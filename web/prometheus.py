@@ -184,7 +184,8 @@ class PipelineCollector(Collector):
         yield lag
         if self.auth_failures is not None:
             yield _labelled("memstream_auth_failures", "Failed key checks of the HTTP API, "
-                            "by reason (unknown_key; rate_limited: refused before the check)",
+                            "by reason (unknown_key; rate_limited: a wrong key past the limit; "
+                            "request_rate: a valid key past its request rate)",
                             "reason", self.auth_failures)
         if self.key_records is not None:
             yield _labelled("memstream_user_key_records_rejected", "Records of the user-keys "

@@ -6,7 +6,9 @@ only), and answered from a warm standby shard here when the owner cannot be reac
   and the tenant (403) are checked where the request arrives, before anything is sent
   anywhere; a body is read to its end (chunked too) or refused at the limit (413).
 - **Forwarded** (only with the cluster secret): method, path, query and body go to the
-  owner's advertised URL without the caller's key: with ``X-Memstream-Forwarded`` (this
+  owner's advertised URL (its scheme, host and port; the path and query re-encoded from the
+  parsed request, never the raw target, which must be a path: :mod:`.forwarding`) without
+  the caller's key: with ``X-Memstream-Forwarded`` (this
   worker), ``X-Memstream-Principal`` (whom the key opened), the write's ``Idempotency-Key``
   and an ``X-Memstream-Credential`` signed over all of them (:mod:`.forwarding`). A
   forwarded request is never forwarded again. Only a JSON answer is relayed (with its
@@ -21,7 +23,9 @@ only), and answered from a warm standby shard here when the owner cannot be reac
   the standby workers the map names (``X-Memstream-Standby-Read``, signed like any forward).
   Writes and tool calls are never served from a standby: the caller gets 503 and retries
   with the same ``Idempotency-Key`` (the client does), which the owner takes once.
-- Requests for the tenant as a whole, health, metrics and the inspector are served here.
+- Requests for the tenant as a whole, health, metrics and the inspector are served here,
+  and so are the HTTP way in's writes (:data:`memstream.web.http_ingest.LOCAL`): any worker
+  produces a user's messages, the partitioner puts them on the user's partition.
 """
 
 from __future__ import annotations
@@ -34,22 +38,26 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from yarl import URL
 
+from memstream.core.errors import describe
 from memstream.memory.store.partitioned import ShardNotHere, partition_of, standby_reads
 from memstream.streams.cluster import Cluster
 from memstream.web.forwarding import (
     FORWARDED,
     STANDBY_ASKED,
     STANDBY_READ,
+    BadOwnerURL,
     ForwardGate,
     client_ssl,
+    forward_target,
+    forward_url,
     outbound,
 )
-from memstream.web.http_base import DEPS
+from memstream.web.http_base import DEPS, ApiError
 from memstream.web.http_checks import FORWARDED_BY, identified, read_body
+from memstream.web.http_ingest import LOCAL
 from memstream.web.models import paths
-from memstream.web.models.api import Principal, ToolCallRequest
+from memstream.web.models.api import ErrorCode, Principal, ToolCallRequest
 from memstream.web.models.history import CorrectionRequest
 
 __all__ = ["FORWARDED", "SERVED_BY", "STANDBY", "STANDBY_READ", "Router", "cluster_status"]
@@ -120,7 +128,7 @@ class Router:
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         tenant = request.match_info.get("tenant")
         user = request.match_info.get("user")
-        if tenant is None or user is None:
+        if tenant is None or user is None or self._is_local(request):
             return await handler(request)
         if FORWARDED_BY in request:  # verified by web.forwarding; never forwarded again
             if request[STANDBY_ASKED] and self._is_read(request):
@@ -145,6 +153,11 @@ class Router:
                 if answer is not None:
                     return answer
         raise ShardNotHere(partition, f"owned by {owner}, which does not answer")
+
+    @staticmethod
+    def _is_local(request: web.Request) -> bool:
+        route = request.match_info.route.resource
+        return route is not None and route.canonical in LOCAL
 
     @staticmethod
     def _is_read(request: web.Request) -> bool:
@@ -180,14 +193,26 @@ class Router:
 
     async def _forward(self, request: web.Request, body: bytes, principal: Principal,
                        url: str, owner: str, standby: bool = False) -> web.Response | None:
-        """The owner's answer, or None when it cannot give one now."""
+        """The owner's answer, or None when it cannot give one now (it does not answer).
+        An owner URL that is not one to forward to is 503, never "down": no standby read
+        stands in for a request the map cannot send."""
         assert self.secret is not None  # owner() names no owner without it
+        target = forward_target(request)
+        try:
+            where = forward_url(url, target)
+        except BadOwnerURL as exc:
+            log.warning("forwarding to %s: its advertised URL is not usable (%s)", owner,
+                        describe(exc))
+            if standby:  # another standby may be asked
+                return None
+            raise ApiError(503, ErrorCode.UNAVAILABLE, "this user's worker has no usable "
+                           "URL; retry later") from None
         headers = outbound(self.secret, self.cluster.me.worker_id, request, body, principal,
-                           standby, self.clock(), owner)
+                           standby, self.clock(), owner, target.raw_path_qs)
         try:
             async with self._session().request(
-                    request.method, URL(url.rstrip("/") + request.raw_path, encoded=True),
-                    headers=headers, data=body or None, allow_redirects=False) as resp:
+                    request.method, where, headers=headers, data=body or None,
+                    allow_redirects=False) as resp:
                 payload = await resp.read()
                 if not relayable(resp.status, resp.content_type):
                     self.failed += 1
@@ -203,7 +228,7 @@ class Router:
                 if STANDBY in resp.headers:
                     out.headers[STANDBY] = resp.headers[STANDBY]
                 return out
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: its URL
+        except (aiohttp.ClientError, TimeoutError) as exc:
             self.failed += 1
             log.info("forwarding to %s (%s) failed: %s", owner, url, type(exc).__name__)
             return None

@@ -21,6 +21,7 @@ from memstream.web.audit import AuditLog
 from memstream.web.backend import WorkerBackend
 from memstream.web.forwarding import server_ssl
 from memstream.web.http import HttpServer, build_http_app
+from memstream.web.http_base import DEPS
 from memstream.web.keys import KeyRing
 from memstream.web.keys_topic import KeyFollower
 from memstream.web.routing import Router, cluster_status
@@ -44,6 +45,7 @@ def register(p: Pipeline) -> None:
     http_app = build_http_app(backend, ring, max_body_bytes=s.http_max_body_bytes,
                               router=router,
                               login_failures_per_minute=s.login_failures_per_minute)
+    http_app[DEPS].guard.limit_requests(s.requests_per_key_per_s, s.requests_per_key_burst)
     deps = metrics.attach(http_app, p)  # /metrics and /v1/metrics/summary
     http_app[metrics.METRICS] = replace(deps, cluster=lambda: cluster_status(p, router))
     tls = server_ssl(s.web_tls_cert, s.web_tls_key) if s.web_tls_cert and s.web_tls_key else None

@@ -106,9 +106,18 @@ def unwrap_under(kek: bytes, kek_id: str, wrapped: str, tenant: str, user: str,
     return _dec(kek, wrapped, _key_aad(tenant, user, key_id, kek_id))
 
 
-def marker_signing_key(kek: bytes, tenant: str) -> bytes:
-    """The HMAC key of a tenant's forget markers: derived from its KEK, so the workers (the
-    master key) and the tenant's readers (its read key) both verify them."""
+def marker_signing_key(master_key: str, version: int) -> bytes:
+    """The HMAC key workers sign forget markers with (``msig``): derived from master key
+    ``version``, which no downstream reader holds (a read key is a tenant KEK), so a reader
+    that can produce to the user-keys topic cannot make a worker shred a user."""
+    _check_master(master_key)
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"memstream-forget-marker-v2",
+                info=f"sign forget markers\x1f{version}".encode()).derive(master_key.encode())
+
+
+def reader_marker_key(kek: bytes, tenant: str) -> bytes:
+    """The HMAC key of a marker's ``sig``, derived from the tenant KEK: what the tenant's
+    readers (their read key) verify, and all that markers of before ``msig`` carry."""
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"memstream-forget-marker-v1",
                 info=tenant.encode()).derive(kek)
 

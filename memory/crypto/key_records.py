@@ -11,14 +11,24 @@ Record layout (keys are UTF-8, values JSON)::
                                "created_at": t}         AAD key|tenant|user|key id|kek id
                               legacy (no "kek"): wrapped by crypto.kek_from(master)
     tenant/user/!forgotten    {"at": t, "request_id", "actor", "kek": <kek id>,
-                               "keys": [shredded key ids], "sig": hex HMAC-SHA256}
+                               "keys": [shredded key ids], "master": v,
+                               "msig": hex HMAC-SHA256, "sig": hex HMAC-SHA256}
 
-The marker's signature: ``HMAC-SHA256(crypto.marker_signing_key(tenant KEK, tenant),
-canonical)`` with ``canonical`` the compact JSON array ``["forgotten", tenant, user, kek
-id, at, request_id, actor, sorted keys]``. ``keys`` lists every key id the user's forgets
-shredded (cumulative): a tombstone is honoured only for a key id a verified marker lists,
-and such an id is never taken again. Tenant ids and user ids never start with ``!``
-(``topics.schemas.ID_PATTERN``), so ``!kek`` and ``!forgotten`` name no user or key.
+A marker carries two signatures. ``msig``, what a worker (a master key holder) verifies:
+``HMAC-SHA256(crypto.marker_signing_key(master key v, v), ["forgotten/v2", tenant, user,
+v, kek id, at, request_id, actor, sorted keys])``; a worker accepts versions it holds
+(``MEMSTREAM_MASTER_KEY`` and ``_PREVIOUS``) and ``memstream keys rotate-master`` signs
+every marker again under the current version. ``sig``, what a downstream reader (a read
+key: tenant KEKs) verifies: ``HMAC-SHA256(crypto.reader_marker_key(tenant KEK, tenant),
+["forgotten", tenant, user, kek id, at, request_id, actor, sorted keys])`` (compact JSON
+arrays). Every reader of the tenant holds the KEK, so ``sig`` alone never makes a worker
+shred: markers of before ``msig`` (``sig`` only) are accepted by a worker only with
+``MEMSTREAM_FORGET_MARKERS_LEGACY`` (the upgrade, until rotate-master signed them again).
+
+``keys`` lists every key id the user's forgets shredded (cumulative): a tombstone is
+honoured only for a key id a verified marker lists, and such an id is never taken again.
+Tenant ids and user ids never start with ``!`` (``topics.schemas.ID_PATTERN``), so ``!kek``
+and ``!forgotten`` name no user or key.
 
 A read key (``memstream keys create --tenant T --read-events``) is the tenant's KEKs:
 ``msr1.<b64url tenant>.<kek id>.<b64url kek>[.<kek id>.<b64url kek>...]``.
@@ -73,6 +83,8 @@ class Marker(BaseModel):
     actor: str = ""
     kek: str | None = None
     keys: list[str] = Field(default_factory=list)
+    master: int | None = None  # the master version msig is under
+    msig: str | None = None  # None: signed before workers' keys (sig only): legacy
     sig: str | None = None  # None: a legacy (unsigned) marker, never honoured
 
 
@@ -122,24 +134,53 @@ def dumps(record: BaseModel) -> bytes:
 
 
 def canonical(tenant: str, user: str, m: Marker) -> bytes:
-    """The bytes a marker's signature covers (layout in the module docstring)."""
+    """The bytes a marker's ``sig`` covers (layout in the module docstring)."""
     return json.dumps(["forgotten", tenant, user, m.kek, m.at, m.request_id, m.actor,
                        sorted(m.keys)], separators=(",", ":")).encode()
 
 
+def canonical_master(tenant: str, user: str, m: Marker) -> bytes:
+    """The bytes a marker's ``msig`` covers (layout in the module docstring)."""
+    return json.dumps(["forgotten/v2", tenant, user, m.master, m.kek, m.at, m.request_id,
+                       m.actor, sorted(m.keys)], separators=(",", ":")).encode()
+
+
 def _mac(kek: bytes, tenant: str, user: str, m: Marker) -> str:
-    key = crypto.marker_signing_key(kek, tenant)
+    key = crypto.reader_marker_key(kek, tenant)
     return hmac.new(key, canonical(tenant, user, m), hashlib.sha256).hexdigest()
 
 
+def _mmac(signing: bytes, tenant: str, user: str, m: Marker) -> str:
+    return hmac.new(signing, canonical_master(tenant, user, m), hashlib.sha256).hexdigest()
+
+
 def signed_marker(kek: bytes, kek_id: str, tenant: str, user: str, *, at: float,
-                  request_id: str, actor: str, keys: set[str] | list[str]) -> Marker:
+                  request_id: str, actor: str, keys: set[str] | list[str],
+                  master: tuple[int, bytes] | None = None) -> Marker:
+    """A marker signed for readers (``sig``, the tenant KEK) and, with ``master`` (version,
+    :meth:`Keyring.signing` key), for workers (``msig``)."""
     m = Marker(at=at, request_id=request_id, actor=actor, kek=kek_id, keys=sorted(set(keys)))
+    return resigned(m, kek, tenant, user, master)
+
+
+def resigned(m: Marker, kek: bytes, tenant: str, user: str,
+             master: tuple[int, bytes] | None) -> Marker:
+    """``m`` signed again (its fields unchanged): ``sig`` under ``kek``, ``msig`` under
+    ``master`` (version, signing key) when given."""
+    if master is not None:
+        m = m.model_copy(update={"master": master[0]})
+        m = m.model_copy(update={"msig": _mmac(master[1], tenant, user, m)})
     return m.model_copy(update={"sig": _mac(kek, tenant, user, m)})
 
 
 def marker_verifies(kek: bytes, tenant: str, user: str, m: Marker) -> bool:
+    """The reader's check: ``sig`` under the tenant KEK."""
     return m.sig is not None and hmac.compare_digest(m.sig, _mac(kek, tenant, user, m))
+
+
+def marker_verifies_master(signing: bytes, tenant: str, user: str, m: Marker) -> bool:
+    """The worker's check: ``msig`` under the master version's marker key."""
+    return m.msig is not None and hmac.compare_digest(m.msig, _mmac(signing, tenant, user, m))
 
 
 # --- read keys --------------------------------------------------------------------------
@@ -194,6 +235,8 @@ class Keyring:
     wrapping: dict[int, bytes] = field(default_factory=dict)  # version -> wrapping key
     legacy: list[bytes] = field(default_factory=list)  # kek_from(each master): old records
     read: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    signing: dict[int, bytes] = field(default_factory=dict)  # version -> marker key (msig)
+    legacy_markers: bool = False  # workers accept markers without msig (the upgrade)
 
     @classmethod
     def of(cls, settings: Settings) -> Keyring:
@@ -214,6 +257,8 @@ class Keyring:
                                       "version (MEMSTREAM_MASTER_KEY_VERSION)")
                 masters.setdefault(int(version), key)
         ring.wrapping = {v: crypto.master_wrapping_key(k, v) for v, k in masters.items()}
+        ring.signing = {v: crypto.marker_signing_key(k, v) for v, k in masters.items()}
+        ring.legacy_markers = settings.forget_markers_legacy
         ring.legacy = [crypto.kek_from(k) for k in masters.values()]
         if settings.read_keys is not None:
             ring.read = decode_read_keys(settings.read_keys.get_secret_value())
@@ -226,6 +271,34 @@ class Keyring:
     def covers(self, tenant: str) -> bool:
         """Records of ``tenant`` are this process's business (it can tell forged ones)."""
         return self.master or tenant in self.read
+
+    def marker_key(self) -> tuple[int, bytes]:
+        """(current version, its marker key): what new markers are signed with."""
+        assert self.version is not None, "signing a marker needs MEMSTREAM_MASTER_KEY"
+        return self.version, self.signing[self.version]
+
+    def marker_ok(self, tenant: str, user: str, m: Marker, kek: bytes | None) -> None:
+        """Raise InvalidRecord unless this process takes the marker: a worker (a master
+        key) by ``msig`` (``sig`` only with ``legacy_markers``), a reader by ``sig``."""
+        if m.sig is None and m.msig is None:  # never signed afterwards either
+            raise InvalidRecord("unsigned", "forget marker without a signature (legacy, or "
+                                "forged: never honoured)")
+        if self.master and m.msig is not None:
+            signing = self.signing.get(m.master or 0)
+            if signing is None:
+                raise InvalidRecord("undecryptable", f"forget marker signed under master "
+                                    f"version {m.master}, not one this process holds")
+            if not marker_verifies_master(signing, tenant, user, m):
+                raise InvalidRecord("undecryptable", "forget marker signature does not "
+                                    "verify")
+            return
+        if self.master and not self.legacy_markers:
+            raise InvalidRecord("unsigned", "forget marker signed with the tenant key only "
+                                "(before workers' marker keys, or forged by a reader): set "
+                                "MEMSTREAM_FORGET_MARKERS_LEGACY=true until `memstream keys "
+                                "rotate-master` signed it again")
+        if kek is None or not marker_verifies(kek, tenant, user, m):
+            raise InvalidRecord("undecryptable", "forget marker signature does not verify")
 
     def unwrap_kek(self, tenant: str, kek_id: str, rec: KekRecord) -> bytes | None:
         """The tenant KEK of a record; None without a master key (a reader has it from

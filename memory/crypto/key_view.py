@@ -4,13 +4,18 @@ writes through it is :mod:`memstream.memory.crypto.user_keys`; the records are
 
 What a producer without the keys can do is bounded here: a record that does not parse,
 unwrap or verify is set aside (``rejected``, a log line with its offset, and a dead letter
-without its value) and the view goes on; a later record of a key id replaces the earlier
-only if it unwraps to the same key; a marker that does not verify is ignored; a tombstone
-is honoured only for a key id a verified marker lists (:meth:`KeyView.repairs` writes the
-key back otherwise, so compaction cannot lose it), and such an id is never taken again
-(shredded anew). Legacy data keys (wrapped before tenant KEKs) keep the old rule, their
-tombstone honoured, until ``memstream keys rotate-master`` rewraps them. Unwrapped keys are
-kept by (tenant, user, key id).
+without its value), leaves no entry in the view (state is made only for what opened or
+verified: a flood of forged records grows nothing but counters; a reader's keys under
+tenant KEKs it lacks, which it cannot check, are bounded by ``LOCKED_MAX``) and the view
+goes on; a forget marker is taken by a worker only by its master-derived ``msig``, by a
+reader by its KEK-derived ``sig`` (:mod:`memstream.memory.crypto.key_records`); a later
+record of a key id replaces the earlier only if it unwraps to the same key; a marker that
+does not verify is ignored; a tombstone is honoured only for a key id a verified marker
+lists (:meth:`KeyView.repairs` writes the key back otherwise, so compaction cannot lose
+it), and such an id is never taken again (shredded anew). Legacy data keys (wrapped before
+tenant KEKs) keep the old rule, their tombstone honoured, until
+``memstream keys rotate-master`` rewraps them. Unwrapped keys are kept by (tenant, user,
+key id).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from memstream.core.errors import InvalidRecord
+from memstream.core.errors import InvalidRecord, describe
 from memstream.memory.crypto import envelope as crypto
 from memstream.memory.crypto import key_records as rec
 from memstream.memory.crypto.key_records import FORGOTTEN, KEK, ROLL, Keyring
@@ -32,6 +37,7 @@ from memstream.topics.events import MemoryEvent
 
 log = logging.getLogger("memstream.memory.crypto.user_keys")
 _LOGGED = 50  # rejections logged at warning level; later ones at debug
+LOCKED_MAX = 100_000  # a reader: keys under tenant KEKs it lacks (unverifiable) it keeps
 Sent = tuple[str, bytes | None]  # a record to write: key, value (None: a tombstone)
 
 
@@ -74,7 +80,6 @@ class _User:
     forgotten_at: float | None = None
     marker: bytes | None = None  # the last verified marker's value
     shredded: set[str] = field(default_factory=set)  # ids verified markers list
-    tombstoned: set[str] = field(default_factory=set)
     held: set[str] = field(default_factory=set)  # tombstoned, no marker: kept, written back
     reshred: set[str] = field(default_factory=set)  # shredded ids written again
     held_marker: bool = False
@@ -88,6 +93,7 @@ class Rotation:
     keks: int = 0
     data_keys: int = 0
     new_keks: int = 0
+    markers: int = 0  # forget markers signed again under the current version
 
 
 def _tenant_of(key: bytes | None) -> tuple[str | None, bool]:
@@ -112,6 +118,7 @@ class KeyView:
                                              for t, k in ring.read.items()}
         self._users: dict[tuple[str, str], _User] = {}
         self._plain: dict[tuple[str, str, str], bytes] = {}  # (tenant, user, key id) -> key
+        self._locked = 0  # key ids locked to this reader, all users
         self.rejected_kinds: dict[str, int] = {}  # records set aside, by InvalidRecord.kind
         self.dead_letters = False  # keep dead letters of set-aside records (a writer's)
         self.dead: list[tuple[bytes | None, bytes]] = []  # (key, dead letter) not yet sent
@@ -199,8 +206,8 @@ class KeyView:
         offset = getattr(where, "offset", -1)
         name = (key or b"").rsplit(b"/", 1)[-1][:40].decode("ascii", "replace")
         log.log(logging.WARNING if self.rejected <= _LOGGED else logging.DEBUG,
-                "user keys: set aside the record of key id %r at offset %d (%s: %s)",
-                name, offset, exc.kind, exc)
+                "user keys: set aside the record of key id %r at offset %d (%s)",
+                name, offset, describe(exc))
         if self._on_reject is not None:
             self._on_reject(exc)
         if self.dead_letters:
@@ -225,7 +232,6 @@ class KeyView:
             self._take_data_key(tenant, user, name, value)
 
     def _take_kek(self, tenant: str, kek_id: str, value: bytes | None) -> None:
-        t = self._tenants.setdefault(tenant, _Tenant())
         if value is None:  # nothing deletes a tenant KEK: keep it, write it back
             self._keep(tenant, KEK, kek_id)
             return
@@ -233,23 +239,26 @@ class KeyView:
         kek = self._ring.unwrap_kek(tenant, kek_id, found)
         if kek is None:
             return  # a reader: its KEKs come from its read key
-        if t.keks.get(kek_id, kek) != kek:
+        t = self._tenants.get(tenant)
+        if t is not None and t.keks.get(kek_id, kek) != kek:
             raise InvalidRecord("undecryptable", "a tenant key id already holds another key")
+        t = self._tenants.setdefault(tenant, _Tenant())  # state only for what opened
         t.keks[kek_id], t.values[kek_id], t.versions[kek_id] = kek, value, found.master
         t.held.discard(kek_id)
 
     def _take_marker(self, tenant: str, user: str, value: bytes | None) -> None:
-        u = self._users.setdefault((tenant, user), _User())
         if value is None:  # a marker is never deleted: keep it, write it back
             self._keep(tenant, user, FORGOTTEN)
             return
         m = rec.marker(value)
-        if m.sig is None:  # never signed afterwards either: anyone could have written it
-            raise InvalidRecord("unsigned", "forget marker without a signature (legacy, or "
-                                "forged: never honoured)")
         kek = self._tenants.get(tenant, _Tenant()).keks.get(m.kek or "")
-        if kek is None or not rec.marker_verifies(kek, tenant, user, m):
-            raise InvalidRecord("undecryptable", "forget marker signature does not verify")
+        self._ring.marker_ok(tenant, user, m, kek)  # a worker: msig; a reader: sig
+        u = self._users.setdefault((tenant, user), _User())  # state only once verified
+        if u.marker is not None and not u.shredded <= set(m.keys):
+            # an older marker (replayed, or signed again by a rotation that raced a forget):
+            # markers list every key id shredded so far, so the newer one is written back
+            u.held_marker = True
+            return
         u.forgotten_at, u.marker, u.held_marker = m.at, value, False
         u.shredded.update(m.keys)
         for key_id in m.keys:
@@ -259,26 +268,34 @@ class KeyView:
         u = self._users[(tenant, user)]
         u.values.pop(key_id, None)
         u.legacy.discard(key_id)
-        u.locked.discard(key_id)
+        if key_id in u.locked:
+            self._locked -= 1
+            u.locked.discard(key_id)
         u.held.discard(key_id)
         self._plain.pop((tenant, user, key_id), None)
 
     def _take_data_key(self, tenant: str, user: str, key_id: str, value: bytes | None) -> None:
-        u = self._users.setdefault((tenant, user), _User())
+        u = self._users.get((tenant, user))
         if value is None:
-            u.tombstoned.add(key_id)
+            if u is None:
+                return  # nothing of the user here: nothing to drop or keep (no state)
             if key_id in u.shredded or key_id in u.legacy or key_id in u.locked:
                 self._drop(tenant, user, key_id)  # a verified forget; a legacy key's rule
             else:  # no verified marker lists it: kept, written back
                 self._keep(tenant, user, key_id)
             return
         found = rec.data_key_record(value)
-        if key_id in u.shredded:
+        if u is not None and key_id in u.shredded:
             u.reshred.add(key_id)  # written again after a verified forget: shred it anew
             return
         kek = self._tenants.get(tenant, _Tenant()).keks.get(found.kek or "")
         if kek is None and not self._ring.master:  # a reader: a legacy key, or under a
-            u.values[key_id] = value  # tenant KEK made after its read key
+            if self._locked >= LOCKED_MAX:  # tenant KEK made after its read key: it
+                raise InvalidRecord("undecryptable", "too many keys under tenant keys this "
+                                    "reader lacks")  # cannot tell forged ones: bounded
+            u = self._users.setdefault((tenant, user), _User())
+            self._locked += key_id not in u.locked
+            u.values[key_id] = value
             u.locked.add(key_id)
             return
         if found.kek is None:
@@ -289,6 +306,9 @@ class KeyView:
             data_key = crypto.unwrap_under(kek, found.kek, found.wrapped, tenant, user, key_id)
         if self._plain.get((tenant, user, key_id), data_key) != data_key:
             raise InvalidRecord("undecryptable", "a key id already holds another data key")
+        u = self._users.setdefault((tenant, user), _User())  # state only for what opened
+        if key_id in u.locked:
+            self._locked -= 1
         self._plain[(tenant, user, key_id)] = data_key
         u.values[key_id] = value
         u.held.discard(key_id)
@@ -364,8 +384,10 @@ class KeyView:
     def rotation(self) -> Rotation:
         """The records that move this view under the current master version: tenant KEKs
         rewrapped, legacy data keys wrapped under their tenant's KEK (one made where the
-        tenant has none). Unsigned (legacy) forget markers are not signed: any producer
-        could have written one, and a signature would make its fence real."""
+        tenant has none), verified forget markers signed again under it (``msig``: those
+        of an older version, and those of before ``msig`` this view took, with
+        ``forget_markers_legacy``). Unsigned (legacy) forget markers are not signed: any
+        producer could have written one, and a signature would make its fence real."""
         version = self._ring.version
         assert version is not None, "rotating needs MEMSTREAM_MASTER_KEY"
         out = Rotation()
@@ -384,7 +406,23 @@ class KeyView:
                 out.records.append(data_key_record(kek_id, kek, self._plain[
                     (tenant, user, key_id)], tenant, user, key_id))
                 out.data_keys += 1
+        out.records += self._resigned_markers(out)
         return out
+
+    def _resigned_markers(self, out: Rotation) -> list[Sent]:
+        version, signing = self._ring.marker_key()
+        records: list[Sent] = []
+        for (tenant, user), u in sorted(self._users.items()):
+            if u.marker is None:
+                continue
+            m = rec.marker(u.marker)
+            kek = self.keks_of(tenant).get(m.kek or "")
+            if (m.msig is not None and m.master == version) or kek is None:
+                continue
+            again = rec.resigned(m, kek, tenant, user, (version, signing))
+            records.append((f"{tenant}/{user}/{FORGOTTEN}", rec.dumps(again)))
+            out.markers += 1
+        return records
 
     def _rotation_kek(self, tenant: str, out: Rotation) -> tuple[str, bytes]:
         keks = self.keks_of(tenant)

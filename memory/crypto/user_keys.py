@@ -3,7 +3,8 @@
 Records (layout, signatures: :mod:`memstream.memory.crypto.key_records`): tenant KEKs
 (``tenant/!kek/<id>``, wrapped by a version of the master key), the users' data keys
 (``tenant/user/<key id>``, wrapped by a tenant KEK) and forget markers
-(``tenant/user/!forgotten``, signed with a key derived from the tenant KEK). Forgetting
+(``tenant/user/!forgotten``, signed with a key derived from the master key, which workers
+verify, and one derived from the tenant KEK, which downstream readers verify). Forgetting
 writes the signed marker listing the user's key ids, then a tombstone for each: compaction
 then removes the wrapped keys from the log (``max.compaction.lag.ms`` bounds when), and
 every sealed record of the user, wherever it is copied, no longer opens. Each key id is its
@@ -181,7 +182,8 @@ class UserKeys(KeyView):
             kek_id, kek = await self.tenant_kek(tenant)
             ids = sorted(self.key_ids(tenant, user))
             m = rec.signed_marker(kek, kek_id, tenant, user, at=at, request_id=request_id,
-                                  actor=actor, keys=self.shredded(tenant, user) | set(ids))
+                                  actor=actor, keys=self.shredded(tenant, user) | set(ids),
+                                  master=self._ring.marker_key())
             await self._write(f"{tenant}/{user}/{FORGOTTEN}", rec.dumps(m))
             for key_id in ids:
                 await self._write(f"{tenant}/{user}/{key_id}", None)

@@ -58,12 +58,18 @@ class AsyncMemoryClient(ClientBase):
     async def add(self, messages: Messages, *, user_id: str, session_id: str,
                   role: str = "user") -> list[str]:
         """See :meth:`MemoryClient.add`."""
-        ids, records = self._message_records(messages, user_id, session_id, role)
-        await self._producer.send(records)
-        return ids
+        events = self._chat(messages, user_id, session_id, role)
+        if self._over_http:
+            return await self._run(ops.add_messages_op(self.tenant_id, user_id, session_id,
+                                                       events))
+        await self._producer.send(self._message_records(events))
+        return [e.message_id for e in events]
 
     async def end_session(self, *, user_id: str, session_id: str) -> None:
         """See :meth:`MemoryClient.end_session`."""
+        if self._over_http:
+            await self._run(ops.end_session_op(self.tenant_id, user_id, session_id))
+            return
         await self._producer.send(self._session_end_records(user_id, session_id))
 
     async def search(self, query: str, *, user_id: str, limit: int | None = None,

@@ -24,9 +24,8 @@ from memstream.client._produce import (
     chat_messages,
     to_records,
 )
-from memstream.core.errors import MemstreamError
 from memstream.core.settings import Settings
-from memstream.topics.schemas import SessionEvent
+from memstream.topics.schemas import ChatMessage, SessionEvent
 
 Verify = bool | str | Path | ssl.SSLContext  # True: the system's CAs; a path: a CA file
 
@@ -61,6 +60,8 @@ class ClientBase:
         self._current = 0
         self.tenant_id = check_id("tenant_id", tenant_id)
         self.topic_prefix = topic_prefix
+        # the per-tenant layout (docs/tenancy.md): the tenant's own input topics
+        self.per_tenant = kafka is not None and kafka.input_topics == "per-tenant"
         if kafka is not None:  # the whole connection: bootstrap servers, SASL, SSL
             bootstrap_servers = bootstrap_servers or kafka.bootstrap_servers
             kafka = kafka.model_copy(update={"bootstrap_servers": bootstrap_servers})
@@ -109,21 +110,27 @@ class ClientBase:
     def _secret(self) -> str:
         return self._api_key.get_secret_value()
 
-    def _need_broker(self) -> None:
-        if self.bootstrap_servers is None:
-            raise MemstreamError("this client needs bootstrap_servers to produce messages "
-                                 "and session events to Kafka")
+    @property
+    def _over_http(self) -> bool:
+        """No Kafka settings: ``add`` and ``end_session`` go through the HTTP way in."""
+        return self.bootstrap_servers is None
 
-    def _message_records(self, messages: Messages, user_id: str, session_id: str,
-                         role: str) -> tuple[list[str], list[Record]]:
-        self._need_broker()
-        events = chat_messages(messages, tenant_id=self.tenant_id, user_id=user_id,
-                               session_id=session_id, role=role, now=self._clock())
-        ids = [e.message_id for e in events]
-        return ids, to_records(f"{self.topic_prefix}.messages", events)
+    def _chat(self, messages: Messages, user_id: str, session_id: str,
+              role: str) -> list[ChatMessage]:
+        """Validated messages, each with its id: everything is checked before any send."""
+        return chat_messages(messages, tenant_id=self.tenant_id, user_id=user_id,
+                             session_id=session_id, role=role, now=self._clock())
+
+    def _message_records(self, events: Sequence[ChatMessage]) -> list[Record]:
+        return to_records(self._input_topic("messages"), events)
 
     def _session_end_records(self, user_id: str, session_id: str) -> list[Record]:
-        self._need_broker()
         event = SessionEvent(tenant_id=self.tenant_id, user_id=user_id, session_id=session_id,
                              ts=self._clock())
-        return to_records(f"{self.topic_prefix}.session-events", [event])
+        return to_records(self._input_topic("session-events"), [event])
+
+    def _input_topic(self, name: str) -> str:
+        """Where a chat service writes (``messages``, ``session-events``): the shared topic,
+        or with ``kafka`` settings of the per-tenant layout, the client's tenant's own."""
+        tenant = f"tenant.{self.tenant_id}." if self.per_tenant else ""
+        return f"{self.topic_prefix}.{tenant}{name}"

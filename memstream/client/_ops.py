@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, cast
 
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from memstream.client._errors import MemstreamAPIError, MemstreamConnectionError
 from memstream.core.errors import MemstreamError
-from memstream.topics.schemas import ID_PATTERN
+from memstream.topics.schemas import ID_PATTERN, ChatMessage
 from memstream.web.models import paths
 from memstream.web.models.api import (
     MAX_PAGE,
@@ -34,6 +34,12 @@ from memstream.web.models.api import (
     SearchResponse,
     ToolCallRequest,
     ToolResult,
+)
+from memstream.web.models.intake import (
+    MessageIn,
+    MessagesAccepted,
+    MessagesRequest,
+    SessionEndAccepted,
 )
 
 T = TypeVar("T")
@@ -230,3 +236,22 @@ def tool_call(name: str, arguments: Mapping[str, Any] | str, session_id: str | N
     extra = {} if wait_s == 5.0 else {"wait_s": wait_s}
     return ToolCallRequest(name=name, arguments=args, session_id=session_id,
                            tool_call_id=tool_call_id, **extra)
+
+
+# --- the HTTP way in: a client without Kafka settings ------------------------------------
+def add_messages_op(tenant: str, user: str, session: str,
+                    messages: Sequence[ChatMessage]) -> Op[list[str]]:
+    """``add`` over HTTP: the messages (validated, each with its id) in one request, with an
+    ``Idempotency-Key`` of the call; returns the ids the worker took them with."""
+    body = MessagesRequest(session_id=session, messages=[
+        MessageIn(role=m.role, content=m.content, message_id=m.message_id, ts=m.ts,
+                  metadata=m.metadata) for m in messages])
+    call = Call("POST", user_path(paths.MESSAGES, tenant, user), json=_body(body),
+                idempotency_key=new_key())
+    accepted = parse((yield call), MessagesAccepted)
+    return [m.message_id for m in accepted.messages]
+
+
+def end_session_op(tenant: str, user: str, session: str) -> Op[SessionEndAccepted]:
+    path = user_path(paths.SESSION_END, tenant, user, session_id=check_id("session_id", session))
+    return parse((yield Call("POST", path, idempotency_key=new_key())), SessionEndAccepted)

@@ -72,17 +72,25 @@ class MemoryClient(ClientBase):
 
     def add(self, messages: Messages, *, user_id: str, session_id: str,
             role: str = "user") -> list[str]:
-        """Produce messages to memstream, in order; returns their message ids.
+        """Send messages to memstream, in order; returns their message ids.
 
-        Everything is validated before the first record is sent. Retrying with the same
-        ids (pass ``message_id``) is safe: memstream drops duplicates.
+        With Kafka settings (``bootstrap_servers`` or ``kafka``) they are produced to the
+        messages topic; without, they go through the HTTP way in (``POST .../messages``,
+        202 once the broker has them). Everything is validated before anything is sent.
+        Retrying with the same ids (pass ``message_id``) is safe: memstream drops duplicates.
         """
-        ids, records = self._message_records(messages, user_id, session_id, role)
-        self._produce(records)
-        return ids
+        events = self._chat(messages, user_id, session_id, role)
+        if self._over_http:
+            return self._run(ops.add_messages_op(self.tenant_id, user_id, session_id, events))
+        self._produce(self._message_records(events))
+        return [e.message_id for e in events]
 
     def end_session(self, *, user_id: str, session_id: str) -> None:
-        """Tell memstream the session ended: what is below the extraction threshold runs."""
+        """Tell memstream the session ended: what is below the extraction threshold runs
+        (over HTTP without Kafka settings, as :meth:`add`)."""
+        if self._over_http:
+            self._run(ops.end_session_op(self.tenant_id, user_id, session_id))
+            return
         self._produce(self._session_end_records(user_id, session_id))
 
     def search(self, query: str, *, user_id: str, limit: int | None = None,

@@ -20,8 +20,8 @@ it was made, a random nonce, and a signature over those, the method, the path wi
 query, the SHA-256 of the body and every signed header (``X-Memstream-*`` and
 ``Idempotency-Key``) it is sent with. :func:`check_forward` accepts it for
 :data:`CREDENTIAL_TTL_S` seconds either side of the receiver's clock; the receiver keeps the
-nonces it has seen for that long (:class:`SeenNonces`), so a captured request cannot be
-played twice.
+nonces it has seen for that long, per sending worker (:class:`SeenNonces`), so a captured
+request cannot be played twice, and one sender's flood fills only its own share.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def key_for(secret: str, purpose: str) -> bytes:
 def _message(parts: tuple[str | bytes, ...]) -> bytes:
     out = bytearray()
     for part in parts:
-        raw = part.encode() if isinstance(part, str) else part
+        raw = part.encode("utf-8", "surrogatepass") if isinstance(part, str) else part
         out += f"{len(raw)}:".encode() + raw
     return bytes(out)
 
@@ -60,7 +60,10 @@ def sign(key: bytes, *parts: str | bytes) -> str:
 
 
 def verify(key: bytes, signature: str, *parts: str | bytes) -> bool:
-    return isinstance(signature, str) and hmac.compare_digest(signature, sign(key, *parts))
+    """Never raises: a signature that is not hex text (non-ASCII, not a string) is False."""
+    if not isinstance(signature, str) or not signature.isascii():
+        return False
+    return hmac.compare_digest(signature, sign(key, *parts))
 
 
 def signed_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -112,22 +115,44 @@ def check_forward(secret: str, credential: str, *, worker: str, method: str, tar
     if not verify(key_for(secret, FORWARD), signature,
                   *_forward_parts(worker, made_at, nonce, method, target, body, headers)):
         return False
-    return seen is None or seen.first(nonce, now)
+    return seen is None or seen.first(nonce, now, worker)
 
 
 class SeenNonces:
-    """Nonces of credentials accepted in the last :data:`CREDENTIAL_TTL_S` (bounded)."""
+    """Nonces of credentials accepted in the last :data:`CREDENTIAL_TTL_S`, per sending
+    worker, each sender's bounded on its own (``most``): a sender that fills its share (a
+    flood of forwards one tenant's key made it send) is refused, never forgotten, and every
+    other worker's forwards go on. At most ``senders`` senders are held (a verified
+    credential names one: only workers with the cluster secret add one); past that the one
+    seen least recently is dropped with its nonces only when all of them have expired."""
 
-    def __init__(self, ttl_s: float = 2 * CREDENTIAL_TTL_S, most: int = 100_000) -> None:
-        self._ttl, self._most = ttl_s, most
-        self._seen: OrderedDict[str, float] = OrderedDict()
+    def __init__(self, ttl_s: float = 2 * CREDENTIAL_TTL_S, most: int = 100_000,
+                 senders: int = 1024) -> None:
+        self._ttl, self._most, self._senders = ttl_s, most, senders
+        self._seen: OrderedDict[str, OrderedDict[str, float]] = OrderedDict()
 
-    def first(self, nonce: str, now: float) -> bool:
-        """True the first time ``nonce`` is seen; False again, and False for every new one
-        while ``most`` unexpired nonces are held (a flood is refused, never forgotten)."""
-        while self._seen and next(iter(self._seen.values())) < now - self._ttl:
-            self._seen.popitem(last=False)
-        if nonce in self._seen or len(self._seen) >= self._most:
+    def first(self, nonce: str, now: float, sender: str = "") -> bool:
+        """True the first time ``nonce`` is seen from ``sender``; False again, and False for
+        every new one while ``most`` unexpired nonces of that sender are held."""
+        mine = self._seen.get(sender)
+        if mine is None:
+            self._expire(now)
+            if len(self._seen) >= self._senders:
+                return False
+            mine = self._seen[sender] = OrderedDict()
+        self._seen.move_to_end(sender)
+        while mine and next(iter(mine.values())) < now - self._ttl:
+            mine.popitem(last=False)
+        if nonce in mine or len(mine) >= self._most:
             return False
-        self._seen[nonce] = now
+        mine[nonce] = now
         return True
+
+    def held(self, sender: str) -> int:
+        return len(self._seen.get(sender, ()))
+
+    def _expire(self, now: float) -> None:
+        """Senders whose every nonce has expired, forgotten."""
+        for sender in [s for s, mine in self._seen.items()
+                       if not mine or next(reversed(mine.values())) < now - self._ttl]:
+            del self._seen[sender]

@@ -35,6 +35,7 @@ class InvalidRecord(MemstreamError):
     - ``schema``: not an object, a missing or wrongly typed field, an id breaking the rules;
     - ``date``: a datetime that cannot be converted to UTC or falls outside 1970..9999;
     - ``key``: a keyed event whose record key is missing or not ``tenant/user``;
+    - ``tenant``: a record of another tenant on a tenant's own input topic (per-tenant layout);
     - ``extraction_failed``: a valid job whose extraction failed after its retries;
     - ``internal``: a valid record the worker could not handle (a bug;
       ``streams.stage.until_handled``).

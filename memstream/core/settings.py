@@ -97,6 +97,14 @@ class Settings(BaseSettings):
     login_failures_per_minute: int = Field(
         20, ge=1, description="Failed key checks per key prefix and per client address "
         "per minute; more are answered 429 until the minute has passed")
+    requests_per_key_per_s: float = Field(
+        100.0, ge=0, description="Requests each API key (a tenant key, the admin key, the "
+        "metrics key) may make per second on one worker's HTTP API, on every route that takes "
+        "a key; past it (and its burst) that key alone is answered 429 with Retry-After "
+        "(memstream_auth_failures_total{reason=\"request_rate\"}). 0: no limit")
+    requests_per_key_burst: int = Field(
+        200, ge=1, description="Requests an API key may make at once above "
+        "requests_per_key_per_s (the size of its token bucket)")
     rebuild_settle_s: float = Field(
         300.0, ge=0, le=3600, description="A store switch (memstream rebuild --swap) copies "
         "the users the worker wrote this recently from the live store instead of verifying them "
@@ -141,6 +149,10 @@ class Settings(BaseSettings):
     master_key_previous: SecretStr | None = Field(
         None, description="Older master keys still accepted for unwrapping, as "
         "'<version>:<key>' separated by commas (during a rotation; drop them afterwards)")
+    forget_markers_legacy: bool = Field(
+        False, description="Workers accept forget markers signed with the tenant key only "
+        "(written before markers carried the workers' signature): set it for an upgrade "
+        "until `memstream keys rotate-master` has signed them again, then unset it")
     read_keys: SecretStr | None = Field(
         None, description="Downstream readers: tenant read keys (`memstream keys create "
         "--tenant T --read-events`), separated by commas; they open the events of their "
@@ -289,6 +301,23 @@ class Settings(BaseSettings):
     llm_record_mode: Literal["record", "replay", "auto"] = Field(
         "record", description="record: call and append; replay: answers from the file only "
         "(a miss is an error, never a call); auto: from the file, else call and append")
+
+    # --- Tenant boundaries on the way in (docs/tenancy.md) ------------------------------
+    input_topics: Literal["shared", "per-tenant"] = Field(
+        "shared", description="shared: chat services write the messages and session-events "
+        "topics; per-tenant: also one pair per tenant of `tenants` "
+        "(<prefix>.tenant.<tenant>.messages / .session-events), so a PREFIXED ACL on "
+        "<prefix>.tenant.<tenant>. confines a chat service to its tenant (memstream acls); a "
+        "record whose tenant is not its topic's is dead-lettered")
+    tenants: str = Field(
+        "", description="per-tenant: the tenants whose input topics the worker creates, "
+        "checks and reads, comma-separated (letters, digits, '_', '-': no '.', the "
+        "separator of the topic names)")
+
+    @property
+    def tenant_ids(self) -> tuple[str, ...]:
+        """``tenants`` as a list (order kept, duplicates and blanks dropped)."""
+        return tuple(dict.fromkeys(t.strip() for t in self.tenants.split(",") if t.strip()))
 
     # --- The local broker (memstream broker ...) --------------------------------------
     kafka_version: str = Field("4.4.0", description="org.apache.kafka:kafka_2.13 version")

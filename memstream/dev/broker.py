@@ -27,6 +27,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,9 +101,17 @@ _SASL = """sasl.enabled.mechanisms=PLAIN
 sasl.mechanism.inter.broker.protocol=PLAIN
 listener.name.sasl_plaintext.plain.sasl.jaas.config=\\
   org.apache.kafka.common.security.plain.PlainLoginModule required \\
-  username="broker" password="{broker}" user_broker="{broker}" user_{user}="{password}";
+  username="broker" password="{broker}" user_broker="{broker}" {users};
 """
 _SASL_USER = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# ``--authorizer`` (with ``--sasl``): ACLs decide what each user may do (KRaft's
+# StandardAuthorizer, nothing allowed without an ACL). The configured user is a super user
+# (it applies the ACLs), as is the broker's internal one; so is ANONYMOUS, the principal of
+# the loopback-only PLAINTEXT controller listener the broker's own controller calls use.
+_AUTHORIZER = """authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:broker;User:ANONYMOUS;User:{user}
+"""
 
 
 @dataclass(frozen=True)
@@ -195,21 +204,31 @@ def _java(paths: BrokerPaths, main: str, *args: str, heap: str = "256m") -> list
     ]
 
 
-def _sasl_block(settings: Settings) -> str:
+def _sasl_user(user: str, secret: str) -> str:
+    if not _SASL_USER.fullmatch(user) or user == "broker":
+        raise BrokerError(f"SASL user {user!r}: letters, digits, '.', '_', '-' only "
+                          "(and not 'broker')")
+    if any(c in secret for c in '"\\\n'):
+        raise BrokerError("the SASL password must not contain quotes, backslashes or newlines")
+    return f'user_{user}="{secret}"'
+
+
+def _sasl_block(settings: Settings, users: Mapping[str, str] | None = None,
+                authorizer: bool = False) -> str:
+    """The SASL/PLAIN listener: the configured user and ``users`` (name -> password) may
+    log in; with ``authorizer``, ACLs decide what each may do (the configured user: all)."""
     user, password = settings.kafka_sasl_username, settings.kafka_sasl_password
     if not user or password is None:
         raise BrokerError("broker start --sasl needs MEMSTREAM_KAFKA_SASL_USERNAME and "
                           "MEMSTREAM_KAFKA_SASL_PASSWORD (the user clients log in as)")
-    if not _SASL_USER.fullmatch(user) or user == "broker":
-        raise BrokerError(f"SASL user {user!r}: letters, digits, '.', '_', '-' only "
-                          "(and not 'broker')")
-    secret = password.get_secret_value()
-    if any(c in secret for c in '"\\\n'):
-        raise BrokerError("the SASL password must not contain quotes, backslashes or newlines")
-    return _SASL.format(broker=uuid.uuid4().hex, user=user, password=secret)
+    first = _sasl_user(user, password.get_secret_value())
+    others = " ".join(_sasl_user(u, p) for u, p in (users or {}).items() if u != user)
+    block = _SASL.format(broker=uuid.uuid4().hex, users=f"{first} {others}".strip())
+    return block + (_AUTHORIZER.format(user=user) if authorizer else "")
 
 
-def configure(paths: BrokerPaths, settings: Settings, sasl: bool = False) -> Path:
+def configure(paths: BrokerPaths, settings: Settings, sasl: bool = False,
+              users: Mapping[str, str] | None = None, authorizer: bool = False) -> Path:
     """Write server.properties and log4j2.xml; format KRaft storage once."""
     paths.run.mkdir(parents=True, exist_ok=True)
     props = paths.run / "server.properties"
@@ -218,7 +237,7 @@ def configure(paths: BrokerPaths, settings: Settings, sasl: bool = False) -> Pat
     props.chmod(0o600)  # it holds the SASL passwords
     props.write_text(_SERVER.format(
         port=settings.kafka_port, cport=settings.kafka_controller_port, logdir=paths.data,
-        listener=listener, sasl=_sasl_block(settings) if sasl else "",
+        listener=listener, sasl=_sasl_block(settings, users, authorizer) if sasl else "",
     ))
     paths.listener_file.write_text(listener)
     (paths.run / "log4j2.xml").write_text(_LOG4J2.format(log=paths.log_file))
@@ -339,19 +358,25 @@ def wait_ready(settings: Settings, paths: BrokerPaths, timeout: float = 90.0) ->
     raise BrokerError(f"broker not ready after {timeout:.0f}s (last error: {last!r})")
 
 
-def start(settings: Settings, timeout: float = 90.0, sasl: bool = False) -> int:
+def start(settings: Settings, timeout: float = 90.0, sasl: bool = False,
+          users: Mapping[str, str] | None = None, authorizer: bool = False) -> int:
     """Start the local broker (idempotent) and return its PID once it serves clients.
 
-    ``sasl``: its client listener is SASL_PLAINTEXT (PLAIN), the one user being
-    ``kafka_sasl_username`` / ``kafka_sasl_password``; clients without them are refused.
+    ``sasl``: its client listener is SASL_PLAINTEXT (PLAIN), the users being
+    ``kafka_sasl_username`` / ``kafka_sasl_password`` and ``users`` (name -> password);
+    clients without them are refused. ``authorizer`` (with ``sasl``): Kafka's
+    StandardAuthorizer, the configured user a super user, every other one allowed only
+    what an ACL allows (``memstream acls --apply``).
     """
+    if (users or authorizer) and not sasl:
+        raise BrokerError("users and the authorizer need --sasl (the users log in)")
     paths = paths_for(settings)
     pid = read_pid(paths)
     if pid is not None:
         wait_ready(settings, paths, timeout)
         return pid
     fetch_jars(paths)
-    props = configure(paths, settings, sasl=sasl)
+    props = configure(paths, settings, sasl=sasl, users=users, authorizer=authorizer)
     if paths.log_file.exists():
         paths.log_file.unlink()
     out = paths.stdout_file.open("ab")

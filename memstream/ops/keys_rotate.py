@@ -9,8 +9,12 @@ Rotating the master key, while the workers run:
 2. run ``memstream keys rotate-master`` with the same settings: it reads the topic to its
    end and writes every tenant KEK not under N again, wrapped under N (the same KEK, so
    data keys, sealed events and read keys stay as they are), wraps every legacy data key
-   under its tenant's KEK (legacy unsigned forget markers stay unsigned: anyone could
-   have written one);
+   under its tenant's KEK and signs every forget marker not under N again under N (the
+   workers' marker key is derived from the master key, so a marker of the old version
+   must be signed again before step 4, as the KEKs are rewrapped; legacy unsigned forget
+   markers stay unsigned: anyone could have written one; markers signed with the tenant
+   key only, of before marker keys, are signed again only with
+   ``MEMSTREAM_FORGET_MARKERS_LEGACY=true``, the upgrade's setting);
 3. it reports the counts and fails when a record did not open (a master version missing
    from the settings): dropping the old version then would lose those tenants;
 4. once it reports no failure, remove ``MEMSTREAM_MASTER_KEY_PREVIOUS`` from the workers
@@ -37,6 +41,7 @@ class RotateReport:
     keks: int  # tenant KEKs rewrapped under the new version
     data_keys: int  # legacy data keys wrapped under their tenant's KEK
     new_keks: int  # tenant KEKs made for tenants that had only legacy keys
+    markers: int  # forget markers signed again under the new version
     unopened: int  # records that did not open with these settings (not rotated)
     rejected: dict[str, int]  # every record set aside, by kind (unsigned: legacy markers)
 
@@ -64,7 +69,7 @@ async def rotate_master(settings: Settings) -> RotateReport:
         await keys.stop()
     kinds = dict(keys.rejected_kinds)
     return RotateReport(settings.master_key_version, plan.keks, plan.data_keys,
-                        plan.new_keks, kinds.get("undecryptable", 0), kinds)
+                        plan.new_keks, plan.markers, kinds.get("undecryptable", 0), kinds)
 
 
 async def read_key(settings: Settings, tenant: str) -> tuple[str, list[str]]:

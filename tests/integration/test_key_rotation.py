@@ -1,7 +1,10 @@
 """The key hierarchy on a real broker (issue 29): user keys written under master version 1,
 a malformed record on the topic, ``rotate-master`` to version 2 while a follower runs, then
 a fresh follower with version 2 alone opens everything; a tenant read key opens its
-tenant's events and not another's; a forget after the rotation still shreds.
+tenant's events and not another's; a forget after the rotation still shreds. Forget markers
+(issue 47): one written under version 1 is signed again by the rotation and still holds
+under version 2 alone; one a reader forged with its read key (the tenant KEK) shreds
+nothing on a worker.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from aiokafka import AIOKafkaProducer
 from memstream.consumer.opening import Opener
 from memstream.core.settings import Settings
 from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto import key_records as rec
 from memstream.memory.crypto.user_keys import UserKeys
 from memstream.ops.keys_rotate import read_key, rotate_master
 from memstream.topics.events import EventLineage, MemoryEvent, MemoryState
@@ -69,12 +73,20 @@ async def test_rotation_read_keys_and_forget_on_the_broker(kafka_bootstrap):
     try:
         ka = await w1.key_for_write("ta", "u1")
         kb = await w1.key_for_write("tb", "u2")
+        await w1.key_for_write("tb", "u3")
+        k4 = await w1.key_for_write("ta", "u4")
+        assert await w1.forget("tb", "u3", 1e9, "req", "admin") == 1  # under version 1
+        kek_id, kek = min(w1.keks_of("ta").items())
     finally:
         await w1.stop()
+    forged = rec.signed_marker(kek, kek_id, "ta", "u4", at=3e9, request_id="x", actor="x",
+                               keys=[k4[0]])  # what a reader of ta can sign
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
     try:  # one bad record: the followers set it aside and go on
         await producer.send_and_wait(topic, key=b"ta/u9/kbad", value=b"not json")
+        await producer.send_and_wait(topic, key=b"ta/u4/!forgotten", value=rec.dumps(forged))
+        await producer.send_and_wait(topic, key=f"ta/u4/{k4[0]}".encode(), value=None)
     finally:
         await producer.stop()
     ea = crypto.seal_event(event("ta", "u1", "a1"), *ka)
@@ -82,9 +94,10 @@ async def test_rotation_read_keys_and_forget_on_the_broker(kafka_bootstrap):
 
     running = await follower(both, topic)  # a worker with both versions, during it
     try:
-        assert opened(running, ea) and opened(running, eb) and running.rejected == 1
+        assert opened(running, ea) and opened(running, eb) and running.rejected == 2
+        assert running.forgotten_at("ta", "u4") is None and running.keys_of("ta", "u4")
         report = await rotate_master(both)
-        assert (report.keks, report.unopened) == (2, 0), report
+        assert (report.keks, report.markers, report.unopened) == (2, 1, 0), report
         await until(lambda: _took(running, topic), "the follower to take the rewraps")
         assert opened(running, ea) and opened(running, eb)
     finally:
@@ -93,6 +106,9 @@ async def test_rotation_read_keys_and_forget_on_the_broker(kafka_bootstrap):
     fresh = await follower(v2, topic)  # version 1 dropped: everything still opens
     try:
         assert opened(fresh, ea) and opened(fresh, eb)
+        assert fresh.forgotten_at("tb", "u3") == 1e9  # its marker signed again under 2
+        assert fresh.forgotten_at("ta", "u4") is None
+        assert fresh.keys_of("ta", "u4") == {k4[0]: k4[1]}  # the tombstone not honoured
     finally:
         await fresh.stop()
 

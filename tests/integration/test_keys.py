@@ -246,6 +246,9 @@ async def test_forged_records_on_the_topic_never_authorise(settings: Settings, m
             for record in attacks:
                 await producer.send_and_wait(follower.topic, key=record.key_id.encode(),
                                              value=record.dumps())
+            for headers in ([], [("memstream-sig", b"0" * 64)]):  # revoking by tombstone
+                await producer.send_and_wait(follower.topic, key=real_id.encode(),
+                                             value=None, headers=headers)
         finally:
             await producer.stop()
         marker_out = await cli("create", "--tenant", "globex")  # written after the attacks
@@ -256,6 +259,7 @@ async def test_forged_records_on_the_topic_never_authorise(settings: Settings, m
         principal = follower.ring.authorise(real)
         assert principal is not None and principal.tenant_id == "acme"
         assert follower.ring.rejected == len(attacks)
+        assert follower.rejected == {"unsigned": len(attacks) + 2}  # dead-lettered too
     finally:
         await follower.stop()
 
@@ -281,3 +285,14 @@ async def test_forged_records_on_the_topic_never_authorise(settings: Settings, m
         assert after.ring.authorise(real) is None and after.ring.authorise(marker) is not None
     finally:
         await after.stop()
+
+    # Deleting a key writes its signed tombstone, which a worker takes.
+    assert "deleted" in await cli("revoke", "--delete", real_id)
+    deleted = KeyFollower.for_settings(settings)
+    await deleted.start()
+    try:
+        assert await deleted.wait_ready(20.0)
+        assert deleted.ring.get(real_id) is None and deleted.ring.authorise(marker)
+        assert deleted.rejected == {"unsigned": len(attacks) + 2}
+    finally:
+        await deleted.stop()

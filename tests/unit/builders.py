@@ -48,6 +48,13 @@ from memstream.web.models.api import (
     ToolCallRequest,
     ToolResult,
 )
+from memstream.web.models.intake import (
+    MessageAccepted,
+    MessagesAccepted,
+    MessagesRequest,
+    SessionEndAccepted,
+    SessionEndRequest,
+)
 
 _ids = itertools.count()
 
@@ -368,6 +375,22 @@ class FakeBackend:
         self._record("execute_tool", tenant, user, req, principal)
         return ToolResult(tool_call_id=req.tool_call_id, name=req.name, status="ok",
                           content="done")
+
+    async def add_messages(self, tenant: str, user: str, req: MessagesRequest,
+                           idempotency_key: str | None = None) -> MessagesAccepted:
+        self.idempotency_keys.append(idempotency_key)
+        self._record("add_messages", tenant, user, req)
+        return MessagesAccepted(messages=[
+            MessageAccepted(message_id=m.message_id or f"m{i}",
+                            session_id=m.session_id or req.session_id or "s1",
+                            topic="memstream.messages", partition=0, offset=i)
+            for i, m in enumerate(req.messages)])
+
+    async def end_session(self, tenant: str, user: str, session: str,
+                          req: SessionEndRequest) -> SessionEndAccepted:
+        self._record("end_session", tenant, user, session, req)
+        return SessionEndAccepted(session_id=session, topic="memstream.session-events",
+                                  partition=0, offset=0)
 
 
 class FakeAuthoriser:

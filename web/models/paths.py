@@ -4,7 +4,8 @@ these constants, so a path cannot be spelled two ways.
 
 Plain strings and the standard library only: the client imports this module, so it imports
 nothing from the server side. A placeholder (``{tenant}``, ``{user}``, ``{memory_id}``,
-``{job_id}``) is aiohttp's route syntax and OpenAPI's alike; :func:`fill` puts ids in them.
+``{job_id}``, ``{session_id}``) is aiohttp's route syntax and OpenAPI's alike; :func:`fill`
+puts ids in them.
 The inspector's JavaScript (``web/inspector/app.js``) writes the same prefixes; a unit test
 holds it to these.
 """
@@ -31,6 +32,10 @@ SEARCH = USER + "/search"
 CONTEXT = USER + "/context"
 FEEDBACK = USER + "/feedback"
 EXECUTE_TOOL = USER + "/tools/execute"
+
+# The HTTP way in: chat messages and a session's end, produced to their topics.
+MESSAGES = USER + "/messages"
+SESSION_END = USER + "/sessions/{session_id}/end"
 
 # History, corrections, forget-me and the audit log.
 MEMORY = MEMORIES + "/{memory_id}"
@@ -59,6 +64,7 @@ INSPECTOR_STYLE = INSPECTOR + "/style.css"
 
 ROUTE_PATHS: tuple[str, ...] = (
     HEALTH, OPENAPI, TOOLS, MEMORIES, SEARCH, CONTEXT, FEEDBACK, EXECUTE_TOOL,
+    MESSAGES, SESSION_END,
     MEMORY, MEMORY_HISTORY, MEMORY_SOURCE, MEMORY_ROLLBACK, CHANGES, FORGET, RESIDUE,
     UNDO_JOB, AUDIT, METRICS, METRICS_SUMMARY, CLUSTER, INSPECTOR, INSPECTOR_APP, INSPECTOR_LOGIC,
     INSPECTOR_CHARTS, INSPECTOR_DOM, INSPECTOR_METRICS, INSPECTOR_STYLE,

@@ -373,11 +373,62 @@ def test_add_validates_everything_before_producing_anything(make, messages):
     assert kafka.records == [] and kafka.created == []
 
 
-def test_add_without_bootstrap_servers_says_so(make):
+def accepted(*ids: str, session: str = "s1") -> httpx.Response:
+    return httpx.Response(202, json={"messages": [
+        {"message_id": i, "session_id": session, "topic": "memstream.messages",
+         "partition": 1, "offset": n} for n, i in enumerate(ids)]})
+
+
+def test_add_without_kafka_settings_posts_the_messages_over_http(make):
     kafka = FakeKafka()
-    with pytest.raises(MemstreamError, match="bootstrap_servers"):
-        make(producer_factory=kafka).add("hello", user_id=USER, session_id="s1")
-    assert kafka.created == []
+    server = Server(accepted("given-1", "x"))
+    client = make(server, producer_factory=kafka)
+    ids = client.add([{"role": "user", "content": "I moved to Munich", "message_id": "given-1"},
+                      {"role": "assistant", "content": "Noted!", "metadata": {"lang": "en"}}],
+                     user_id=USER, session_id="s1")
+    request = server.only()
+    body = sent(request, "POST", at(paths.MESSAGES))
+    assert ids == ["given-1", "x"]  # the ids the worker took them with
+    assert body["session_id"] == "s1"
+    assert [(m["role"], m["content"]) for m in body["messages"]] == [
+        ("user", "I moved to Munich"), ("assistant", "Noted!")]
+    assert body["messages"][0]["message_id"] == "given-1"
+    assert len(body["messages"][1]["message_id"]) == 32  # made by the client, sent
+    assert body["messages"][1]["metadata"] == {"lang": "en"}
+    assert {datetime.fromisoformat(m["ts"]) for m in body["messages"]} == {NOW}
+    assert len(request.headers["Idempotency-Key"]) == 32
+    assert kafka.created == []  # no producer without Kafka settings
+
+
+def test_add_over_http_validates_before_sending_and_raises_the_apis_refusal(make):
+    server = Server(httpx.Response(403, json={"error": {
+        "code": "forbidden", "message": "this key does not open this tenant"}}))
+    client = make(server)
+    with pytest.raises(ValueError):
+        client.add([{"role": "robot", "content": "x"}], user_id=USER, session_id="s1")
+    assert server.requests == []
+    with pytest.raises(MemstreamAPIError) as refused:
+        client.add("hello", user_id=USER, session_id="s1")
+    assert refused.value.status == 403
+
+
+def test_end_session_without_kafka_settings_posts_the_end(make):
+    server = Server(httpx.Response(202, json={
+        "session_id": "s9", "topic": "memstream.session-events", "partition": 0,
+        "offset": 4}))
+    make(server).end_session(user_id=USER, session_id="s9")
+    request = server.only()
+    assert sent(request, "POST", paths.fill(paths.SESSION_END, tenant=TENANT, user=USER,
+                                            session_id="s9")) is None
+    assert request.headers["Idempotency-Key"]
+
+
+def test_with_kafka_settings_add_never_uses_http(make):
+    kafka, server = FakeKafka(), Server()
+    client = make(server, bootstrap_servers="b:1", producer_factory=kafka)
+    client.add("hello", user_id=USER, session_id="s1")
+    client.end_session(user_id=USER, session_id="s1")
+    assert server.requests == [] and len(kafka.records) == 2
 
 
 def test_a_failed_delivery_is_a_connection_error(make):

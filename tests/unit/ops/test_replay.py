@@ -293,11 +293,13 @@ def test_forget_me_markers_are_read_when_they_verify_and_never_deleted():
     from memstream.ops.replay import _forgotten
 
     settings = Settings(master_key=SecretStr("master-key-of-the-replay-test"))
-    kek_id, kek, (kek_key, kek_value) = kek_record(rec.Keyring.of(settings), "t1")
+    ring = rec.Keyring.of(settings)
+    kek_id, kek, (kek_key, kek_value) = kek_record(ring, "t1")
 
-    def signed(user: str, at: float) -> bytes:
+    def signed(user: str, at: float, master: bool = True) -> bytes:
         return rec.dumps(rec.signed_marker(kek, kek_id, "t1", user, at=at, request_id="r",
-                                           actor="a", keys=[]))
+                                           actor="a", keys=[],
+                                           master=ring.marker_key() if master else None))
 
     recs = [(kek_key.encode(), kek_value),
             (b"t1/u1/!forgotten", signed("u1", 100.0)),
@@ -305,7 +307,8 @@ def test_forget_me_markers_are_read_when_they_verify_and_never_deleted():
             (b"t1/u2/!forgotten", signed("u2", 5.0)),
             (b"t1/u2/!forgotten", None),  # a marker is never deleted (a tombstone: forged)
             (b"t1/u3/!forgotten", b'{"at": 1e12}'),  # forged: unsigned
-            (b"t1/u4/!forgotten", b"not json")]  # malformed: set aside, not a crash
+            (b"t1/u4/!forgotten", b"not json"),  # malformed: set aside, not a crash
+            (b"t1/u5/!forgotten", signed("u5", 7.0, master=False))]  # a reader's: forged
     assert _forgotten(settings, recs, "user-keys") == {("t1", "u1"): 100.0, ("t1", "u2"): 5.0}
     assert _forgotten(Settings(), recs, "user-keys") == {}  # no master key: no markers
 

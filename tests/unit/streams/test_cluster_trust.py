@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import pytest
 from aiokafka.coordinator.protocol import (
@@ -17,7 +18,13 @@ from aiokafka.coordinator.protocol import (
 
 from memstream.core.cluster_auth import MAP, MEMBER, key_for, sign
 from memstream.streams.cluster import Cluster, ClusterMap, Worker, assignor_for, plan
-from memstream.streams.cluster_trust import Trust, allowed_url
+from memstream.streams.cluster_trust import (
+    GroupState,
+    Trust,
+    allowed_url,
+    opened_map,
+    sealed_map,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -25,6 +32,7 @@ SECRET = "cluster-secret-0123456789abcdef0123456789"
 OTHER_SECRET = "another-secret-0123456789abcdef0123456789"
 TOPICS = ("memstream.chat", "memstream.memory-changes")
 A, B = Worker("w-a", "http://w-a:8000"), Worker("w-b", "https://w-b:8443")
+STATE_A = GroupState("g", 5, "m-a")  # A's consumer's join
 
 
 class FakeCluster:
@@ -53,7 +61,7 @@ def wire(raw: bytes, topics=TOPICS) -> ConsumerProtocolMemberMetadata:
 
 
 def meta_of(worker: Worker, t: Trust | None) -> ConsumerProtocolMemberMetadata:
-    assignor = assignor_for(worker, 1, lambda _: None, t)
+    assignor = assignor_for(worker, 1, lambda _: None, t, state=lambda: GroupState("g", 0, "m"))
     return ConsumerProtocolMemberMetadata.decode(assignor.metadata(list(TOPICS)).encode())
 
 
@@ -82,14 +90,15 @@ def forged_member(worker_id: str, url: str, sig: str | None) -> bytes:
 
 def test_members_with_the_secret_are_taken_and_get_a_signed_map():
     t = trust(SECRET)
-    leader = assignor_for(A, 1, lambda _: None, t)
+    leader = assignor_for(A, 1, lambda _: None, t, state=lambda: STATE_A)
     members = {"m-a": meta_of(A, t), "m-b": meta_of(B, trust(SECRET))}
     assert "sig" in json.loads(members["m-a"].user_data)
     out = leader.assign(FakeCluster(), members)
     assert partitions(out["m-a"]) == {t: [0, 1] for t in TOPICS}
     assert partitions(out["m-b"]) == {t: [2, 3] for t in TOPICS}
-    sent = json.loads(decoded(out["m-b"]).user_data)
-    assert sent["sig"] == sign(key_for(SECRET, MAP), sent["map"])
+    sent = decoded(out["m-b"]).user_data
+    assert opened_map(sent, key_for(SECRET, MAP), state=GroupState("g", 5, "m-b"), me="w-b",
+                      now=time.time()) == json.loads(sent)["map"].encode()
     assert envelope_map(decoded(out["m-b"]).user_data).workers == {
         "w-a": "http://w-a:8000", "w-b": "https://w-b:8443"}
 
@@ -145,13 +154,18 @@ def test_only_http_and_https_urls_are_allowed():
 
 # --- a worker routes only with a map that verifies -----------------------------------------
 
-def _signed(the_map: ClusterMap, secret: str) -> bytes:
-    text = the_map.to_bytes().decode()
-    return json.dumps({"v": 1, "map": text, "sig": sign(key_for(secret, MAP), text)}).encode()
+def _signed(the_map: ClusterMap, secret: str, state: GroupState = STATE_A,
+            members: dict[str, str] | None = None, made_at: float | None = None) -> bytes:
+    return sealed_map(the_map.to_bytes(), key_for(secret, MAP), state=state,
+                      members={"m-a": "w-a", "m-b": "w-b"} if members is None else members,
+                      made_at=time.time() if made_at is None else made_at)
 
 
-def _received_by(cluster: Cluster, user_data: bytes) -> None:
-    assignor = assignor_for(cluster.me, 1, lambda m: cluster.update("apply", m), cluster.trust)
+def _received_by(cluster: Cluster, user_data: bytes, state: GroupState | None = STATE_A,
+                 rejoins: list[int] | None = None) -> None:
+    assignor = assignor_for(cluster.me, 1, lambda m: cluster.update("apply", m), cluster.trust,
+                            state=lambda: state,
+                            rejoin=lambda: (rejoins if rejoins is not None else []).append(1))
     assignor.on_assignment(ConsumerProtocolMemberAssignment(0, [(TOPICS[0], [0])], user_data))
 
 
@@ -169,7 +183,11 @@ def test_a_forged_map_is_ignored_and_the_previous_one_kept(caplog):
         "other secret": _signed(evil, OTHER_SECRET),
         "unsigned": evil.to_bytes(),
         "tampered": json.dumps(tampered).encode(),
-        "no signature": json.dumps({"v": 1, "map": evil.to_bytes().decode()}).encode(),
+        "no signature": json.dumps({"v": 2, "map": evil.to_bytes().decode(),
+                                    "members": {"m-a": "w-a"}}).encode(),
+        "of before (v1)": json.dumps({"v": 1, "map": evil.to_bytes().decode(),
+                                      "sig": sign(key_for(SECRET, MAP),
+                                                  evil.to_bytes().decode())}).encode(),
         "signed, not http": _signed(ClusterMap({"w-a": "http://w-a:8000",
                                                 "w-b": "gopher://w-b"}, {0: "w-b"}), SECRET),
         "junk": b"\x00not json",

@@ -170,7 +170,8 @@ def test_every_loops_assignor_signs_with_the_cluster_secret_of_the_settings(tmp_
             assert "sig" not in raw
         else:
             assert verify(key_for(secret, MEMBER), raw["sig"], raw["worker"], raw["url"],
-                          "1" if raw["single"] else "0", f"{raw['since']:.6f}")
+                          "1" if raw["single"] else "0", f"{raw['since']:.6f}",
+                          f"{raw['at']:.6f}", raw["group"])
 
 
 # --- Faust's clients wait for a broker that is away at start ------------------------------

@@ -447,7 +447,9 @@ async def test_the_metrics_key_does_not_open_the_cluster_map(route, key, status)
 
 
 # --- 7. failed key checks are limited -------------------------------------------------------
-async def test_too_many_failed_key_checks_are_429_before_the_key_is_checked():
+async def test_too_many_failed_key_checks_are_429_but_a_valid_key_from_there_opens():
+    """One address (a NAT: many callers) failing too often: its wrong keys are 429, its
+    valid keys still open (issue 47: they were 429 too)."""
     now = [1000.0]
     app = build_http_app(FakeBackend(), FakeAuthoriser(KEYS),  # type: ignore[arg-type]
                          login_failures_per_minute=3, clock=lambda: now[0])
@@ -457,14 +459,17 @@ async def test_too_many_failed_key_checks_are_429_before_the_key_is_checked():
         for i in range(3):
             resp = await client.get(at(paths.MEMORIES), headers=bearer(f"guess-{i}"))
             await error_of(resp, 401, ErrorCode.UNAUTHORIZED)
-        resp = await client.get(at(paths.MEMORIES), headers=bearer())  # even the right key
+        for _ in range(25):  # the right key, from the same address, as often as it likes
+            resp = await client.get(at(paths.MEMORIES), headers=bearer())
+            assert resp.status == 200, await resp.text()
+        resp = await client.get(at(paths.MEMORIES), headers=bearer("guess-3"))
         await error_of(resp, 429, ErrorCode.RATE_LIMITED)
         assert 1 <= int(resp.headers["Retry-After"]) <= 60
         now[0] += 61
-        resp = await client.get(at(paths.MEMORIES), headers=bearer())
-        assert resp.status == 200, await resp.text()
+        resp = await client.get(at(paths.MEMORIES), headers=bearer("guess-4"))
+        await error_of(resp, 401, ErrorCode.UNAUTHORIZED)
     text = generate_latest(registry).decode()
-    assert 'memstream_auth_failures_total{reason="unknown_key"} 3.0' in text
+    assert 'memstream_auth_failures_total{reason="unknown_key"} 4.0' in text
     assert 'memstream_auth_failures_total{reason="rate_limited"} 1.0' in text
 
 
@@ -570,7 +575,7 @@ def test_every_route_that_changes_something_takes_an_idempotency_key():
     changing = {r.name for r in ROUTES if r.method != "GET" and r.path not in READS}
     assert WRITES == changing == {
         "feedback", "execute_tool", "delete_memory", "delete_memories", "rollback_memory",
-        "forget_user", "undo_job"}
+        "forget_user", "undo_job", "add_messages", "end_session"}
     doc = openapi_document(ROUTES)
     for r in ROUTES:
         params = doc["paths"][r.path][r.method.lower()].get("parameters", [])

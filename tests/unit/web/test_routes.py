@@ -106,9 +106,11 @@ ANSWERS: dict[str, Any] = {
     "delete_memory": CORRECTED, "delete_memories": CORRECTED, "rollback_memory": CORRECTED,
     "undo_job": CORRECTED, "forget_user": CORRECTED,
     "tenant_audit": {"entries": []},
+    "add_messages": {"messages": []},
+    "end_session": {"session_id": "s=1", "topic": "t", "partition": 0, "offset": 0},
 }
 USER = "u.1:x@y+z=w-v"  # the id characters a URL could escape: sent as they are
-MEMORY_ID, JOB_ID = "m:1@a", "job=7+b"
+MEMORY_ID, JOB_ID, SESSION_ID = "m:1@a", "job=7+b", "s=1"
 
 
 class Recorder:
@@ -140,6 +142,8 @@ def call_everything(client: Any) -> None:
     client.undo_job(JOB_ID, user_id=USER)
     client.forget(user_id=USER)
     client.audit(user_id=USER)
+    client.add("hello", user_id=USER, session_id=SESSION_ID)  # no Kafka settings: HTTP
+    client.end_session(user_id=USER, session_id=SESSION_ID)
 
 
 class Synchronous:
@@ -168,7 +172,8 @@ def test_the_client_calls_only_paths_of_the_module(kind):
         finally:
             loop.run_until_complete(aclient.aclose())
             loop.close()
-    ids = {"tenant": "acme", "user": USER, "memory_id": MEMORY_ID, "job_id": JOB_ID}
+    ids = {"tenant": "acme", "user": USER, "memory_id": MEMORY_ID, "job_id": JOB_ID,
+           "session_id": SESSION_ID}
     for method, raw, template in recorder.hits:
         assert template in paths.ROUTE_PATHS
         wanted = paths.fill(template, **{n: ids[n] for n in paths.placeholders(template)})

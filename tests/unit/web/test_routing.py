@@ -614,7 +614,8 @@ async def test_a_worker_without_a_standby_asks_the_standby_worker_when_the_owner
         async with pair(b_down=True) as p:
             url_c = url_of(c_server)
             url_a = url_of(p.client.server)
-            three = ClusterMap(workers={"A": url_a, "B": url_of(p.b_server), "C": url_c},
+            url_b = p.cluster.routing().workers["B"]  # closed: its port is refused
+            three = ClusterMap(workers={"A": url_a, "B": url_b, "C": url_c},
                                owners={PB: "B", PA: "A"}, standbys={PB: ("C",)})
             p.cluster.update("apply", three)
             cluster_c.update("apply", three)
@@ -630,3 +631,21 @@ async def test_a_worker_without_a_standby_asks_the_standby_worker_when_the_owner
     finally:
         await c_router.close()
         await c_server.close()
+
+
+# --- the HTTP way in: produced where it arrives ---------------------------------------------
+async def test_the_http_way_in_is_served_where_it_arrives_even_with_its_owner_down():
+    """Any worker produces a user's messages (the partitioner places them): no forward, so
+    an owner that does not answer costs a write nothing."""
+    body = {"session_id": "s1", "messages": [{"role": "user", "content": "hi"}]}
+    end = paths.fill(paths.SESSION_END, tenant=TENANT, user=USER_B, session_id="s1")
+    async with pair(b_down=True) as p:
+        resp = await p.client.post(at(paths.MESSAGES), json=body, headers=bearer())
+        assert resp.status == 202, await resp.text()
+        assert (await p.client.post(end, headers=bearer())).status == 202
+        assert p.a.called() == [("add_messages", TENANT, USER_B),
+                                ("end_session", TENANT, USER_B)]
+        assert counters(p.router) == (0, 0, 0)
+        foreign = await p.client.post(at(paths.MESSAGES, tenant="globex"), json=body,
+                                      headers=bearer())
+        await error_of(foreign, 403, ErrorCode.FORBIDDEN)  # still checked here
