@@ -561,6 +561,32 @@ def status(settings: Settings, urls: tuple[str, ...], as_json: bool) -> None:
         raise SystemExit(1)
 
 
+@main.command()
+@click.option("--reference", default=None, help="The dead letter's reason (it names topic, "
+              "partition and offsets); or the four options below")
+@click.option("--topic", default=None)
+@click.option("--partition", default=None, type=int)
+@click.option("--first", default=None, type=int, help="First offset of the range")
+@click.option("--last", default=None, type=int, help="Last offset of the range (included)")
+@click.option("--dry-run", is_flag=True, help="Read the range, produce nothing")
+@click.pass_obj
+def redrive(settings: Settings, reference: str | None, topic: str | None,
+            partition: int | None, first: int | None, last: int | None,
+            dry_run: bool) -> None:
+    """Produce again a record batch set aside as undecodable (docs/operations.md)."""
+    from memstream.ops.redrive import redrive as run
+    from memstream.topics.batch_refs import Reference, parse_reference
+
+    ref = parse_reference(reference) if reference else None
+    if ref is None:
+        if topic is None or partition is None or first is None or last is None:
+            raise click.UsageError("give --reference, or --topic, --partition, --first, --last")
+        ref = Reference(topic, partition, first, last)
+    done = asyncio.run(run(settings, ref, dry_run=dry_run))
+    click.echo(f"{ref.topic}[{ref.partition}] {ref.first}..{ref.last}: read {done.read}, "
+               f"produced {done.produced}")
+
+
 @main.group()
 def forget() -> None:
     """Forget-me (right to erasure): verify that a forgotten user left nothing behind."""

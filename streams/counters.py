@@ -65,6 +65,10 @@ class Counters:
     changes: dict[tuple[str, str], int] = field(default_factory=dict)
     jobs_by_trigger: dict[str, int] = field(default_factory=dict)
     dead_letters_by_class: dict[str, int] = field(default_factory=dict)
+    # owned loops' polls (streams.undecodable): batches set aside by (topic, error class),
+    # failed polls nothing explained by (stage, error class)
+    batches_set_aside: dict[tuple[str, str], int] = field(default_factory=dict)
+    fetch_failures: dict[tuple[str, str], int] = field(default_factory=dict)
     retrieval_latency: Buckets = field(default_factory=lambda: Buckets(LATENCY_BUCKETS))
     extraction_lag: Buckets = field(default_factory=lambda: Buckets(LAG_BUCKETS))
     started_at: float = field(default_factory=time.time)  # wall clock, for per-day rates

@@ -38,10 +38,13 @@ owns what those depend on:
   the loop's lock): what a partition's due timers emit and write is one transaction of that
   partition, like a batch without input offsets.
 - **No record is skipped**: a record is handled only at or after the partition's next
-  offset, and only handled records' offsets are committed. Anything the loop cannot
-  handle ends the worker (exit 70; 75 for a transaction the broker refuses for good, such
-  as a dead letter its topic does not take): the restart reads again from the committed
-  state.
+  offset, and only handled records' offsets are committed. A poll that fails (a record
+  batch no reader here can decode: a missing codec library, corruption) never ends the
+  worker: the batch is set aside by reference, its dead letter committed with the offset
+  past it, or the loop waits and polls again (:mod:`streams.undecodable`). Anything else
+  the loop cannot handle ends the worker (exit 70; 75 for a transaction the broker refuses
+  for good, such as a dead letter its topic does not take): the restart reads again from
+  the committed state.
 """
 
 from __future__ import annotations
@@ -70,14 +73,16 @@ from memstream.core.errors import describe, trace
 from memstream.core.retry import RetryPolicy, next_delay
 from memstream.core.settings import Settings
 from memstream.memory.store.partitioned import ShardNotHere
-from memstream.streams import lifecycle
+from memstream.streams import lifecycle, undecodable
 from memstream.streams.cluster import assignor_for
+from memstream.streams.counters import Counters
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
 from memstream.streams.loop_clients import KafkaClients, LoopClients, quietly
 from memstream.streams.partition_task import PartitionTask
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import Stage, Work
 from memstream.streams.task_manager import TaskManager
+from memstream.topics.registry import registry
 
 log = logging.getLogger(__name__)
 EXIT_LOOP_FAILED = 70  # EX_SOFTWARE
@@ -101,7 +106,7 @@ def run_with_app(p: Pipeline, stage: Stage) -> OwnedLoop:
         assignor = assignor_for(cluster.me, p.settings.store_standby_replicas,
                                 lambda the_map: cluster.update(stage.name, the_map),
                                 cluster.trust)
-    loop = OwnedLoop(p.settings, stage, assignor=assignor, clock=p.clock)
+    loop = OwnedLoop(p.settings, stage, assignor=assignor, clock=p.clock, counters=p.counters)
     p.loops.append(loop)
     lifecycle.run(p.app, f"{stage.name}-loop", loop.start, loop.stop)
     return loop
@@ -133,8 +138,13 @@ class OwnedLoop:
     def __init__(self, settings: Settings, stage: Stage, *,
                  on_fatal: Callable[..., None] = halt, assignor: Any = None,
                  clock: Callable[[], float] = time.time,
-                 clients: LoopClients | None = None) -> None:
+                 clients: LoopClients | None = None, counters: Counters | None = None) -> None:
         self.settings = settings
+        self.counters = counters
+        self.dead_letter_topic = registry(settings).dead_letters.name
+        self.batches_set_aside = 0  # undecodable batches set aside by reference
+        self.fetch_failures = 0  # failed polls nothing here explained
+        self.failed_polls = 0  # in a row (the backoff)
         self.clock = clock
         self.punctuated = 0.0  # time.monotonic() of the last timer round
         self.stage = stage
@@ -227,8 +237,7 @@ class OwnedLoop:
     async def _run(self) -> None:
         try:
             while not self.stopping.is_set():
-                batch = await self.consumer.getmany(
-                    timeout_ms=100, max_records=self.stage.max_records)
+                batch = await self._poll()
                 if batch:
                     async with self.lock:
                         await self.process(batch)
@@ -245,6 +254,23 @@ class OwnedLoop:
         except Exception as exc:
             log.error("%s loop failed\n%s", self.stage.name, trace(exc))
             self.on_fatal(f"{self.stage.name}: {describe(exc)}")
+
+    async def _poll(self) -> dict[TopicPartition, list[Any]]:
+        """The next records; none after a failed poll (see :mod:`streams.undecodable`):
+        an undecodable batch set aside, or a wait with backoff, never an exit."""
+        try:
+            batch: dict[TopicPartition, list[Any]] = await self.consumer.getmany(
+                timeout_ms=100, max_records=self.stage.max_records)
+        except Exception as exc:
+            if await undecodable.recover(self, exc):
+                self.failed_polls = 0
+            else:
+                self.failed_polls += 1
+                undecodable.count_failure(self, exc)
+                await asyncio.sleep(next_delay(RETRY, self.failed_polls))
+            return {}
+        self.failed_polls = 0
+        return batch
 
     # --- a batch -------------------------------------------------------------------------
 

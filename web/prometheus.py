@@ -96,6 +96,14 @@ def _labelled(name: str, doc: str, label: str, counts: Mapping[str, int]) -> Met
     return family
 
 
+def _pairs(name: str, doc: str, labels: tuple[str, str],
+           counts: Mapping[tuple[str, str], int]) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=list(labels))
+    for pair, n in sorted(counts.items()):
+        family.add_metric(list(pair), n)
+    return family
+
+
 class PipelineCollector(Collector):
     """Every memstream metric, read from the counters when Prometheus scrapes."""
 
@@ -162,6 +170,13 @@ class PipelineCollector(Collector):
                          "(its timestamp) to the job's changes applied", c.extraction_lag)
         yield _labelled("memstream_dead_letters", "Records set aside on the dead-letter "
                         "topic, by reason class", "reason_class", c.dead_letters_by_class)
+        yield _pairs("memstream_batches_set_aside", "Record batches no reader here could "
+                     "decode, set aside by reference on the dead-letter topic (topic, "
+                     "partition, offset range), by topic and error class", ("topic", "reason"),
+                     c.batches_set_aside)
+        yield _pairs("memstream_fetch_failures", "Polls of a stage loop that failed with no "
+                     "undecodable batch found (the loop waits and polls again), by stage and "
+                     "error class", ("stage", "error"), c.fetch_failures)
         lag = GaugeMetricFamily("memstream_consumer_lag", "Records not yet committed "
                                 "(highwater - committed offset)", labels=["topic", "partition"])
         for (topic, partition), n in sorted(self.lags().items()):

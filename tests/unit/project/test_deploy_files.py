@@ -355,6 +355,8 @@ def exposed_samples() -> set[str]:
     c.changes[("add", "extraction")] = 1
     c.jobs_by_trigger["threshold"] = 1
     c.dead_letters_by_class["schema"] = 1
+    c.batches_set_aside[("t", "UnsupportedCodecError")] = 1
+    c.fetch_failures[("ingest", "KafkaError")] = 1
     store = StoreSize(lambda: 1, 30.0)
     store.value = 1
     names: set[str] = set()
