@@ -394,7 +394,7 @@ class OwnedLoop:
         n = task.partition
         if isinstance(exc, ProducerFenced):
             log.warning("%s partition %d is owned by another worker now (%s); letting it go "
-                        "until the next assignment", self.stage.name, n, exc)
+                        "until the next assignment", self.stage.name, n, describe(exc))
             await self.tasks.let_go(n)
             return False
         if isinstance(exc, REFUSED):  # e.g. a dead letter its topic does not take
@@ -406,8 +406,8 @@ class OwnedLoop:
             self.on_fatal(f"partition {n}: more than {MAX_FAILED_IN_ROW} transactions "
                           f"failed in a row (last: {describe(exc)})")
             return False
-        log.warning("%s partition %d: transaction failed (%s: %s); renewing its producer",
-                    self.stage.name, n, type(exc).__name__, exc)
+        log.warning("%s partition %d: transaction failed (%s); renewing its producer",
+                    self.stage.name, n, describe(exc))
         old, task.producer = task.producer, None
         await quietly(old.stop())
         attempt = 0
@@ -427,7 +427,7 @@ class OwnedLoop:
         committed; it is read again after a pause (or by the next owner)."""
         self.shard_waits += 1
         log.info("%s partition %d: %s; reading the batch again", self.stage.name,
-                 task.partition, exc)
+                 task.partition, describe(exc))
         task.discard()
         await asyncio.sleep(SHARD_WAIT_S)
         self.tasks.seek(task)

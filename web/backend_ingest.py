@@ -23,7 +23,6 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from memstream import __version__
 from memstream.core import kafka
 from memstream.core.errors import describe
 from memstream.core.settings import Settings
@@ -93,7 +92,7 @@ class IngestProducer:
 
 def _idempotent(settings: Settings) -> AIOKafkaProducer:
     return kafka.producer(settings, enable_idempotence=True, acks="all",
-                          client_id=f"memstream-http-ingest/{__version__}")
+                          client_id="memstream-http-ingest")
 
 
 def messages_topic(p: Any, tenant: str) -> str:
