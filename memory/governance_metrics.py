@@ -42,7 +42,8 @@ CONVERSATION_KINDS = frozenset({"extraction", "tool"})
 # InvalidRecord kinds (memstream.core.errors): the dead-letter label takes these, or "other"
 DEAD_LETTER_CLASSES = frozenset({
     "empty", "too_large", "not_json", "depth", "number", "unicode", "version", "schema",
-    "date", "key", "extraction_failed", "apply_failed", "internal", "undecryptable"})
+    "date", "key", "extraction_failed", "apply_failed", "internal", "undecryptable",
+    "unauthenticated"})
 CHANGE_OPS = frozenset({"add", "update", "delete", "erase", "restate", "archive"})
 LINEAGE_KINDS = frozenset({"extraction", "tool", "reflection", "consolidation", "decay",
                            "deletion", "rollback", "forget", "archive"})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from memstream.core import record_keys
 from memstream.core.settings import Settings
 from memstream.jobs.work import JobSettings, WindowedWork
 from memstream.memory.services import Services, build_services
@@ -41,6 +42,7 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
         def clock() -> float:
             return time.time() + offset
 
+    record_keys.provide(settings)  # what records that carry authority are signed with
     app = faust_setup.App(settings.app_id, **faust_setup.faust_kwargs(settings))
     app.broker_wait_s = settings.broker_wait_s
     reg = registry(settings)

@@ -65,6 +65,9 @@ class Counters:
     changes: dict[tuple[str, str], int] = field(default_factory=dict)
     jobs_by_trigger: dict[str, int] = field(default_factory=dict)
     dead_letters_by_class: dict[str, int] = field(default_factory=dict)
+    # records of the topics that carry authority without a valid MAC, by the topic's role
+    # (streams.record_checks): set aside, nothing changed
+    records_unauthenticated: dict[str, int] = field(default_factory=dict)
     retrieval_latency: Buckets = field(default_factory=lambda: Buckets(LATENCY_BUCKETS))
     extraction_lag: Buckets = field(default_factory=lambda: Buckets(LAG_BUCKETS))
     started_at: float = field(default_factory=time.time)  # wall clock, for per-day rates

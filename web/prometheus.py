@@ -162,6 +162,10 @@ class PipelineCollector(Collector):
                          "(its timestamp) to the job's changes applied", c.extraction_lag)
         yield _labelled("memstream_dead_letters", "Records set aside on the dead-letter "
                         "topic, by reason class", "reason_class", c.dead_letters_by_class)
+        yield _labelled("memstream_records_unauthenticated", "Records of the topics that "
+                        "carry authority (tool requests, jobs, decisions, job results) "
+                        "without a valid MAC: set aside without their value, nothing "
+                        "changed", "topic", c.records_unauthenticated)
         lag = GaugeMetricFamily("memstream_consumer_lag", "Records not yet committed "
                                 "(highwater - committed offset)", labels=["topic", "partition"])
         for (topic, partition), n in sorted(self.lags().items()):
