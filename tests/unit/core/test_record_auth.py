@@ -180,3 +180,6 @@ async def test_the_client_factorys_producers_sign_the_topics_that_carry_authorit
     await keyless.send("memstream.tool-requests", b"v", key=b"acme/u1")
     assert sent[-1][3] is None  # signs nothing: the worker refuses it
     assert not (tmp_path / "none").exists()  # and makes no secret of its own
+    copier = kafka.producer(Settings(data_dir=tmp_path, cluster_secret=SECRET), sign=False)
+    await copier.send("memstream.tool-requests", b"v", key=b"acme/u1")  # topics grow
+    assert sent[-1][3] is None  # a copy keeps what it was written with: never signed anew
