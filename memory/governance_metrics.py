@@ -43,7 +43,7 @@ CONVERSATION_KINDS = frozenset({"extraction", "tool"})
 DEAD_LETTER_CLASSES = frozenset({
     "empty", "too_large", "not_json", "depth", "number", "unicode", "version", "schema",
     "date", "key", "extraction_failed", "apply_failed", "internal", "undecryptable",
-    "tenant", "undecodable"})
+    "tenant", "undecodable", "unauthenticated"})
 CHANGE_OPS = frozenset({"add", "update", "delete", "erase", "restate", "archive"})
 LINEAGE_KINDS = frozenset({"extraction", "tool", "reflection", "consolidation", "decay",
                            "deletion", "rollback", "forget", "archive"})

@@ -471,8 +471,14 @@ def jobs_run(settings: Settings, which: tuple[str, ...], loglevel: str) -> None:
     """Run the jobs' triggers as their own process (all three by default).
 
     Triggers read only topics and send commands; the work itself runs in the worker that
-    owns the store. Start the main workers with MEMSTREAM_JOBS_ENABLED=false then.
+    owns the store. Start the main workers with MEMSTREAM_JOBS_ENABLED=false then. The
+    commands are signed: the workers' MEMSTREAM_CLUSTER_SECRET is required.
     """
+    if settings.cluster_secret is None:  # its own data dir's secret: the workers refuse it
+        raise click.ClickException(
+            "memstream jobs run sends commands the workers verify: set "
+            "MEMSTREAM_CLUSTER_SECRET to the workers' (a single worker without one keeps "
+            f"its own in {settings.data_dir / 'record-secret'})")
     _run_worker(jobs_only(settings, which), loglevel)
 
 

@@ -8,9 +8,11 @@ bundle.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
+from memstream.core import record_keys
 from memstream.core.settings import Settings
 from memstream.jobs.work import JobSettings, WindowedWork
 from memstream.memory.services import Services, build_services
@@ -30,6 +32,7 @@ from memstream.streams.pipeline import Pipeline, RestoredStates, policy_from
 from memstream.topics.registry import changelog_name, registry
 
 __all__ = ["Pipeline", "RestoredStates", "build_app", "policy_from"]
+log = logging.getLogger(__name__)
 
 
 def build_app(settings: Settings, clock: Callable[[], float] = time.time,
@@ -41,6 +44,13 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
         def clock() -> float:
             return time.time() + offset
 
+    record_keys.provide(settings)  # what records that carry authority are signed with
+    if settings.cluster_secret is None and not (settings.ingest_enabled
+                                                and settings.extract_enabled):
+        log.warning("this worker runs part of the pipeline without MEMSTREAM_CLUSTER_SECRET: "
+                    "the records it exchanges with the other part are signed with the secret "
+                    "of its data_dir, which a worker with another data_dir does not hold "
+                    "(its records are refused): set MEMSTREAM_CLUSTER_SECRET on both")
     app = faust_setup.App(settings.app_id, **faust_setup.faust_kwargs(settings))
     app.broker_wait_s = settings.broker_wait_s
     reg = registry(settings)

@@ -37,7 +37,7 @@ from memstream.memory import governance_metrics as metrics
 from memstream.memory.applying import Applied, apply_decision
 from memstream.memory.model import GLOBAL_USER
 from memstream.memory.store.partitioned import ShardNotHere
-from memstream.streams import privacy
+from memstream.streams import privacy, record_checks
 from memstream.streams.counters import Counters, add
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.extract import store_policy
@@ -248,6 +248,8 @@ class ApplyStage(StageBase):
 
     async def _decision(self, partition: int, work: Work, record: Any) -> None:
         p = self.p
+        if not record_checks.authentic(p, work, record):  # no valid MAC: changes nothing
+            return
         try:
             decision = decode(JobDecision, record.value, record.key, max_bytes=INTERNAL_MAX_BYTES)
         except InvalidRecord as exc:

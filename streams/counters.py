@@ -69,6 +69,9 @@ class Counters:
     # failed polls nothing explained by (stage, error class)
     batches_set_aside: dict[tuple[str, str], int] = field(default_factory=dict)
     fetch_failures: dict[tuple[str, str], int] = field(default_factory=dict)
+    # records of the topics that carry authority without a valid MAC, by the topic's role
+    # (streams.record_checks): set aside, nothing changed
+    records_unauthenticated: dict[str, int] = field(default_factory=dict)
     retrieval_latency: Buckets = field(default_factory=lambda: Buckets(LATENCY_BUCKETS))
     extraction_lag: Buckets = field(default_factory=lambda: Buckets(LAG_BUCKETS))
     started_at: float = field(default_factory=time.time)  # wall clock, for per-day rates

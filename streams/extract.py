@@ -25,6 +25,7 @@ from memstream.memory.applying import build_decision
 from memstream.memory.archive import archive_changes
 from memstream.memory.store import Scope
 from memstream.memory.store.partitioned import ShardNotHere
+from memstream.streams import record_checks
 from memstream.streams.counters import Counters
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.ingest_tables import LoopTable
@@ -125,6 +126,8 @@ class ExtractStage(StageBase):
         work = Work()
         users: dict[str, list[tuple[Any, ExtractionJob]]] = {}
         for record in records:
+            if not record_checks.authentic(self.p, work, record):  # no valid MAC
+                continue
             try:
                 job = decode(ExtractionJob, record.value, record.key,
                              max_bytes=INTERNAL_MAX_BYTES)

@@ -26,7 +26,7 @@ from memstream.core.errors import InvalidRecord, describe, trace
 from memstream.memory import coalescing as machine
 from memstream.memory import governance_metrics as metrics
 from memstream.memory.ingest_state import UserState, overdue, restore, snapshot
-from memstream.streams import placement, privacy, window
+from memstream.streams import placement, privacy, record_checks, window
 from memstream.streams.counters import add
 from memstream.streams.dead_letters import decode_input, set_aside
 from memstream.streams.ingest_tables import LoopTable
@@ -162,7 +162,10 @@ def check_tenant(p: Pipeline, topic: str, decoded: Any) -> None:
 def handle_record(p: Pipeline, batch: Batch, record: Any) -> None:
     """One input record: decoded, or set aside as a dead letter (sent in the batch's
     transaction, so it is there exactly when the record counts as read); one that is not
-    on its key's partition is re-routed there."""
+    on its key's partition is re-routed there. A tool request or job result without a valid
+    MAC changes nothing (set aside without its value: streams.record_checks)."""
+    if not record_checks.authentic(p, batch, record):
+        return
     try:
         source = placement.source_topic(p.topics, record)
         decoded = decode_input(p, source, record.key, record.value)

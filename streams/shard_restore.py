@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from aiokafka.structs import TopicPartition
 from pydantic import BaseModel
 
+from memstream.core import record_auth, record_keys
 from memstream.core.errors import describe
+from memstream.core.settings import Settings
 from memstream.core.topic_reader import Record, read_ranges
 from memstream.memory.applying import apply_change
 from memstream.memory.fencing import Cursor
@@ -40,6 +43,18 @@ def _parsed(model: type[_Parsed], record: Record) -> _Parsed | None:
         log.warning("%s[%d]@%d is no %s (%s); skipped in the restore", record.topic,
                     record.partition, record.offset, model.__name__, describe(exc))
         return None
+def results_check(settings: Settings) -> Callable[[Record], bool]:
+    """Whether a job result read back carries a valid MAC (:mod:`core.record_auth`)."""
+    keys, prefix = record_keys.keys_for(settings), settings.topic_prefix
+
+    def authentic(r: Record) -> bool:
+        role = record_auth.role_of(r.topic, prefix)
+        return role is None or record_auth.refusal(keys, role, r.key, r.value,
+                                                   r.headers) is None
+
+    return authentic
+
+
 class Restore:
     """One partition's shard brought up to the topics' ends (see the module doc).
 
@@ -50,8 +65,10 @@ class Restore:
     """
 
     def __init__(self, shard: MemoryStore, opener: Opener | None, *, empty: bool,
-                 cursors: dict[UserKey, Cursor] | None = None) -> None:
+                 cursors: dict[UserKey, Cursor] | None = None,
+                 authentic: Callable[[Record], bool] | None = None) -> None:
         self.shard = shard
+        self.authentic = authentic
         self.opener = opener
         self.fold = Fold(shard, opener) if empty else None
         self.erased: dict[UserKey, float] = {}
@@ -78,8 +95,14 @@ class Restore:
     def on_results(self, records: list[Record]) -> None:
         """A job the apply stage reported done holds the user's cursor at its seq. A record
         that is no job result (anyone who may write the topic can write one; the ingest
-        stage sets it aside) holds nothing: skipped."""
+        stage sets it aside) holds nothing: skipped, and so is one without a valid MAC
+        (``authentic``: a forged result must not move a cursor; a result signed under a
+        secret no longer held only costs its cursor, which its job's changes also carry)."""
+        skipped = 0
         for r in records:
+            if self.authentic is not None and not self.authentic(r):
+                skipped += 1
+                continue
             result = _parsed(JobResult, r)
             if result is None:
                 continue
@@ -89,6 +112,9 @@ class Restore:
             held = self.cursors.get(key)
             if held is None or held.seq < result.seq:
                 self.cursors[key] = Cursor(result.seq, result.job_id)
+        if skipped:
+            log.warning("%d job result(s) of %s[%d] without a valid MAC skipped in the "
+                        "restore", skipped, records[0].topic, records[0].partition)
 
     def on_access(self, records: list[Record]) -> None:
         """Hits, to fold; a record that is no access event is skipped (the access stage sets
@@ -120,8 +146,10 @@ async def restore(settings: Any, topics: list[str], partition: int, shard: Memor
                   ) -> tuple[Offsets, Restore]:
     """Fold ``topics`` (changes, results, access) of ``partition`` from ``start`` (None: an
     empty shard, from the beginning) to their ends now, with one reader; returns the ends
-    and the fold (its ``changes`` counted, its ``cursors`` gathered)."""
-    job = Restore(shard, opener, empty=start is None, cursors=cursors)
+    and the fold (its ``changes`` counted, its ``cursors`` gathered). Job results are
+    folded only with a valid MAC under ``settings``' keys (None: a test's reads, unchecked)."""
+    job = Restore(shard, opener, empty=start is None, cursors=cursors,
+                  authentic=None if settings is None else results_check(settings))
     handlers = dict(zip(topics, (job.on_changes, job.on_results, job.on_access), strict=True))
     tps = [TopicPartition(t, partition) for t in topics]
     ends: dict[TopicPartition, int] = {}

@@ -27,6 +27,7 @@ from memstream.core.topic_reader import Record, follow
 from memstream.memory.fencing import Cursor
 from memstream.memory.store import MemoryStore
 from memstream.memory.store.partitioned import PartitionedStore
+from memstream.streams.shard_restore import results_check
 from memstream.streams.shards import (
     Offsets,
     OpenShard,
@@ -233,7 +234,8 @@ class Standbys:
                 shard = self.store.standby.get(partition)
                 if shard is None:
                     return
-                job = Restore(shard, opener, empty=False, cursors=self.cursors[partition])
+                job = Restore(shard, opener, empty=False, cursors=self.cursors[partition],
+                              authentic=results_check(self.settings))
                 step = dict(zip(self.topics, (job.on_changes, job.on_results, job.on_access),
                                 strict=True))[topic]
 

@@ -177,6 +177,10 @@ class PipelineCollector(Collector):
         yield _pairs("memstream_fetch_failures", "Polls of a stage loop that failed with no "
                      "undecodable batch found (the loop waits and polls again), by stage and "
                      "error class", ("stage", "error"), c.fetch_failures)
+        yield _labelled("memstream_records_unauthenticated", "Records of the topics that "
+                        "carry authority (tool requests, jobs, decisions, job results) "
+                        "without a valid MAC: set aside without their value, nothing "
+                        "changed", "topic", c.records_unauthenticated)
         lag = GaugeMetricFamily("memstream_consumer_lag", "Records not yet committed "
                                 "(highwater - committed offset)", labels=["topic", "partition"])
         for (topic, partition), n in sorted(self.lags().items()):

@@ -12,6 +12,11 @@ Layout (for other implementations)::
 where each part is bytes (text as UTF-8); the length prefixes make the joined message
 unambiguous whatever the parts hold.
 
+Purposes: ``member`` and ``map`` (:mod:`streams.cluster_trust`), ``forward`` (below) and
+``record``: the ``memstream-mac`` header of the records that carry authority (tool
+requests, jobs, decisions, job results), whose parts and header layout are in
+:mod:`core.record_auth`.
+
 The signed headers include ``X-Memstream-To``, the worker a forward is for, which checks
 it names itself: a captured forward cannot be played at another worker either.
 

@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.helpers import create_ssl_context
 
+from memstream.core import record_auth, record_keys
 from memstream.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -64,12 +65,40 @@ def connection(settings: Settings) -> dict[str, Any]:
     return args
 
 
-def producer(settings: Settings, **kwargs: Any) -> AIOKafkaProducer:
+class SigningProducer(AIOKafkaProducer):
+    """A producer that signs every record it sends to a topic whose records carry authority
+    (tool requests, jobs, decisions, job results: :mod:`core.record_auth`) with the keys of
+    its settings (:mod:`core.record_keys`), so no producer memstream builds can forget to.
+    Without a secret it signs nothing (and the worker refuses those records)."""
+
+    def __init__(self, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._signing_settings = settings
+
+    async def send(self, topic: str, value: Any = None, key: Any = None, partition: Any = None,
+                   timestamp_ms: Any = None, headers: Any = None) -> Any:
+        role = record_auth.role_of(topic, self._signing_settings.topic_prefix)
+        if role is not None:
+            keys = record_keys.keys_for(self._signing_settings)
+            if keys.signing is not None:
+                if not all(x is None or isinstance(x, bytes) for x in (key, value)):
+                    raise TypeError("a signed record's key and value are bytes")
+                headers = [h for h in (headers or ()) if h[0] != record_auth.HEADER]
+                headers.append(record_auth.header(keys, role, key, value))
+        return await super().send(topic, value, key, partition, timestamp_ms, headers)
+
+
+def producer(settings: Settings, *, sign: bool = True, **kwargs: Any) -> AIOKafkaProducer:
     """A producer (not started) on the configured connection. ``acks="all"`` unless told
     otherwise: a write is acknowledged once ``min.insync.replicas`` replicas have it, so the
-    loss of the partition's leader does not lose it (aiokafka's default is 1)."""
+    loss of the partition's leader does not lose it (aiokafka's default is 1). Records of the
+    topics that carry authority are signed (:class:`SigningProducer`), unless ``sign`` is
+    False: a copy of records (``memstream topics grow``) keeps the MACs they were written
+    with, so a forged record stays refused in its new topic."""
     kwargs.setdefault("acks", "all")
-    return AIOKafkaProducer(**connection(settings), **kwargs)
+    if not sign:
+        return AIOKafkaProducer(**connection(settings), **kwargs)
+    return SigningProducer(settings, **connection(settings), **kwargs)
 
 
 def consumer(settings: Settings, *topics: str, **kwargs: Any) -> AIOKafkaConsumer:

@@ -84,9 +84,15 @@ class Settings(BaseSettings):
         "`memstream keys create`); at least 32 characters (openssl rand -hex 32)")
     cluster_secret: SecretStr | None = Field(
         None, description="Shared by the workers of one cluster (at least 32 characters): "
-        "signs each member's metadata, the leader's cluster map and the credential of every "
-        "forwarded request. Required with more than one worker: a worker without it ends "
-        "itself when it sees another")
+        "signs each member's metadata, the leader's cluster map, the credential of every "
+        "forwarded request and the records that carry authority (tool requests, jobs, "
+        "decisions, job results). Required with more than one worker: a worker without it "
+        "ends itself when it sees another (a single worker without it signs records with a "
+        "secret it generates once in data_dir/record-secret)")
+    cluster_secret_previous: SecretStr | None = Field(
+        None, description="The cluster secret before a rotation: records that carry authority "
+        "(tool requests, jobs, decisions, job results) signed with it still verify until "
+        "they are read; nothing is signed with it")
     web_tls_cert: Path | None = Field(
         None, description="PEM certificate (chain) of the HTTP API: set with web_tls_key, the "
         "API is served over HTTPS and the advertised URL is https://")
@@ -336,7 +342,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _secrets(self) -> Settings:
-        for name in ("admin_key", "cluster_secret"):
+        for name in ("admin_key", "cluster_secret", "cluster_secret_previous"):
             value = getattr(self, name)
             size = len(value.get_secret_value()) if value is not None else 0
             if 0 < size < MIN_SECRET_CHARS:  # "": unset

@@ -128,7 +128,8 @@ class Harness:
         await send_raw(self.producer, self.topics.messages.name, value, key)
 
     async def complete(self, job: ExtractionJob, status: JobStatus = JobStatus.DONE) -> None:
-        """Play the extractor: report the job's result."""
+        """Play the extractor: report the job's result (signed with the test's cluster
+        secret, as every producer of core.kafka signs: the worker takes it)."""
         await self.send(JobResult.for_job(job, status, datetime.now(UTC)))
 
     async def wait_jobs(self, n: int, timeout: float = 30.0,

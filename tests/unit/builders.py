@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiokafka.errors import IllegalStateError
 from aiokafka.structs import TopicPartition
 
+from memstream.core import record_auth
 from memstream.memory.coalescing import Policy, UserState, on_message
 from memstream.memory.store import Scope
 from memstream.topics.schemas import (
@@ -57,6 +58,19 @@ from memstream.web.models.intake import (
 )
 
 _ids = itertools.count()
+# the cluster secret of the stage tests' settings: their records carry its MAC, as a worker's
+# producer signs them (core.record_auth)
+CLUSTER_SECRET = "unit-tests-cluster-secret-0123456789abcdef"
+
+
+def mac(topic: str, key: bytes | None, value: bytes | None,
+        secret: str = CLUSTER_SECRET) -> tuple[tuple[str, bytes], ...]:
+    """The headers a worker's producer gives a record of ``topic`` (a default-prefixed
+    topic that carries authority: its MAC; any other: none)."""
+    role = record_auth.role_of(topic, "memstream")
+    if role is None:
+        return ()
+    return (record_auth.header(record_auth.RecordKeys.of(secret), role, key, value),)
 
 
 def msg(text: str = "I live in Berlin and work at Siemens", *, session: str = "s1",

@@ -30,7 +30,7 @@ from memstream.topics.schemas import (
     JobStatus,
     SessionEvent,
 )
-from tests.unit.builders import FakeProducer, serving
+from tests.unit.builders import CLUSTER_SECRET, FakeProducer, mac, serving
 
 pytestmark = pytest.mark.unit
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
@@ -82,7 +82,8 @@ def test_restore_and_drop_follow_the_partition_that_holds_a_key():
 async def _loop(tmp_path):
     settings = Settings(data_dir=tmp_path, embedder="hashing", extract_enabled=False,
                         web_enabled=False, jobs_enabled=False, min_new_messages=2,
-                        admin_key=ADMIN, partitions=1)  # every key's partition: 0
+                        admin_key=ADMIN, partitions=1,  # every key's partition: 0
+                        cluster_secret=CLUSTER_SECRET)
     p = build_app(settings)
     p.clock = lambda: T0.timestamp() + 10
     fatal: list[tuple[str, int]] = []
@@ -105,8 +106,9 @@ def _msg(p, n: int, *, offset: int, user: str = "u1", content: str | None = None
 
 def _record(topic: str, offset: int, event, ts: int, value: bytes | None = None):
     key = (event.key() if hasattr(event, "key") else f"{event.tenant_id}/{event.user_id}")
+    value = event.dumps() if value is None else value
     return SimpleNamespace(topic=topic, partition=0, offset=offset, key=key.encode(),
-                           value=event.dumps() if value is None else value, timestamp=ts)
+                           value=value, timestamp=ts, headers=mac(topic, key.encode(), value))
 
 
 def _batch(*records):
@@ -245,6 +247,36 @@ async def test_a_job_result_in_the_next_batch_frees_the_user(tmp_path):
     result = JobResult.for_job(job, JobStatus.DONE, T0 + timedelta(seconds=9))
     await loop.process(_batch(_record(p.topics.job_results.name, 0, result, 9)))
     assert p.state.get(b"acme/u1")["in_flight"] is None
+
+
+async def test_a_forged_result_or_tool_request_changes_nothing(tmp_path):
+    """Without a valid MAC (core.record_auth), a job result does not free the user's job in
+    flight and a tool request (a forget-me "by admin") becomes no job: both are set aside
+    without their value, counted, and the next records are handled."""
+    from memstream.topics.schemas import ToolRequest, ToolWrite
+
+    p, loop, _ = await _loop(tmp_path)
+    await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
+    (job_record,) = _sent(loop.tasks.producer(0), p.topics.jobs.name)
+    job = ExtractionJob.model_validate_json(job_record[2])
+    result = JobResult.for_job(job, JobStatus.DONE, T0 + timedelta(seconds=9))
+    forget = ToolRequest(request_id="forged-1", tenant_id="acme", user_id="u1",
+                         write=ToolWrite(name="forget"), principal="admin", ts=T0)
+    forged = [_record(p.topics.job_results.name, 0, result, 9),
+              _record(p.topics.tool_requests.name, 0, forget, 9)]
+    for r in forged:
+        r.headers = ()
+    await loop.process(_batch(*forged, _msg(p, 3, offset=2)))
+    producer = loop.tasks.producer(0)
+    assert p.state.get(b"acme/u1")["in_flight"]["job_id"] == job.job_id  # not freed
+    assert not p.state.get(b"acme/u1").get("tools")  # no forget-me queued
+    assert len(_sent(producer, p.topics.jobs.name)) == 1  # no job for it either
+    dead = [json.loads(r[2]) for r in _sent(producer, p.topics.dead_letters.name)]
+    assert [(d["kind"], d["value_b64"]) for d in dead] == [("unauthenticated", "")] * 2
+    assert p.counters.records_unauthenticated == {"job-results": 1, "tool-requests": 1}
+    assert p.counters.messages == 3  # the batch went on
+    await loop.process(_batch(_record(p.topics.job_results.name, 1, result, 10)))
+    assert p.state.get(b"acme/u1")["in_flight"] is None  # the worker's own result frees it
 
 
 async def test_a_job_in_flight_is_timed_from_the_takeover(tmp_path):

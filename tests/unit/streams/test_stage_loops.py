@@ -19,11 +19,12 @@ from pydantic import SecretStr
 
 from memstream.core import kafka
 from memstream.core.settings import Settings
+from memstream.memory.store import Scope
 from memstream.streams.app import Pipeline, build_app
 from memstream.streams.loop_clients import KafkaClients
 from memstream.streams.owned_loop import OwnedLoop
 from memstream.topics.schemas import JobDecision, JobResult, JobStatus, MemoryChange
-from tests.unit.builders import FakeConsumer, FakeProducer, job, serving
+from tests.unit.builders import CLUSTER_SECRET, FakeConsumer, FakeProducer, job, mac, serving
 
 pytestmark = pytest.mark.unit
 NOW = 1_780_000_000.0
@@ -36,7 +37,7 @@ def p(tmp_path):
     # the single store: these records are all on partition 0, whatever their keys' (the
     # partitioned store's take is tests/unit/streams/test_shards.py's)
     settings = Settings(data_dir=tmp_path, embedder="hashing", web_enabled=False,
-                        ingest_enabled=False, admin_key=ADMIN,
+                        ingest_enabled=False, admin_key=ADMIN, cluster_secret=CLUSTER_SECRET,
                         reflection_threshold=1.0, store_partitioned=False,
                         archive=False)  # the archive's own: tests/unit/memory/test_archive.py
     pipeline = build_app(settings)
@@ -61,7 +62,8 @@ def _next(loop: OwnedLoop, tp: TopicPartition) -> int:
 
 def record(topic: str, offset: int, key: bytes, value: bytes, ts: int | None = None) -> Any:
     return SimpleNamespace(topic=topic, partition=0, offset=offset, key=key, value=value,
-                           timestamp=offset if ts is None else ts)
+                           timestamp=offset if ts is None else ts,
+                           headers=mac(topic, key, value))
 
 
 def batch(*records: Any) -> dict[TopicPartition, list[Any]]:
@@ -164,6 +166,40 @@ async def test_a_bad_decision_is_a_dead_letter_and_the_batch_goes_on(p):
     assert json.loads(dead)["kind"] == "schema"
     assert len(sent(producer, p.topics.job_results.name)) == 1
     assert _next(loop, TopicPartition(p.topics.decisions.name, 0)) == 2
+
+
+@pytest.mark.parametrize("forgery", ["no MAC", "another secret's MAC"])
+async def test_a_forged_decision_or_job_changes_nothing_and_the_batch_goes_on(p, forgery):
+    """A decision or job without a valid MAC (core.record_auth) is set aside without its
+    value and counted; the records after it are handled."""
+    good, forged = await decided(p, job_record(p, 1, ["I am allergic to nuts"], user="u3"),
+                                 job_record(p, 0, ["I live in Oslo"]))
+    assert (good.key, forged.key) == (b"t1/u3", b"t1/u1")
+    forged_job = job_record(p, 2, ["I live in Oslo"], seq=2)
+
+    def forge(r: Any) -> None:
+        r.headers = () if forgery == "no MAC" else mac(r.topic, r.key, r.value,
+                                                       "another-secret-0123456789abcdef01")
+
+    forge(forged)
+    forge(forged_job)
+    forged.offset, good.offset = 0, 1
+    loop, fatal = await loop_of(p, "apply")
+    await loop.process(batch(forged, good))
+    producer = loop.tasks.producer(0)
+    (dead,) = [json.loads(v) for v in sent(producer, p.topics.dead_letters.name)]
+    assert dead["kind"] == "unauthenticated" and dead["value_b64"] == ""
+    assert dead["value_length"] == len(forged.value) and dead["offset"] == 0
+    results = [JobResult.model_validate_json(v) for v in sent(producer,
+                                                              p.topics.job_results.name)]
+    assert [r.user_id for r in results] == ["u3"] and not fatal  # the batch went on
+    assert p.services.store.list(Scope("t1", "u1")) == []  # the forged one not applied
+    assert p.services.store.list(Scope("t1", "u3"))
+    (extract,) = [x for x in p.loops if x.stage.name == "extract"]
+    await extract.process(batch(forged_job))
+    decisions = sent(extract.tasks.producer(0), p.topics.decisions.name)
+    assert len(decisions) == 2  # the two of before: none for the forged job
+    assert p.counters.records_unauthenticated == {"decisions": 1, "extraction-jobs": 1}
 
 
 async def test_the_maintenance_table_takes_folds_only_with_a_committed_transaction(p):

@@ -183,6 +183,7 @@ def busy_counters() -> Counters:
     count_applied(c, decision(), [change("add", "extraction"), change("update", "tool")])
     c.jobs_by_trigger["threshold"] = 2
     c.dead_letters_by_class["schema"] = 1
+    c.records_unauthenticated["tool-requests"] = 3
     c.retrieval_latency.observe(0.004)
     c.extraction_lag.observe(12.0)
     return c
@@ -213,6 +214,7 @@ def test_the_collector_exposes_the_counters():
     assert value(fams, "memstream_jobs_total", trigger="threshold") == 2
     assert value(fams, "memstream_trivial_jobs_total") == 1
     assert value(fams, "memstream_dead_letters_total", reason_class="schema") == 1
+    assert value(fams, "memstream_records_unauthenticated_total", topic="tool-requests") == 3
     assert value(fams, "memstream_retrieval_latency_seconds_count") == 1
     assert value(fams, "memstream_retrieval_latency_seconds_bucket", le="0.005") == 1
     assert value(fams, "memstream_retrieval_latency_seconds_bucket", le="0.0025") == 0
