@@ -183,7 +183,8 @@ class KeyFollower:
                 await self._follow()  # returns only while the topic does not exist
                 problem, text = "missing", f"waiting for topic {self.topic}"
             except Exception as exc:
-                problem, text = type(exc).__name__, f"following {self.topic} failed: {exc}"
+                problem = type(exc).__name__
+                text = f"following {self.topic} failed: {describe(exc)}"
             # One line per kind of trouble, until following works again; then debug.
             level = (logging.DEBUG if problem == self._problem
                      else logging.INFO if problem == "missing" else logging.WARNING)

@@ -110,10 +110,12 @@ class PipelineCollector(Collector):
     def __init__(self, counters: Counters, lags: Lags = dict,
                  store: StoreSize | None = None,
                  auth_failures: Mapping[str, int] | None = None,
-                 key_records: Callable[[], Mapping[str, int]] | None = None) -> None:
+                 key_records: Callable[[], Mapping[str, int]] | None = None,
+                 api_key_records: Mapping[str, int] | None = None) -> None:
         self.c, self.lags, self.store = counters, lags, store
         self.auth_failures = auth_failures  # the HTTP app's LoginGuard.counts (live)
         self.key_records = key_records  # the user-keys view's set-aside records, by kind
+        self.api_key_records = api_key_records  # the api-keys follower's (live), by kind
 
     def collect(self) -> Iterator[Metric]:
         c = self.c
@@ -195,6 +197,11 @@ class PipelineCollector(Collector):
             yield _labelled("memstream_user_key_records_rejected", "Records of the user-keys "
                             "topic set aside (malformed, not opening, not verifying: forged), "
                             "by kind", "kind", self.key_records())
+        if self.api_key_records is not None:
+            yield _labelled("memstream_api_key_records_rejected", "Records of the api-keys "
+                            "topic set aside (malformed, or a record or tombstone whose "
+                            "signature does not verify: forged), by kind", "kind",
+                            dict(self.api_key_records))
         if self.store is not None and self.store.value is not None:
             yield GaugeMetricFamily("memstream_store_records", "Memory version records in "
                                     "the store (cached count)", value=self.store.value)
@@ -251,7 +258,8 @@ def registry_for(collector: PipelineCollector) -> CollectorRegistry:
     return registry
 
 
-def attach(app: web.Application, p: Any) -> MetricsDeps:
+def attach(app: web.Application, p: Any,
+           api_key_records: Mapping[str, int] | None = None) -> MetricsDeps:
     """Serve the pipeline's metrics on ``app`` (built by ``web.http.build_http_app``)."""
     # looked up at each count: follows a store the worker switched to (a rebuild)
     store = StoreSize(lambda: p.services.store.count(), p.settings.metrics_store_count_s)
@@ -267,7 +275,7 @@ def attach(app: web.Application, p: Any) -> MetricsDeps:
     collector = PipelineCollector(p.counters, lags, store,
                                   guard.counts if guard is not None else None,
                                   (lambda: dict(keys.rejected_kinds)) if keys is not None
-                                  else None)
+                                  else None, api_key_records)
     key = p.settings.metrics_key
     deps = MetricsDeps(
         registry=registry_for(collector),

@@ -46,7 +46,7 @@ def register(p: Pipeline) -> None:
                               router=router,
                               login_failures_per_minute=s.login_failures_per_minute)
     http_app[DEPS].guard.limit_requests(s.requests_per_key_per_s, s.requests_per_key_burst)
-    deps = metrics.attach(http_app, p)  # /metrics and /v1/metrics/summary
+    deps = metrics.attach(http_app, p, follower.rejected)  # /metrics, /v1/metrics/summary
     http_app[metrics.METRICS] = replace(deps, cluster=lambda: cluster_status(p, router))
     tls = server_ssl(s.web_tls_cert, s.web_tls_key) if s.web_tls_cert and s.web_tls_key else None
     server = HttpServer(http_app, s.web_host, s.web_port, tls)

@@ -236,6 +236,16 @@ def test_set_aside_user_key_records_are_counted_by_kind():
     assert "memstream_user_key_records_rejected" not in scrape(Counters())  # no keys here
 
 
+def test_set_aside_api_key_records_are_counted_by_kind():
+    rejected: dict[str, int] = {}  # the follower's live dict: a scrape reads it as it is now
+    collector = sm.PipelineCollector(Counters(), api_key_records=rejected)
+    rejected["unsigned"] = 3
+    text = generate_latest(sm.registry_for(collector)).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert value(fams, "memstream_api_key_records_rejected_total", kind="unsigned") == 3
+    assert "memstream_api_key_records_rejected" not in scrape(Counters())  # no follower
+
+
 def test_every_label_is_from_a_fixed_set_and_carries_no_id():
     fams = scrape(busy_counters(), {("it.memstream.messages", 0): 1})
     for family in fams.values():
