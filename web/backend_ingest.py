@@ -114,7 +114,7 @@ async def add_messages(p: Any, producer: IngestProducer, tenant: str, user: str,
     s = p.settings
     messages = ingest_records.chat_messages(
         tenant, user, req, idempotency_key or "", _now(p),
-        max_bytes=s.max_message_bytes, max_chars=s.max_content_chars)
+        max_bytes=s.max_message_bytes, max_chars=s.max_content_chars, most=s.dedup_window)
     placed = await producer.send(messages_topic(p, tenant), messages)
     return MessagesAccepted(messages=[
         MessageAccepted(message_id=m.message_id, session_id=m.session_id, **at.model_dump())

@@ -64,9 +64,16 @@ def _same(given: Any, wanted: str, where: str, name: str) -> None:
 
 
 def chat_messages(tenant: str, user: str, req: MessagesRequest, idempotency_key: str,
-                  now: datetime, *, max_bytes: int, max_chars: int) -> list[ChatMessage]:
+                  now: datetime, *, max_bytes: int, max_chars: int,
+                  most: int | None = None) -> list[ChatMessage]:
     """The request's messages as records of the messages topic, in order (see the module
-    doc); raises :class:`ApiError` (400 / 413) naming the first bad one."""
+    doc); raises :class:`ApiError` (400 / 413) naming the first bad one. ``most``: the
+    ingest stage's ``dedup_window`` (the message ids it remembers per session): a request
+    of more could be applied twice when retried, so it is refused."""
+    if most is not None and len(req.messages) > most:
+        raise bad(f"messages: at most {most} per request (the message ids the ingest stage "
+                  "remembers per session, MEMSTREAM_DEDUP_WINDOW: a retried request of more "
+                  "could be taken twice); send them in several requests")
     out: list[ChatMessage] = []
     for i, m in enumerate(req.messages):
         where = f"messages[{i}]"

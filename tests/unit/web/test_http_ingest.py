@@ -24,6 +24,7 @@ from memstream.web.models import paths
 from memstream.web.models.api import ErrorCode
 from memstream.web.models.intake import (
     MAX_BATCH_MESSAGES,
+    MessageIn,
     MessagesAccepted,
     MessagesRequest,
     SessionEndAccepted,
@@ -284,6 +285,19 @@ def test_a_derived_id_depends_on_key_place_and_content_only():
                 ingest_records.derived_id("k1", "acme", "u2", "s1", 0, msg),
                 ingest_records.derived_id("k1", "acme", "u1", "s1", 0,
                                           {**msg, "content": "ho"})}) == 5
+
+
+def test_a_request_of_more_messages_than_ingest_remembers_ids_is_refused():
+    """A retry is taken once only while every id of it is still in the session's dedup
+    window: a request of more messages than that could be applied twice."""
+    req = MessagesRequest(session_id="s1", messages=[
+        MessageIn(role="user", content=f"m{i}") for i in range(5)])
+    with pytest.raises(ApiError) as refused:
+        ingest_records.chat_messages("acme", "u1", req, "k", NOW, max_bytes=10_000,
+                                     max_chars=1000, most=4)
+    assert refused.value.status == 400
+    assert len(ingest_records.chat_messages("acme", "u1", req, "k", NOW, max_bytes=10_000,
+                                            max_chars=1000, most=5)) == 5
 
 
 def test_a_session_end_with_a_time_outside_the_contract_is_refused():
