@@ -55,6 +55,7 @@ _STATUS_CODES = {401: ErrorCode.UNAUTHORIZED, 403: ErrorCode.FORBIDDEN,
 
 
 IDEMPOTENCY_KEY = "Idempotency-Key"
+HTTP_BATCH = 64  # messages per request of the HTTP way in: the default dedup_window
 
 
 def new_key() -> str:
@@ -241,15 +242,20 @@ def tool_call(name: str, arguments: Mapping[str, Any] | str, session_id: str | N
 # --- the HTTP way in: a client without Kafka settings ------------------------------------
 def add_messages_op(tenant: str, user: str, session: str,
                     messages: Sequence[ChatMessage]) -> Op[list[str]]:
-    """``add`` over HTTP: the messages (validated, each with its id) in one request, with an
-    ``Idempotency-Key`` of the call; returns the ids the worker took them with."""
-    body = MessagesRequest(session_id=session, messages=[
-        MessageIn(role=m.role, content=m.content, message_id=m.message_id, ts=m.ts,
-                  metadata=m.metadata) for m in messages])
-    call = Call("POST", user_path(paths.MESSAGES, tenant, user), json=_body(body),
-                idempotency_key=new_key())
-    accepted = parse((yield call), MessagesAccepted)
-    return [m.message_id for m in accepted.messages]
+    """``add`` over HTTP: the messages (validated, each with its id) in requests of at most
+    :data:`HTTP_BATCH` (the ids the ingest stage remembers per session by default, so a
+    retried request is dropped whole), each with an ``Idempotency-Key`` of its own;
+    returns the ids the worker took them with, in order."""
+    taken: list[str] = []
+    for start in range(0, len(messages), HTTP_BATCH):
+        body = MessagesRequest(session_id=session, messages=[
+            MessageIn(role=m.role, content=m.content, message_id=m.message_id, ts=m.ts,
+                      metadata=m.metadata) for m in messages[start:start + HTTP_BATCH]])
+        call = Call("POST", user_path(paths.MESSAGES, tenant, user), json=_body(body),
+                    idempotency_key=new_key())
+        accepted = parse((yield call), MessagesAccepted)
+        taken += [m.message_id for m in accepted.messages]
+    return taken
 
 
 def end_session_op(tenant: str, user: str, session: str) -> Op[SessionEndAccepted]:

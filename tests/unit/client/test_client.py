@@ -400,6 +400,23 @@ def test_add_without_kafka_settings_posts_the_messages_over_http(make):
     assert kafka.created == []  # no producer without Kafka settings
 
 
+def test_add_over_http_sends_more_messages_than_a_dedup_window_in_several_requests(make):
+    """A request of more messages than ingest remembers ids per session is refused (a retry
+    of it could be taken twice), so the client splits a long add, each part with its key."""
+    texts = [f"turn {i}" for i in range(70)]
+    ids = [f"m{i}" for i in range(70)]
+    server = Server(accepted(*ids[:64]), accepted(*ids[64:]))
+    client = make(server)
+    got = client.add([{"role": "user", "content": t, "message_id": i}
+                      for t, i in zip(texts, ids, strict=True)], user_id=USER, session_id="s1")
+    assert got == ids
+    bodies = [sent(r, "POST", at(paths.MESSAGES)) for r in server.requests]
+    assert [len(b["messages"]) for b in bodies] == [64, 6]
+    assert [m["content"] for b in bodies for m in b["messages"]] == texts
+    keys = {r.headers["Idempotency-Key"] for r in server.requests}
+    assert len(keys) == 2
+
+
 def test_add_over_http_validates_before_sending_and_raises_the_apis_refusal(make):
     server = Server(httpx.Response(403, json={"error": {
         "code": "forbidden", "message": "this key does not open this tenant"}}))
