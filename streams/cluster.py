@@ -332,9 +332,8 @@ def received(data: bytes, me: str, trust: Trust | None, state: GroupState | None
         else:
             log.warning("cluster map not read (%s)", describe(exc))
         return None
-    except NotForThisJoin as exc:
-        log.warning("cluster map ignored (%s); rejoining for one of this join",
-                    describe(exc))
+    except NotForThisJoin as exc:  # a static member's restart does this: not a warning
+        log.info("cluster map ignored (%s); rejoining for one of this join", describe(exc))
         rejoin()
         return None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
