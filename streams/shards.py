@@ -239,7 +239,11 @@ class ShardKeeper:
                     await self.standbys.adopt(partition, shard, held)
                     log.info("shard %d: kept as a standby", partition)
                     continue
-            await asyncio.to_thread(shard.close)
+            try:
+                await asyncio.to_thread(shard.close)
+            except Exception as exc:  # its files go next: nothing it held is needed
+                log.warning("shard %d: close failed (%s); wiped all the same", partition,
+                            describe(exc))
             self.files.wipe(partition)
         if self.standbys is not None:
             self.standbys.refresh()  # a partition it stands by for now

@@ -423,8 +423,10 @@ class EdgeStore:
     def close(self) -> None:
         with self._lock:
             self._lists.clear()  # a read after close fails as before, never a kept answer
-            self._shard.flush()
-            self._shard.close()
+            try:
+                self._shard.flush()
+            finally:  # a failed flush still lets the shard's files go
+                self._shard.close()
 
 
 def _config(qe: Any, dim: int, *, sparse: bool) -> Any:

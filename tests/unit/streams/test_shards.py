@@ -500,6 +500,24 @@ async def test_a_shard_given_up_when_the_ends_cannot_be_read_is_wiped(tmp_path, 
     assert 3 not in store.standby and not keeper.files.path(3).exists()
 
 
+async def test_a_shard_given_up_whose_close_fails_is_wiped_and_the_take_goes_on(tmp_path):
+    """Its files are deleted next, so a close that fails (a flush of the engine: seen in a
+    3-worker chaos run) must not end the worker (it used to: exit 70)."""
+    keeper, _, store = _keeper_with_standbys(tmp_path, set())
+    (tmp_path / "store").mkdir()
+    shard = make_store("edge", keeper.files.path(3), DIM)
+    real_close = shard.close
+
+    def failing() -> None:
+        real_close()
+        raise Exception  # what the engine raised: no message
+
+    shard.close = failing  # type: ignore[method-assign]
+    store.owned[3] = shard
+    await keeper.release({3})
+    assert 3 not in store.owned and not keeper.files.path(3).exists()
+
+
 @pytest.mark.parametrize("broker", ["up", "away"])
 async def test_the_shutdown_checkpoint_names_what_the_shard_holds_not_the_topics_ends(
         tmp_path, monkeypatch, broker):
