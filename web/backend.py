@@ -19,9 +19,6 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-
-from memstream.core import kafka
 from memstream.memory import retrieval
 from memstream.memory import short_term as windows
 from memstream.memory.coalescing import tool_job_id
@@ -84,10 +81,8 @@ class WorkerBackend(ReadBackend):
 
     def __init__(self, p: Pipeline, recorder: AccessRecorder) -> None:
         super().__init__(p, recorder)
-        self._producer: AIOKafkaProducer | None = None
-        self._producer_lock = asyncio.Lock()
         self.audit_log: Any = None  # memstream.web.audit.AuditLog, started by web.serve
-        self.ingest = ingest.IngestProducer(p.settings)  # the HTTP way in's producer
+        self.ingest = ingest.IngestProducer(p.settings)  # the API's (way in, tool requests)
 
     # --- tools ---------------------------------------------------------------------------
 
@@ -208,13 +203,9 @@ class WorkerBackend(ReadBackend):
                           content=f"done: {done}" if done else "done: already known", data=data)
 
     async def _send(self, request: ToolRequest) -> None:
-        async with self._producer_lock:
-            if self._producer is None:
-                producer = kafka.producer(self.p.settings, enable_idempotence=True, acks="all")
-                await producer.start()
-                self._producer = producer
-        await self._producer.send_and_wait(self.p.topics.tool_requests.name,
-                                           key=request.key().encode(), value=request.dumps())
+        producer = await self.ingest.started()
+        await producer.send_and_wait(self.p.topics.tool_requests.name,
+                                     key=request.key().encode(), value=request.dumps())
 
     # --- history and corrections (web.backend_history) ------------------------------------
 
@@ -275,9 +266,6 @@ class WorkerBackend(ReadBackend):
         await self.ingest.close()
         if self.batcher is not None:
             self.batcher.close()
-        if self._producer is not None:
-            await self._producer.stop()
-            self._producer = None
 
 
 def _within(iso: str, since: float | None, until: float | None) -> bool:

@@ -44,8 +44,9 @@ PRODUCE_TIMEOUT_S = 10.0  # start + send + every in-sync replica's acknowledgeme
 
 
 class IngestProducer:
-    """One idempotent producer (``acks=all``), started on the first request and reused;
-    ``factory`` is a seam for tests."""
+    """The API's one idempotent producer (``acks=all``), started on the first request and
+    reused: the HTTP way in's records and the tool requests (:meth:`started`) go through
+    it; ``factory`` is a seam for tests."""
 
     def __init__(self, settings: Settings, timeout_s: float = PRODUCE_TIMEOUT_S,
                  factory: Callable[[Settings], Any] | None = None) -> None:
@@ -60,7 +61,7 @@ class IngestProducer:
         take them in time."""
         try:
             async with asyncio.timeout(self._timeout_s):
-                producer = await self._started()
+                producer = await self.started()
                 pending = [await producer.send(topic, key=e.key().encode(), value=e.dumps())
                            for e in events]
                 done = await asyncio.gather(*pending)
@@ -71,7 +72,7 @@ class IngestProducer:
                            "records; retry with the same Idempotency-Key") from None
         return [Placement(topic=m.topic, partition=m.partition, offset=m.offset) for m in done]
 
-    async def _started(self) -> Any:
+    async def started(self) -> Any:
         async with self._lock:
             if self._producer is None:
                 producer = self._factory(self._settings)
@@ -92,7 +93,7 @@ class IngestProducer:
 
 def _idempotent(settings: Settings) -> AIOKafkaProducer:
     return kafka.producer(settings, enable_idempotence=True, acks="all",
-                          client_id="memstream-http-ingest")
+                          client_id="memstream-api")
 
 
 def messages_topic(p: Any, tenant: str) -> str:
