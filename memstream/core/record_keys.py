@@ -73,7 +73,8 @@ def keys_for(settings: Settings) -> RecordKeys:
     secret kept in the data dir, else none (nothing signed, nothing verifies)."""
     configured = _value(settings.cluster_secret)
     previous = _value(settings.cluster_secret_previous)
-    where = "" if configured else str(secret_path(settings).resolve())
+    where = "" if configured else str(secret_path(settings))  # no file system call: a
+    # key is looked up per record sent or read on the topics that carry authority
     entry = (configured, previous, where)
     with _lock:
         found = _cache.get(entry)
