@@ -9,6 +9,7 @@ import sys
 import click
 from aiokafka.errors import KafkaConnectionError
 
+from memstream import __version__
 from memstream.core.errors import BrokerError, ConfigError
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
@@ -36,6 +37,7 @@ class _Main(click.Group):
 
 
 @click.group(cls=_Main)
+@click.version_option(__version__, prog_name="memstream", message="%(prog)s %(version)s")
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """memstream: long-term memory for LLM agents on Kafka."""

