@@ -55,3 +55,16 @@ def test_changelog_has_unreleased_and_this_version() -> None:
     assert heads[1][0] == VERSION.strip() and heads[1][1]
     sections = set(re.findall(r"^### (\w+)$", text, re.M))
     assert sections <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """At most 300 lines, the two commands exactly, and every secret compose requires
+    (``${VAR:?...}``) named where it says how to start it."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    for command in ("./scripts/demo.sh", "./scripts/test.sh"):
+        assert re.search(rf"^{re.escape(command)}\s+#", readme, re.M), command
+    required = set(re.findall(r"\$\{(\w+):\?", (ROOT / "docker-compose.yml").read_text()))
+    assert "MEMSTREAM_CLUSTER_SECRET" in required
+    docker = next(p for p in readme.split("\n- ") if p.startswith("**Docker**"))
+    assert all(f"`{name}`" in docker for name in required), (required, docker)
