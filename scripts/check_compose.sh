@@ -18,7 +18,7 @@ if [ ! -x "$bin" ]; then
   [ -x "$go" ] || { echo "check_compose: needs Go (1.22+) to build $src" >&2; exit 2; }
   echo "building the compose checker once (kept in $bin) ..." >&2
   mkdir -p "$(dirname "$bin")"
-  (cd "$src" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly "$go" build -trimpath \
+  (cd "$src" && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" "$go" build -trimpath \
      -o "$bin.tmp" .) && mv "$bin.tmp" "$bin"
 fi
 [ "$build_only" = 1 ] && exit 0
