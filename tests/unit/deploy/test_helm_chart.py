@@ -10,6 +10,7 @@ image's user, real setting names)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -63,6 +64,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "podDisruptionBudget": {"enabled": False},
         "qdrant": {"url": "http://qdrant.vectors.svc:6333"},
     },
+    "external-qdrant": {"qdrant": {"url": "https://qdrant.vectors.svc:6333"},
+                        "secrets": {"qdrantApiKey": "k" * 40}},
 }
 
 
@@ -139,6 +142,19 @@ def test_every_rendered_resource_is_valid(helm, crds, tmp_path, name):
     docs = render(helm, tmp_path, VALUE_SETS[name])
     assert docs
     assert problems(docs, crds) == []
+
+
+def test_the_documented_values_render_valid_resources(helm, crds, tmp_path):
+    """docs/kubernetes.md's values-strimzi.yaml (and its monitoring block) as written."""
+    text = (ROOT / "docs" / "kubernetes.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    [values] = [yaml.safe_load(b) for b in blocks if b.startswith("# values-strimzi.yaml")]
+    [monitoring] = [yaml.safe_load(b) for b in blocks if b.startswith("metrics:")]
+    docs = render(helm, tmp_path, {**values, **monitoring})
+    assert problems(docs, crds) == []
+    env = _env(_one(docs, "StatefulSet"))
+    assert env["MEMSTREAM_TOPICS_CREATE"]["value"] == "false"
+    assert env["MEMSTREAM_KAFKA_SECURITY_PROTOCOL"]["value"] == "SASL_SSL"
 
 
 def test_the_validator_reports_an_invalid_resource(helm, crds, tmp_path):
@@ -262,6 +278,12 @@ def test_per_tenant_layout_and_qdrant(helm, tmp_path):
     secret = next(d for d in docs if d["kind"] == "Secret")
     assert set(secret["data"]) == {"admin-key", "metrics-key", "cluster-secret", "qdrant-api-key"}
     assert "MEMSTREAM_STORE" not in _env(_one(render(helm, tmp_path, {}), "StatefulSet"))
+    docs = render(helm, tmp_path, VALUE_SETS["external-qdrant"])
+    env = _env(_one(docs, "StatefulSet"))
+    assert env["MEMSTREAM_QDRANT_URL"]["value"] == "https://qdrant.vectors.svc:6333"
+    assert env["MEMSTREAM_QDRANT_API_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "qdrant-api-key"
+    assert "qdrant-api-key" in next(d for d in docs if d["kind"] == "Secret")["data"]
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-qdrant")]
 
 
 def test_the_keys_secret_is_not_the_kafka_users(helm, tmp_path):
