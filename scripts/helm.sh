@@ -35,7 +35,7 @@ if [ "${1:-}" = --crds ]; then
     mkdir -p "$cache"
     tmp=$(mktemp -d "$cache/crds.XXXXXX")
     module=github.com/prometheus-operator/prometheus-operator@$crds_version
-    dir=$(cd "$tmp" && GOFLAGS=-mod=mod "$go" mod download -json "$module" \
+    dir=$(cd "$tmp" && "$go" mod download -json "$module" \
           | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
     if [ -z "$dir" ] || [ ! -d "$dir/example/prometheus-operator-crd" ]; then
       rm -rf "$tmp"
