@@ -108,7 +108,7 @@ _DESCRIPTIONS = {
 }
 
 
-def _schema(model: type[BaseModel]) -> dict[str, Any]:
+def tool_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The model's JSON schema shaped for a model to read: no titles, optionals plain."""
     raw = model.model_json_schema()
     properties = {}
@@ -127,7 +127,7 @@ def _schema(model: type[BaseModel]) -> dict[str, Any]:
 TOOLS: list[dict[str, Any]] = [
     {"type": "function",
      "function": {"name": name, "description": _DESCRIPTIONS[name],
-                  "parameters": _schema(model)}}
+                  "parameters": tool_schema(model)}}
     for name, model in ARGUMENTS.items()
 ]
 
