@@ -166,7 +166,7 @@ def scope_of(request: web.Request, body: bytes, call: tuple[MemoryOps, Caller]
     """The ASGI HTTP scope of ``request`` (no key header), carrying ``call``."""
     headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
                for k, v in request.headers.items() if k.lower() not in _HIDDEN]
-    if request.method == "POST" and not any(k == b"content-length" for k, _ in headers):
+    if not any(k == b"content-length" for k, _ in headers):
         headers.append((b"content-length", str(len(body)).encode()))
     return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
             "method": request.method, "scheme": request.scheme, "path": request.path,
@@ -189,7 +189,9 @@ class McpEndpoint:
         self._task: asyncio.Task[None] | None = None
 
     def attach(self, app: web.Application) -> None:
-        app.router.add_route("*", MCP_PATH, self.handle, name="mcp")
+        # POST only: stateless, there is no session to DELETE and no standalone SSE stream
+        # to GET (405 tells an MCP client so; an open GET would hold a task per caller)
+        app.router.add_route("POST", MCP_PATH, self.handle, name="mcp")
 
     async def start(self) -> None:
         """The manager's task group, held open by a task until :meth:`stop`."""
@@ -226,7 +228,7 @@ class McpEndpoint:
         if manager is None:
             raise ApiError(503, ErrorCode.UNAVAILABLE, "starting, retry later")
         limit = request.app[DEPS].max_body_bytes
-        body = await read_body(request, limit) if request.method == "POST" else b""
+        body = await read_body(request, limit)
         caller = Caller(principal.tenant_id, principal.admin)
         exchange = _Exchange(request, body)
         await manager.handle_request(scope_of(request, body, (InApp(request), caller)),

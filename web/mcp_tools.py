@@ -34,6 +34,7 @@ from memstream.memory.tools import (
     CoreMemoryReplaceArgs,
     MemoryInsertArgs,
     MemorySearchArgs,
+    describe_arguments,
     tool_schema,
 )
 from memstream.topics.schemas import Ident, Role
@@ -265,7 +266,7 @@ def parse(name: str, arguments: Mapping[str, Any] | None) -> tuple[Spec, _Who]:
     try:
         return spec, spec.args.model_validate(dict(arguments or {}))
     except ValidationError as exc:
-        raise Refused(f"{name}: invalid arguments: {describe(exc)}") from None
+        raise Refused(f"{name}: invalid arguments: {describe_arguments(exc)}") from None
 
 
 async def call(ops: MemoryOps, caller: Caller, name: str,

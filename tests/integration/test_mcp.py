@@ -99,15 +99,20 @@ async def remembers(session: ClientSession, tenant: str, user: str, city: str) -
         "messages": [{"role": "user", "content": f"Remember that I live in {city}"}]})
     assert not added.is_error, text(added)
 
-    async def memory() -> str | None:  # memories only: not the raw turn
+    async def memory() -> Any:  # memories only: not the raw turn
         found = await session.call_tool("search", {"user_id": user,
                                                    "query": "where does the user live"})
         if found.is_error:  # a partition still being restored: retry, as an agent would
             assert text(found).startswith("unavailable"), text(found)
             return None
-        return text(found) if city in text(found) else None
+        return found if city in text(found) else None
 
-    assert f"Lives in {city}" in await until(memory, "the memory", timeout=90)
+    found = await until(memory, "the memory", timeout=90)
+    assert f"Lives in {city}" in text(found)
+    memory_id = found.structured_content["memories"][0]["memory_id"]
+    history = await session.call_tool("memory_history", {"user_id": user,
+                                                         "memory_id": memory_id})
+    assert not history.is_error and f"Lives in {city}" in text(history), text(history)
     context = await session.call_tool("context", {"user_id": user,
                                                   "query": "where does the user live"})
     assert not context.is_error and f"Lives in {city}" in text(context)

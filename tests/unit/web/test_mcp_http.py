@@ -117,12 +117,16 @@ async def test_the_admin_key_names_its_tenant_and_may_forget():
         assert backend.calls[-1][:3] == ("forget", "globex", "u1")
 
 
-async def test_a_missing_or_wrong_key_is_401_before_the_protocol():
+async def test_a_missing_or_wrong_key_is_401_and_only_post_is_served():
     async with mcp_server() as (url, _), httpx2.AsyncClient() as http:
         body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
         assert (await http.post(url, json=body)).status_code == 401
         wrong = await http.post(url, json=body, headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401 and "nope" not in wrong.text
+        for method in ("GET", "DELETE"):  # stateless: no stream to open, no session to end
+            answer = await http.request(method, url, headers={
+                "Authorization": f"Bearer {TENANT_KEY}"}, timeout=10)
+            assert answer.status_code == 405
 
 
 async def test_bad_arguments_and_api_errors_are_tool_errors_without_the_input():
