@@ -639,11 +639,13 @@ def demo(settings: Settings, keep_broker: bool, serve: bool, workers: int) -> No
               help="A worker's HTTP API (repeat, or separate by spaces / commas in "
                    "MEMSTREAM_URL, for several: any answers)")
 @click.option("--api-key", envvar="MEMSTREAM_API_KEY", required=True,
-              help="A tenant key (memstream keys create); its tenant is the one served")
+              help="A tenant key (memstream keys create); its tenant is the one served. "
+                   "Prefer the environment: a command line is visible to other users")
 @click.option("--tenant", envvar="MEMSTREAM_TENANT", default=None,
               help="The admin key only: the tenant of calls that name none")
 @click.option("--kafka", is_flag=True, help="Write turns to Kafka (the MEMSTREAM_BOOTSTRAP_"
-              "SERVERS / SASL / TLS settings) instead of the workers' HTTP way in")
+              "SERVERS, _TOPIC_PREFIX, SASL / TLS settings) instead of the workers' HTTP "
+              "way in")
 @click.pass_obj
 def mcp(settings: Settings, urls: tuple[str, ...], api_key: str, tenant: str | None,
         kafka: bool) -> None:

@@ -37,7 +37,7 @@ from memstream.memory.tools import (
     describe_arguments,
     tool_schema,
 )
-from memstream.topics.schemas import Ident, Role
+from memstream.topics.schemas import MAX_QUERY_CHARS, Ident, Role
 from memstream.web.models.api import ContextRequest, ContextResponse, ToolCallRequest, ToolResult
 from memstream.web.models.history import CorrectionRequest, CorrectionResult, HistoryResponse
 from memstream.web.models.intake import MAX_BATCH_MESSAGES, MessageIn, MessagesRequest
@@ -109,7 +109,7 @@ class CoreReplaceArgs(CoreMemoryReplaceArgs, _Who):
 
 
 class ContextArgs(_Who):
-    query: str = Field(min_length=1, max_length=4000, pattern=r"\S",
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, pattern=r"\S",
                        description="What the next answer is about, in natural language.")
     session_id: Ident | None = Field(None, description="Adds this conversation's recent turns.")
     budget_tokens: int | None = Field(None, ge=1, le=250_000,

@@ -121,8 +121,9 @@ class StdioSession:
                     raise Refused("the admin key needs a tenant: --tenant / MEMSTREAM_TENANT")
                 if principal.tenant_id is not None and self.tenant not in (None, tenant):
                     raise Refused("forbidden: the API key does not open MEMSTREAM_TENANT")
+                prefix = self.kafka.topic_prefix if self.kafka else "memstream"
                 client = AsyncMemoryClient(self.urls, self.key, tenant_id=tenant,
-                                           kafka=self.kafka)
+                                           kafka=self.kafka, topic_prefix=prefix)
                 self.ops, self.caller = ClientOps(client), Caller(tenant, principal.admin)
             return self.ops, self.caller
 

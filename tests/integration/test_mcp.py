@@ -2,7 +2,8 @@
 broker, one worker serving the API (and /mcp), tenant keys from the keys topic.
 
 - streamable HTTP: the SDK's client against the worker's ``/mcp`` with a Bearer tenant key;
-- stdio: ``memstream mcp`` spawned by the SDK's stdio client, talking to the worker's API.
+- stdio: ``memstream mcp`` spawned by the SDK's stdio client, talking to the worker's API
+  (and with ``--kafka``, producing the turns to the messages topic itself).
 
 On each: the tools are listed, a turn is added, a barrier waits until its memory exists
 (``search``), ``context`` shows it; another tenant's user and ``forget_me`` are refused for
@@ -26,6 +27,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from memstream.core.settings import Settings
 from memstream.web.keys_topic import create_key
 from memstream.web.mcp_http import MCP_PATH
 from memstream.web.models import paths
@@ -77,11 +79,16 @@ async def over_http(key: str) -> AsyncIterator[ClientSession]:
 
 
 @asynccontextmanager
-async def over_stdio(key: str) -> AsyncIterator[ClientSession]:
+async def over_stdio(key: str, kafka: Settings | None = None) -> AsyncIterator[ClientSession]:
+    """``memstream mcp``; with ``kafka``: ``--kafka``, turns produced with those settings."""
+    env = {"PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT)),
+           "MEMSTREAM_URL": BASE, "MEMSTREAM_API_KEY": key}
+    if kafka is not None:
+        env |= {"MEMSTREAM_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+                "MEMSTREAM_TOPIC_PREFIX": kafka.topic_prefix}
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "memstream.cli", "mcp"], cwd=str(ROOT),
-        env={"PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT)),
-             "MEMSTREAM_URL": BASE, "MEMSTREAM_API_KEY": key})
+        command=sys.executable, cwd=str(ROOT), env=env,
+        args=["-m", "memstream.cli", "mcp", *(["--kafka"] if kafka else [])])
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
@@ -139,11 +146,14 @@ async def knows_nothing(key: str, user: str, city: str) -> None:
 
 
 @pytest.mark.parametrize(("transport", "user", "city"), [
-    (over_http, "ana", "Lisbon"), (over_stdio, "ben", "Porto")], ids=["http", "stdio"])
+    ("http", "ana", "Lisbon"), ("stdio", "ben", "Porto"), ("stdio-kafka", "cy", "Madrid")],
+    ids=["http", "stdio", "stdio-kafka"])
 async def test_a_turn_becomes_memory_and_other_tenants_are_refused(api, tenant, transport,
                                                                    user, city):
     key = await key_of(api, tenant)
-    async with transport(key) as session:
+    connect = {"http": over_http, "stdio": over_stdio,
+               "stdio-kafka": lambda k: over_stdio(k, api.settings)}[transport]
+    async with connect(key) as session:
         await remembers(session, tenant, user, city)
         await refuses_other_tenants(session, tenant + "x", user)
     await knows_nothing(await key_of(api, tenant + "x"), user, city)

@@ -14,10 +14,11 @@ from aiohttp.test_utils import TestServer
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from memstream.ops.mcp_stdio import whoami
+from memstream.core.settings import Settings
+from memstream.ops.mcp_stdio import StdioSession, whoami
 from memstream.web.http import build_http_app
 from memstream.web.mcp_http import MCP_PATH, McpEndpoint
-from memstream.web.mcp_tools import Refused
+from memstream.web.mcp_tools import Caller, Refused
 from memstream.web.models.api import Principal
 from memstream.web.models.history import (
     CorrectionRequest,
@@ -148,3 +149,20 @@ async def test_whoami_names_the_keys_tenant_for_memstream_mcp():
             await whoami([base], "wrong-key-0123456789")
     with pytest.raises(Refused, match="reached"):
         await whoami(["http://127.0.0.1:9"], TENANT_KEY)
+
+
+@pytest.mark.parametrize("kafka", [None, Settings.model_construct(
+    bootstrap_servers="broker:9092", topic_prefix="it-abc")])
+async def test_memstream_mcp_serves_the_keys_tenant_over_http_or_kafka(kafka):
+    async with mcp_server() as (url, _):
+        session = StdioSession([url.removesuffix(MCP_PATH)], TENANT_KEY, None, kafka)
+        ops, caller = await session.resolve(None)  # type: ignore[arg-type]
+        try:
+            assert caller == Caller("acme") and ops.client.tenant_id == "acme"
+            if kafka is None:  # turns through the HTTP way in
+                assert ops.client.bootstrap_servers is None
+            else:  # produced with the settings' servers to its topics
+                assert ops.client.bootstrap_servers == "broker:9092"
+                assert ops.client.topic_prefix == "it-abc"
+        finally:
+            await session.close()
