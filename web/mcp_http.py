@@ -3,8 +3,8 @@ stateless, JSON answers), for remote agents.
 
 - **Bridge**: aiohttp hands the request to the SDK's
   :class:`~mcp.server.streamable_http_manager.StreamableHTTPSessionManager` as an ASGI call
-  (:class:`_Exchange`: the body it read, the answer written back as it comes), so the
-  SDK's own transport speaks the protocol; no second server, no second port.
+  (:class:`_Exchange`: the body it read in, the SDK's JSON answer back out), so the SDK's
+  own transport speaks the protocol; no second server, no second port.
 - **Keys**: checked before the SDK sees anything, exactly as the API checks them
   (:func:`memstream.web.http_checks.authenticate`: Bearer or ``X-API-Key``, 401, the
   failed-login limit and the key's request rate, 429); the key itself is not passed on.
@@ -122,12 +122,13 @@ async def _resolve(ctx: ServerRequestContext[Any, Any]) -> tuple[MemoryOps, Call
 
 class _Exchange:
     """One ASGI call's ``receive`` and ``send`` over an aiohttp request: the body read
-    beforehand, the answer streamed back as the SDK writes it."""
+    beforehand, the answer (one JSON body: POST only, JSON answers) collected and returned
+    as a plain response, which the app's middlewares may still add headers to."""
 
-    def __init__(self, request: web.Request, body: bytes) -> None:
-        self.request, self.body = request, body
+    def __init__(self, body: bytes) -> None:
+        self.body = body
         self.status, self.headers = 500, CIMultiDict[str]()
-        self.response: web.StreamResponse | None = None
+        self.chunks: list[bytes] = []
         self.done = asyncio.Event()
         self._given = False
 
@@ -142,23 +143,17 @@ class _Exchange:
         if message["type"] == "http.response.start":
             self.status = message["status"]
             self.headers = CIMultiDict((k.decode("latin-1"), v.decode("latin-1"))
-                                       for k, v in message.get("headers", ()))
-            return
-        if message["type"] != "http.response.body" or self.done.is_set():
-            return
-        if self.response is None:
-            self.response = web.StreamResponse(status=self.status, headers=self.headers)
-            await self.response.prepare(self.request)
-        await self.response.write(message.get("body", b""))
-        if not message.get("more_body", False):
-            await self.response.write_eof()
-            self.done.set()
+                                       for k, v in message.get("headers", ())
+                                       if k.lower() != b"content-length")
+        elif message["type"] == "http.response.body" and not self.done.is_set():
+            self.chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                self.done.set()
 
-    def answer(self) -> web.StreamResponse:
+    def answer(self) -> web.Response:
         self.done.set()
-        if self.response is None:  # the SDK sent no body: its status alone
-            return web.Response(status=self.status, headers=self.headers)
-        return self.response
+        return web.Response(status=self.status, headers=self.headers,
+                            body=b"".join(self.chunks))
 
 
 def scope_of(request: web.Request, body: bytes, call: tuple[MemoryOps, Caller]
@@ -230,7 +225,7 @@ class McpEndpoint:
         limit = request.app[DEPS].max_body_bytes
         body = await read_body(request, limit)
         caller = Caller(principal.tenant_id, principal.admin)
-        exchange = _Exchange(request, body)
+        exchange = _Exchange(body)
         await manager.handle_request(scope_of(request, body, (InApp(request), caller)),
                                      exchange.receive, exchange.send)
         return exchange.answer()

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -47,10 +48,20 @@ class Backend(FakeBackend):
         return CorrectionResult(status="done", job_id="forget-1")
 
 
+SEEN: list[str] = []  # what an app middleware saw (the router's place: forwarding)
+
+
+@web.middleware
+async def seen(request: web.Request, handler: Any) -> web.StreamResponse:
+    SEEN.append(f"{request.method} {request.path}")
+    return await handler(request)
+
+
 @asynccontextmanager
 async def mcp_server() -> AsyncIterator[tuple[str, Backend]]:
     backend = Backend()
     app = build_http_app(backend, FakeAuthoriser(KEYS))
+    app.middlewares.append(seen)
     endpoint = McpEndpoint()
     endpoint.attach(app)
     await endpoint.start()
@@ -85,6 +96,8 @@ async def test_tools_are_listed_and_run_through_the_api_for_the_keys_tenant():
         assert not result.is_error and text(result) == "block"
         call = backend.calls[-1]
         assert call[:3] == ("context", "acme", "u1")
+        # run through the app's middlewares as a request from the network: forwarding too
+        assert SEEN[-2:] == ["POST /mcp", "POST /v1/tenants/acme/users/u1/context"]
         result = await s.call_tool("memory_insert", {"user_id": "u1",
                                                      "content": "Lives in Lisbon."})
         assert not result.is_error and text(result) == "done"
