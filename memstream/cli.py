@@ -520,7 +520,11 @@ def _run_worker(settings: Settings, loglevel: str) -> None:
         sys.exit(EXIT_LAYOUT)
     from memstream.core import tracing
 
-    tracing.configure(settings)  # off unless MEMSTREAM_TRACING (docs/tracing.md)
+    try:
+        tracing.configure(settings)  # off unless MEMSTREAM_TRACING (docs/tracing.md)
+    except ConfigError as exc:  # otlp without the exporter installed
+        click.echo(f"memstream worker refuses to start: {exc}", err=True)
+        sys.exit(EXIT_LAYOUT)
     pipeline = build_worker(settings)
     if settings.extract_enabled:
         # Load the embedder model now, not on the first job: it takes seconds, which the

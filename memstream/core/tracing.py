@@ -62,7 +62,7 @@ def format_traceparent(trace_id: int, span_id: int, flags: int) -> bytes:
     return f"00-{trace_id:032x}-{span_id:016x}-{flags & 0xff:02x}".encode("ascii")
 
 
-def header(headers: Iterable[tuple[str, bytes]] | None, name: str) -> bytes | None:
+def header(headers: Iterable[tuple[str, Any]] | None, name: str) -> Any:
     """The first header ``name`` of a record, or None."""
     for key, value in headers or ():
         if key == name:
@@ -100,9 +100,10 @@ def enabled() -> bool:
     return _tracer is not None
 
 
-def configure(settings: Any, exporter: Any = None) -> None:
+def configure(settings: Any, exporter: Any = None, batch: bool = False) -> None:
     """Tracing as ``settings`` say (``tracing``: off | otlp | console); ``exporter``: an
-    exporter of the caller's (the tests' in-memory one), sent to at once."""
+    exporter of the caller's (the tests' in-memory one), sent to at once (``batch``: in
+    batches, as the worker's)."""
     global _tracer, _provider
     mode = getattr(settings, "tracing", "off")
     if mode == "off" and exporter is None:
@@ -127,11 +128,14 @@ def configure(settings: Any, exporter: Any = None) -> None:
     provider = TracerProvider(resource=resource, id_generator=Ids(),
                               sampler=ParentBased(TraceIdRatioBased(ratio)))
     if exporter is not None:
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        provider.add_span_processor(BatchSpanProcessor(exporter) if batch
+                                    else SimpleSpanProcessor(exporter))
     elif mode == "console":
+        import sys
+
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(
-            formatter=lambda span: span.to_json(indent=None) + "\n")))
+            out=sys.stderr, formatter=lambda span: span.to_json(indent=None) + "\n")))
     else:
         provider.add_span_processor(BatchSpanProcessor(_otlp_exporter(settings)))
     shutdown()
@@ -166,8 +170,7 @@ def shutdown() -> None:
 def _messaging(topic: str, partition: int | None, offset: int | None, operation: str
                ) -> dict[str, Any]:
     found: dict[str, Any] = {"messaging.system": "kafka", "messaging.destination.name": topic,
-                             "messaging.operation.type": operation,
-                             "messaging.operation.name": operation}
+                             "messaging.operation.type": operation}
     if partition is not None:
         found["messaging.destination.partition.id"] = str(partition)
     if offset is not None:
@@ -185,12 +188,44 @@ def _remote(headers: Any) -> Any:
 
     state = header(headers, TRACESTATE)
     try:
-        trace_state = TraceState.from_header([state.decode("ascii")]) if state else None
+        text = state.decode("ascii") if isinstance(state, bytes) else state
+        trace_state = TraceState.from_header([text]) if text else None
     except (UnicodeDecodeError, ValueError):
         trace_state = None
     ctx = SpanContext(parsed[0], parsed[1], is_remote=True,
                       trace_flags=TraceFlags(parsed[2] & 1), trace_state=trace_state)
     return trace.set_span_in_context(NonRecordingSpan(ctx))
+
+
+def continued(traceparent: str | None, tracestate: str | None = None
+              ) -> AbstractContextManager[Any]:
+    """The trace of an HTTP request's ``traceparent`` header current in the block (the
+    HTTP way in: the records it produces continue the caller's trace)."""
+    if _tracer is None or not traceparent:
+        return nullcontext()
+    ctx = _remote(((TRACEPARENT, traceparent), (TRACESTATE, tracestate or "")))
+    return nullcontext() if ctx is None else _attached(ctx)
+
+
+@contextmanager
+def _attached(ctx: Any) -> Iterator[None]:
+    from opentelemetry import context
+
+    token = context.attach(ctx)
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+def current() -> Any:
+    """The span current here (a request's remote parent included), or None."""
+    if _tracer is None:
+        return None
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    return span if span.get_span_context().is_valid else None
 
 
 def consume(stage: str, record: Any, spans: list[Any], app_id: str = "",
@@ -266,15 +301,16 @@ def traced(record: tuple[str, bytes | None, bytes | None], span: Any) -> Any:
 
 
 def settle(spans: list[Any], outcome: str) -> None:
-    """End the spans of a batch: ``committed``, or ``aborted`` / ``retried`` (status
-    error: the records are read or tried again, under the same trace)."""
+    """End the spans of a batch: ``committed`` (``acknowledged``: records of the HTTP way
+    in), or ``aborted`` / ``retried`` / ``failed`` (status error: the records are read or
+    tried again, under the same trace)."""
     if not spans:
         return
     from opentelemetry.trace import Status, StatusCode
 
     for span in spans:
         span.set_attribute(TRANSACTION, outcome)
-        if outcome != "committed":
+        if outcome not in ("committed", "acknowledged"):
             span.set_status(Status(StatusCode.ERROR, f"transaction {outcome}"))
         span.end()
     spans.clear()

@@ -15,6 +15,7 @@ again from the committed offsets.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -181,3 +182,27 @@ async def _chain(exporter: InMemorySpanExporter, trace_id: int, last: int) -> li
     assert len(llm) == 1, [s.name for s in found.values()]
     assert all(s.attributes[tracing.TRANSACTION] == "committed" for s in chain)
     return [*chain[:3], llm[0], *chain[3:]]
+
+
+async def test_a_worker_process_logs_json_lines_and_writes_its_spans(harness, tenant):
+    """``memstream worker`` with MEMSTREAM_TRACING=console and MEMSTREAM_LOG_FORMAT=json:
+    its spans (one JSON line each) continue the producer's trace; its log lines are JSON."""
+    h = await harness(tracing="console", log_format="json")
+    worker = h.worker()
+    msg = chat("I moved to Berlin last month", tenant=tenant)
+    parent = tracing.format_traceparent(PRODUCER_TRACE, PRODUCER_SPAN, 1)
+    await h.producer.send_and_wait(h.topics.messages.name, msg.dumps(), msg.key().encode(),
+                                   headers=[("traceparent", parent)])
+    await h.ingested(1, timeout=60)
+
+    async def exported() -> list[dict[str, Any]] | None:
+        found = []
+        for line in worker.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                found.append(json.loads(line))
+        spans = [s for s in found if s.get("name") == "ingest"
+                 and s["context"]["trace_id"] == f"0x{PRODUCER_TRACE:032x}"]
+        logs = [s for s in found if "level" in s and "logger" in s]
+        return found if spans and logs else None
+
+    await until(exported, "the ingest span and JSON log lines in the worker's log")

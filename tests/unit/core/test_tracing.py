@@ -134,6 +134,18 @@ def test_otlp_honours_the_endpoint_setting():
         tracing.shutdown()
 
 
+def test_otlp_without_the_exporter_installed_is_a_config_error(monkeypatch):
+    import sys
+
+    from memstream.core.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules,
+                        "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
+    with pytest.raises(ConfigError, match=r"memstream\[otlp\]"):
+        tracing.configure(Settings(tracing="otlp"))
+    assert not tracing.enabled()
+
+
 # --- on --------------------------------------------------------------------------------------
 
 def test_a_record_with_traceparent_continues_the_producers_trace(exporter):
@@ -260,3 +272,65 @@ def test_json_is_installed_only_when_asked():
         assert isinstance(handler.formatter, json_log.JsonFormatter)
     finally:
         logger.removeHandler(handler)
+
+
+# --- the HTTP way in: the caller's trace continued by the records it produces ------------------
+
+class HeaderProducer:
+    """A producer that keeps each record's headers and acknowledges at once."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, list[tuple[str, bytes]] | None]] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def send(self, topic, key, value, headers=None):
+        import asyncio
+        self.sent.append((topic, headers))
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(SimpleNamespace(topic=topic, partition=0, offset=len(self.sent) - 1))
+        return done
+
+
+async def test_the_http_way_in_continues_the_callers_trace(exporter):
+    from tests.unit.builders import bearer, serve
+    from tests.unit.web.test_http_ingest import MESSAGES, ProducingBackend, World
+
+    backend = ProducingBackend(World())
+    fake = HeaderProducer()
+    backend.producer._factory = lambda _: fake
+    body = {"session_id": "s1", "messages": [{"role": "user", "content": "I moved"}]}
+    async with serve(backend) as (client, _):
+        given = await client.post(MESSAGES, json=body, headers={
+            **bearer(), "traceparent": W3C.decode(), "tracestate": "vendor=abc"})
+        plain = await client.post(MESSAGES, json=body, headers=bearer())
+        assert given.status == plain.status == 202
+    (_, first), (_, second) = fake.sent
+    assert tracing.parse_traceparent(tracing.header(first, "traceparent"))[0] == TRACE
+    assert tracing.header(first, "tracestate") == b"vendor=abc"
+    produced = {s.context.span_id: s for s in exporter.get_finished_spans()}
+    span = produced[tracing.parse_traceparent(tracing.header(first, "traceparent"))[1]]
+    assert span.name == "produce" and span.parent.span_id == SPAN
+    assert span.attributes[tracing.TRANSACTION] == "acknowledged" and span.status.is_ok
+    root = produced[tracing.parse_traceparent(tracing.header(second, "traceparent"))[1]]
+    assert root.parent is None and root.context.trace_id != TRACE  # a trace of its own
+
+
+async def test_the_http_way_in_adds_no_header_when_off():
+    from tests.unit.builders import bearer, serve
+    from tests.unit.web.test_http_ingest import MESSAGES, ProducingBackend, World
+
+    tracing.shutdown()
+    backend = ProducingBackend(World())
+    fake = HeaderProducer()
+    backend.producer._factory = lambda _: fake
+    body = {"session_id": "s1", "messages": [{"role": "user", "content": "I moved"}]}
+    async with serve(backend) as (client, _):
+        resp = await client.post(MESSAGES, json=body,
+                                 headers={**bearer(), "traceparent": W3C.decode()})
+        assert resp.status == 202
+    assert fake.sent == [(fake.sent[0][0], None)]
