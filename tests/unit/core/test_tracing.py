@@ -334,3 +334,57 @@ async def test_the_http_way_in_adds_no_header_when_off():
                                  headers={**bearer(), "traceparent": W3C.decode()})
         assert resp.status == 202
     assert fake.sent == [(fake.sent[0][0], None)]
+
+
+# --- the ingest stage, off and on ----------------------------------------------------------------
+
+def _ingest_batch(tmp_path, headers_of):
+    import asyncio
+    import uuid
+    from datetime import UTC, datetime
+
+    from memstream.streams.app import build_app
+    from memstream.streams.ingest import IngestStage
+    from memstream.topics.schemas import ChatMessage
+
+    settings = Settings(data_dir=tmp_path, embedder="hashing", web_enabled=False,
+                        partitions=1, min_new_messages=2, store_partitioned=False,
+                        cluster_secret="unit-tests-cluster-secret-0123456789abcdef")
+    p = build_app(settings)
+    try:
+        stage = IngestStage(p)
+        records = []
+        for n in range(2):
+            m = ChatMessage(tenant_id="t", user_id="u", session_id="s",
+                            message_id=uuid.uuid4().hex, role="user",
+                            content=f"I moved to Berlin, fact {n}", ts=datetime.now(UTC))
+            records.append(SimpleNamespace(
+                topic=p.topics.messages.name, partition=0, offset=n, key=m.key().encode(),
+                value=m.dumps(), headers=headers_of(n), timestamp=0))
+        work = asyncio.run(stage.handle(0, records))
+        tracing.settle(work.spans, "committed")
+        return p, work
+    finally:
+        p.services.store.close()
+
+
+def test_off_the_ingest_stage_reads_no_header_and_sends_records_as_before(tmp_path):
+    tracing.shutdown()
+    p, work = _ingest_batch(tmp_path, lambda n: Untouchable())
+    jobs = [r for r in work.out if r[0] == p.topics.jobs.name]
+    assert len(jobs) == 1 and all(len(r) == 3 for r in work.out) and work.spans == []
+
+
+def test_on_the_job_continues_the_message_at_the_watermark_and_links_the_other(
+        tmp_path, exporter):
+    first = tracing.format_traceparent(TRACE, SPAN, 1)
+    p, work = _ingest_batch(tmp_path, lambda n: [("traceparent", first)] if n == 0 else [])
+    (job,) = [r for r in work.out if r[0] == p.topics.jobs.name]
+    parent = tracing.parse_traceparent(tracing.header(job[3], "traceparent"))
+    spans = {s.context.span_id: s for s in exporter.get_finished_spans()}
+    sent = spans[parent[1]]
+    ingest_of = {s.attributes["messaging.kafka.offset"]: s for s in spans.values()
+                 if s.name == "ingest"}
+    assert sent.name == "job" and sent.parent.span_id == ingest_of[1].context.span_id
+    assert parent[0] == tracing.record_trace_id(p.settings.app_id, p.topics.messages.name, 0, 1)
+    assert [link.context.trace_id for link in sent.links] == [TRACE]  # the first message
