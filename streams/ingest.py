@@ -125,7 +125,7 @@ def handle_event(p: Pipeline, batch: Batch, decoded: Any) -> None:
         seq = step.state.sessions[decoded.session_id].count - 1
         window.record(p.window, p.settings, decoded, seq)
         if batch.traces is not None:
-            batch.traces.seen(kbytes, batch.where, batch.span)
+            batch.traces.seen(kbytes, batch.where, tracing.context_of(batch.span))
     _took(p, batch, kbytes, state, step, isinstance(decoded, (ChatMessage, SessionEvent,
                                                                ToolRequest)))
 
@@ -152,8 +152,8 @@ def _took(p: Pipeline, batch: Batch, kbytes: bytes, state: UserState,
         p.counters.jobs_emitted += 1
         record = (p.topics.jobs.name, kbytes, job.dumps())
         if batch.traces is not None:  # continues the message that made it (core.tracing)
-            span = batch.traces.job_span(
-                kbytes, job.job_id, batch.span if trigger else None, batch.span,
+            span = tracing.job(
+                batch.traces, kbytes, job.job_id, batch.span if trigger else None, batch.span,
                 p.topics.jobs.name, batch.spans, memstream__job__id=job.job_id,
                 memstream__job__reason=job.reason.value, memstream__job__attempt=job.attempt,
                 memstream__job__messages=len(job.messages))

@@ -7,91 +7,40 @@ helpers below and the loop (:mod:`streams.owned_loop`) ends the spans of a batch
 transaction is settled: ``memstream.transaction`` is ``committed``, ``aborted`` (the batch
 is read again: its spans stay, marked, status error) or ``retried`` (an in-place retry).
 
-The header helpers (:func:`parse_traceparent`, :func:`format_traceparent`) and the choice
-of a job's parent and links (:func:`choose_parent`) are pure.
+The header's parse and format and the choice of a job's parent and links are pure
+(:mod:`core.traceparent`, re-exported here).
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
 import time
-from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
-TRACEPARENT = "traceparent"
-TRACESTATE = "tracestate"
-TRANSACTION = "memstream.transaction"  # committed | aborted | retried
-Headers = tuple[tuple[str, bytes], ...]
+from memstream.core.traceparent import (
+    TRACEPARENT,
+    TRACESTATE,
+    Headers,
+    MessageTraces,
+    choose_parent,
+    format_traceparent,
+    header,
+    parse_traceparent,
+    record_trace_id,
+)
+
+__all__ = ["TRACEPARENT", "TRACESTATE", "TRANSACTION", "Headers", "MessageTraces", "active",
+           "choose_parent", "configure", "consume", "context_of", "continued", "current",
+           "enabled", "format_traceparent", "header", "headers", "job", "llm_call",
+           "llm_usage", "note", "parse_traceparent", "produce", "record_trace_id", "settle",
+           "shutdown", "traced"]
+TRANSACTION = "memstream.transaction"  # committed | acknowledged | aborted | retried | failed
 
 _tracer: Any = None  # None: tracing off (the no-op path)
 _provider: Any = None
 _forced_trace_id: ContextVar[int | None] = ContextVar("memstream_trace_id", default=None)
-_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
-
-
-# --- pure helpers ----------------------------------------------------------------------------
-
-def parse_traceparent(value: bytes | str | None) -> tuple[int, int, int] | None:
-    """(trace id, parent span id, flags) of a W3C ``traceparent`` value, or None when it is
-    not a valid one (version ``ff``, all-zero ids, upper case, a version-00 value with
-    anything after the flags: W3C Trace Context, section 3.2)."""
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        try:
-            value = value.decode("ascii")
-        except UnicodeDecodeError:
-            return None
-    m = _TRACEPARENT.fullmatch(value.strip())
-    if m is None:
-        return None
-    version, trace_id, span_id, flags, rest = m.groups()
-    if version == "ff" or (version == "00" and rest) or (rest and not rest.startswith("-")):
-        return None
-    if int(trace_id, 16) == 0 or int(span_id, 16) == 0:
-        return None
-    return int(trace_id, 16), int(span_id, 16), int(flags, 16)
-
-
-def format_traceparent(trace_id: int, span_id: int, flags: int) -> bytes:
-    """The W3C ``traceparent`` value (version 00) as the header's bytes."""
-    return f"00-{trace_id:032x}-{span_id:016x}-{flags & 0xff:02x}".encode("ascii")
-
-
-def header(headers: Iterable[tuple[str, Any]] | None, name: str) -> Any:
-    """The first header ``name`` of a record, or None."""
-    for key, value in headers or ():
-        if key == name:
-            return value
-    return None
-
-
-def record_trace_id(app_id: str, topic: str, partition: int, offset: int) -> int:
-    """The trace id of a record that came without a ``traceparent``: derived from where it
-    lies in the log, so that reading it again (an aborted transaction) continues the same
-    trace."""
-    digest = hashlib.sha256(f"{app_id}/{topic}/{partition}/{offset}".encode()).digest()
-    return int.from_bytes(digest[:16], "big") or 1
-
-
-def choose_parent(trigger: Any, pending: Sequence[Any], earlier: Any,
-                  current: Any) -> tuple[Any, list[Any]]:
-    """A job's parent and links. ``trigger``: the record that made the job now (a message
-    at the watermark, a session end, a tool request); ``pending``: the user's messages
-    since the last job, oldest first; ``earlier``: the job's earlier attempt (a re-send);
-    ``current``: the record being handled (a job result), or None (a timer). The parent is
-    the first of those that exists; the other messages are links."""
-    if trigger is not None:
-        return trigger, [c for c in pending if c != trigger]
-    if pending:
-        return pending[-1], list(pending[:-1])
-    if earlier is not None:
-        return earlier, []
-    return current, []
 
 
 # --- setup -----------------------------------------------------------------------------------
@@ -372,45 +321,15 @@ def llm_usage(span: Any, response_model: str | None, input_tokens: int,
     span.set_attribute("gen_ai.usage.output_tokens", output_tokens)
 
 
-# --- the messages a job covers ---------------------------------------------------------------
 
-class MessageTraces:
-    """Per user, the span contexts of the messages handled since the user's last job (the
-    next job's parent and links), and per job id the context of its last attempt (a re-sent
-    job continues it). In memory and bounded: after a restart a job links only what this
-    worker saw (best effort: links are not part of the exactly-once contract)."""
 
-    def __init__(self, per_user: int = 32, users: int = 10_000, jobs: int = 10_000) -> None:
-        self.per_user, self.users, self.jobs = per_user, users, jobs
-        self._pending: OrderedDict[bytes, dict[tuple[str, int, int], Any]] = OrderedDict()
-        self._jobs: OrderedDict[str, Any] = OrderedDict()
-
-    def seen(self, user: bytes, where: tuple[str, int, int], span: Any) -> None:
-        """A message of ``user`` at ``where`` (topic, partition, offset): read again, it
-        replaces its earlier attempt's context."""
-        ctx = context_of(span)
-        if ctx is None:
-            return
-        found = self._pending.setdefault(user, {})
-        found.pop(where, None)
-        found[where] = ctx
-        while len(found) > self.per_user:
-            del found[next(iter(found))]
-        self._pending.move_to_end(user)
-        while len(self._pending) > self.users:
-            self._pending.popitem(last=False)
-
-    def job_span(self, user: bytes, job_id: str, trigger: Any, current: Any, topic: str,
-                 spans: list[Any], **attributes: Any) -> Any:
-        """The span of a job sent now (see :func:`choose_parent`)."""
-        if _tracer is None:
-            return None
-        pending = list(self._pending.pop(user, {}).values())
-        parent, links = choose_parent(context_of(trigger), pending, self._jobs.get(job_id),
-                                      context_of(current))
-        span = produce("job", parent, topic, spans, links, **attributes)
-        self._jobs[job_id] = context_of(span)
-        self._jobs.move_to_end(job_id)
-        while len(self._jobs) > self.jobs:
-            self._jobs.popitem(last=False)
-        return span
+def job(traces: MessageTraces, user: bytes, job_id: str, trigger: Any, current: Any,
+        topic: str, spans: list[Any], **attributes: Any) -> Any:
+    """The span of a job the ingest stage sends now: its parent and links as
+    :meth:`MessageTraces.parent_of_job` chooses them. None when off."""
+    if _tracer is None:
+        return None
+    parent, links = traces.parent_of_job(user, job_id, context_of(trigger), context_of(current))
+    span = produce("job", parent, topic, spans, links, **attributes)
+    traces.sent(job_id, context_of(span))
+    return span

@@ -92,6 +92,20 @@ def test_a_resent_job_continues_its_earlier_attempt_then_the_record_in_hand():
     assert tracing.choose_parent(None, [], None, None) == (None, [])
 
 
+def test_message_traces_are_bounded_and_taken_by_the_job():
+    traces = tracing.MessageTraces(per_user=2, users=2)
+    for n in range(3):
+        traces.seen(b"u", ("t", 0, n), f"m{n}")
+    traces.seen(b"u", ("t", 0, 2), "m2-again")  # read again: replaces, no duplicate
+    assert traces.parent_of_job(b"u", "j", None, None) == ("m2-again", ["m1"])
+    assert traces.parent_of_job(b"u", "j", None, "result") == ("result", [])  # taken
+    traces.sent("j", "job-ctx")
+    assert traces.parent_of_job(b"u", "j", None, "result") == ("job-ctx", [])  # re-sent
+    for user in (b"a", b"b", b"c"):
+        traces.seen(user, ("t", 0, 0), "x")
+    assert traces.parent_of_job(b"a", "k", None, None) == (None, [])  # the oldest user out
+
+
 # --- off -------------------------------------------------------------------------------------
 
 class Untouchable:
@@ -115,7 +129,7 @@ def test_off_reads_no_header_and_adds_none():
         assert span is None
     traces = tracing.MessageTraces()
     traces.seen(b"u", ("t", 0, 1), None)
-    assert traces.job_span(b"u", "j", None, None, "t", spans) is None
+    assert tracing.job(traces, b"u", "j", None, None, "t", spans) is None
 
 
 def test_off_by_default_in_settings():
@@ -196,9 +210,9 @@ def test_a_job_continues_its_trigger_and_links_the_other_messages(exporter):
     m2 = tracing.consume("ingest", record(offset=2), spans)
     m2_again = tracing.consume("ingest", record(offset=2), spans)  # the batch read again
     for where, span in ((1, m1), (2, m2), (2, m2_again)):
-        traces.seen(b"u", ("p.messages", 1, where), span)
-    job = traces.job_span(b"u", "j1", m2_again, m2_again, "p.jobs", spans,
-                          memstream__job__id="j1")
+        traces.seen(b"u", ("p.messages", 1, where), tracing.context_of(span))
+    job = tracing.job(traces, b"u", "j1", m2_again, m2_again, "p.jobs", spans,
+                      memstream__job__id="j1")
     tracing.settle(spans, "committed")
     done = {s.context.span_id: s for s in exporter.get_finished_spans()}
     sent = done[job.get_span_context().span_id]
@@ -208,7 +222,7 @@ def test_a_job_continues_its_trigger_and_links_the_other_messages(exporter):
     assert sent.attributes["messaging.operation.type"] == "send"
     # the job re-sent by a timer (no message since): its earlier attempt's trace
     spans = []
-    again = traces.job_span(b"u", "j1", None, None, "p.jobs", spans)
+    again = tracing.job(traces, b"u", "j1", None, None, "p.jobs", spans)
     assert again.get_span_context().trace_id == job.get_span_context().trace_id
     tracing.settle(spans, "committed")
 
