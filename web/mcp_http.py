@@ -9,9 +9,10 @@ stateless, JSON answers), for remote agents.
   (:func:`memstream.web.http_checks.authenticate`: Bearer or ``X-API-Key``, 401, the
   failed-login limit and the key's request rate, 429); the key itself is not passed on.
 - **Calls**: every operation is the API's own route, run in-process through the app's
-  handler chain (:class:`InApp`): the same tenant check (403), readiness (503), forwarding
-  to the user's owner and standby reads, idempotency keys and error messages. The caller's
-  principal rides along on the request, so a tool call is one request of the key's rate.
+  handler chain (:class:`InApp`, :func:`dispatch`): the same tenant check (403), readiness
+  (503), forwarding to the user's owner and standby reads, idempotency keys and error
+  messages. The caller's principal rides along on the request, so a tool call is one
+  request of the key's rate.
 - **Origin / Host** (the MCP spec's DNS-rebinding rule): a request with an ``Origin``
   header (a browser page) is 403 unless that origin is allowed (``mcp_allowed_origins``,
   empty by default); agents' HTTP clients (Claude, Cursor, the OpenAI Agents SDK) send

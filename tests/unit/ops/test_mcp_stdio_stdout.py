@@ -75,7 +75,10 @@ def test_stdout_carries_only_json_rpc_and_every_request_is_answered():
     for line in rest.decode().splitlines():
         assert json.loads(line)["jsonrpc"] == "2.0", line
     assert set(answers) == {1, 2, 3, 4, 5, 6}
-    result = answers[4]["result"]
-    assert isinstance(result, dict) and result["isError"]
+    unreachable, invalid = answers[4]["result"], answers[5]["result"]
+    assert isinstance(unreachable, dict) and unreachable["isError"]
+    assert "could not be reached" in unreachable["content"][0]["text"]
+    # bad arguments are answered as such, without asking a worker first
+    assert isinstance(invalid, dict) and "user_id" in invalid["content"][0]["text"]
     assert "error" in answers[6]  # a resource that cannot be read: a JSON-RPC error
     assert KEY not in err.decode()
