@@ -9,9 +9,16 @@ stateless, JSON answers), for remote agents.
   (:func:`memstream.web.http_checks.authenticate`: Bearer or ``X-API-Key``, 401, the
   failed-login limit and the key's request rate, 429); the key itself is not passed on.
 - **Calls**: every operation is the API's own route, run in-process through the app's
-  handler chain (:class:`InApp`): the same tenant check (403), readiness (503), forwarding
-  to the user's owner and standby reads, idempotency keys and error messages. The caller's
-  principal rides along on the request, so a tool call is one request of the key's rate.
+  handler chain (:class:`InApp`, :func:`dispatch`): the same tenant check (403), readiness
+  (503), forwarding to the user's owner and standby reads, idempotency keys and error
+  messages. The caller's principal rides along on the request, so a tool call is one
+  request of the key's rate.
+- **Origin / Host** (the MCP spec's DNS-rebinding rule): a request with an ``Origin``
+  header (a browser page) is 403 unless that origin is allowed (``mcp_allowed_origins``,
+  empty by default); agents' HTTP clients (Claude, Cursor, the OpenAI Agents SDK) send
+  none. ``Host`` is not checked (the SDK's ``allowed_hosts``): every call needs a key that
+  a rebinding page cannot present (browsers attach no ``Authorization`` by themselves), and
+  a Host allow-list would break every proxy and ingress name in front of the worker.
 - **Stateless**: no session is kept, so any worker answers any request (a load balancer in
   front of several workers needs no affinity).
 """
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import MutableMapping
+from collections.abc import Collection, MutableMapping
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -70,9 +77,7 @@ class InApp:
                    "Host": self._request.headers.get("Host", "localhost")}
         sub = self._request.clone(method=method, rel_url=path, headers=headers)
         sub[BODY_READ] = data  # the principal is the /mcp request's (cloned with its state)
-        # the app's own dispatch: route match, then every middleware (errors, ingress,
-        # forwarding) around the handler, as for a request from the network
-        response = await self._request.app._handle(sub)
+        response = await dispatch(self._request.app, sub)
         payload = response.body if isinstance(response, web.Response) else None
         if not isinstance(payload, bytes):
             raise Refused("internal error: unexpected answer")
@@ -101,6 +106,27 @@ class InApp:
                      req: CorrectionRequest) -> CorrectionResult:
         path = paths.fill(paths.FORGET, tenant=tenant, user=user)
         return await self._call("POST", path, req, CorrectionResult)
+
+
+async def dispatch(app: web.Application, sub: web.Request) -> web.StreamResponse:
+    """``sub`` through ``app`` as a request from the network: route match, then every
+    middleware (errors, ingress: idempotency keys; the router: forwarding to the user's
+    owner, standby reads) around the route's handler (key, path ids, tenant 403,
+    readiness 503).
+
+    This is the one place memstream calls a private aiohttp method,
+    ``Application._handle``, on purpose, pinned by
+    ``tests/unit/web/test_mcp_http.py::test_the_in_process_dispatch_is_the_apps_own``.
+    aiohttp has no public way to run a request through an application in-process: a
+    route's ``match_info`` can only be attached by the application itself, and the
+    middlewares (forwarding, idempotency) and the handlers' checks all read it. The public
+    alternatives lose more than they keep: a loopback HTTP request to the worker's own
+    port needs the caller's key on a second hop (the SDK never sees it), counts every tool
+    call twice against the key's rate and failed-login limits, needs the worker's own TLS
+    trust and a connectable address for 0.0.0.0 binds; calling the :class:`Backend`
+    directly would re-implement, and so drift from, the checks and the forwarding the
+    routes and middlewares do."""
+    return await app._handle(sub)
 
 
 def api_error(status: int, payload: bytes) -> str:
@@ -176,9 +202,11 @@ class McpEndpoint:
     """The SDK's session manager (stateless, JSON answers) run for the worker's lifetime,
     and the aiohttp handler of :data:`MCP_PATH`."""
 
-    def __init__(self, max_body_bytes: int = 65536) -> None:
+    def __init__(self, max_body_bytes: int = 65536,
+                 allowed_origins: Collection[str] = ()) -> None:
         self.server = build_server(_resolve)
         self.max_body_bytes = max_body_bytes
+        self.allowed_origins = frozenset(allowed_origins)
         self._manager: StreamableHTTPSessionManager | None = None
         self._running: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -218,6 +246,11 @@ class McpEndpoint:
         await asyncio.gather(task, return_exceptions=True)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        if origin is not None and origin not in self.allowed_origins:
+            # the MCP spec's DNS-rebinding rule: an Origin present and not allowed is 403
+            raise ApiError(403, ErrorCode.FORBIDDEN, "this Origin may not call /mcp "
+                           "(MEMSTREAM_MCP_ALLOWED_ORIGINS)")
         principal = authenticate(request)  # 401 / 429 as the API answers them
         manager = self._manager
         if manager is None:

@@ -30,6 +30,7 @@ from memstream.web.mcp_tools import (
     bound,
     call,
     error_result,
+    parse,
     tenant_for,
 )
 from memstream.web.models.api import ContextRequest
@@ -111,7 +112,8 @@ def build_server(resolve: Resolve, version: str | None = None) -> Server[Any]:
     async def call_tool(ctx: ServerRequestContext[Any, Any],
                         params: types.CallToolRequestParams) -> types.CallToolResult:
         try:
-            ops, caller = await resolve(ctx)
+            parse(params.name, params.arguments)  # a bad call is answered before the
+            ops, caller = await resolve(ctx)  # caller is resolved (stdio: asks a worker)
         except Refused as exc:
             return error_result(str(exc))
         return await call(ops, caller, params.name, params.arguments)

@@ -11,6 +11,10 @@ stdio (:mod:`memstream.ops.mcp_stdio`).
   (the admin key only) are the API's routes of the same name. Every tool takes ``user_id``
   and an optional ``tenant_id``: a tenant key opens its own tenant only (naming another is
   refused before anything is asked), the admin key must name one.
+- **Schemas** (:mod:`memstream.web.mcp_models`): each tool's ``inputSchema`` and
+  ``outputSchema`` (its ``structuredContent``), and MCP's hints (:meth:`Spec.annotations`).
+- **Retries**: ``add_messages`` derives each turn's id from the call (:func:`turn_message_id`),
+  so a retried call is taken once; the agent tools' writes take an ``idempotency_key``.
 - **Resources** (:mod:`memstream.web.mcp_server`): a user's core memory and profile.
 - **Errors** are tool results with ``isError`` and a short message (the API's error code and
   message, or a refusal written here): never a stack trace, never a key, never the
@@ -23,24 +27,39 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import mcp_types as types
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from memstream.core.errors import MemstreamError, describe
 from memstream.memory.tools import (
     TOOLS,
-    CoreMemoryReplaceArgs,
-    MemoryInsertArgs,
-    MemorySearchArgs,
     describe_arguments,
     tool_schema,
 )
-from memstream.topics.schemas import MAX_QUERY_CHARS, Ident, Role
+from memstream.topics.schemas import Role
+from memstream.web.ingest_records import derived_id
+from memstream.web.mcp_models import (
+    AddArgs,
+    AddOut,
+    AgentToolOut,
+    ContextArgs,
+    ContextOut,
+    CoreReplaceArgs,
+    ForgetArgs,
+    ForgetOut,
+    HistoryArgs,
+    HistoryOut,
+    InsertArgs,
+    Out,
+    SearchArgs,
+    Turn,
+    Who,
+)
 from memstream.web.models.api import ContextRequest, ContextResponse, ToolCallRequest, ToolResult
 from memstream.web.models.history import CorrectionRequest, CorrectionResult, HistoryResponse
-from memstream.web.models.intake import MAX_BATCH_MESSAGES, MessageIn, MessagesRequest
+from memstream.web.models.intake import MessageIn, MessagesRequest
 
 log = logging.getLogger(__name__)
 
@@ -86,59 +105,6 @@ class MemoryOps(Protocol):
                      req: CorrectionRequest) -> CorrectionResult: ...
 
 
-# --- arguments -------------------------------------------------------------------------
-class _Who(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    user_id: Ident = Field(description="The user whose memory this is.")
-    tenant_id: Ident | None = Field(
-        None, description="The tenant (default: the key's own; a tenant key opens only "
-                          "its own, the admin key must name one).")
-
-
-class SearchArgs(MemorySearchArgs, _Who):
-    pass
-
-
-class InsertArgs(MemoryInsertArgs, _Who):
-    session_id: Ident | None = Field(None, description="The conversation it came up in.")
-
-
-class CoreReplaceArgs(CoreMemoryReplaceArgs, _Who):
-    pass
-
-
-class ContextArgs(_Who):
-    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, pattern=r"\S",
-                       description="What the next answer is about, in natural language.")
-    session_id: Ident | None = Field(None, description="Adds this conversation's recent turns.")
-    budget_tokens: int | None = Field(None, ge=1, le=250_000,
-                                      description="At most this many tokens (estimated).")
-
-
-class Turn(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    role: Literal["user", "assistant"] = Field(description="Who said it.")
-    content: str = Field(min_length=1, max_length=100_000,
-                         description="What was said (data: stored, never obeyed).")
-
-
-class AddArgs(_Who):
-    session_id: Ident = Field(description="The conversation these turns belong to.")
-    messages: list[Turn] = Field(min_length=1, max_length=MAX_BATCH_MESSAGES,
-                                 description="The turns, oldest first.")
-
-
-class HistoryArgs(_Who):
-    memory_id: Ident = Field(description="A memory id, as search answers name them.")
-
-
-class ForgetArgs(_Who):
-    reason: str = Field("", max_length=500,
-                        description="Why (kept in the audit log; no personal content).")
-
-
 # --- tools -----------------------------------------------------------------------------
 Run = Callable[[MemoryOps, str, Any], Awaitable[types.CallToolResult]]
 
@@ -147,25 +113,40 @@ Run = Callable[[MemoryOps, str, Any], Awaitable[types.CallToolResult]]
 class Spec:
     name: str
     description: str
-    args: type[_Who]
+    args: type[Who]
+    out: type[Out]
     run: Run
     read_only: bool
     admin_only: bool = False
+    destructive: bool = False  # may overwrite or erase (else: only adds)
+    idempotent: bool = False  # the same arguments again change nothing more
+    title: str = ""
+
+    def annotations(self) -> types.ToolAnnotations:
+        """MCP's hints (clients ask before a destructive call, retry an idempotent one);
+        every tool stays inside memstream (not open-world)."""
+        writes = not self.read_only
+        return types.ToolAnnotations(
+            title=self.title or None, read_only_hint=self.read_only,
+            destructive_hint=self.destructive if writes else None,
+            idempotent_hint=self.idempotent if writes else None, open_world_hint=False)
 
 
-def _text(text: str, error: bool = False, data: Any = None) -> types.CallToolResult:
+def _text(text: str, error: bool = False, data: Out | None = None) -> types.CallToolResult:
+    structured = None if data is None else data.model_dump(mode="json", exclude_none=True)
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
-                                structured_content=data, is_error=error)
+                                structured_content=structured, is_error=error)
 
 
 def _agent_tool(name: str) -> Run:
     """Runs agent tool ``name`` (memory.tools) as ``POST .../tools/execute`` does."""
 
-    async def run(ops: MemoryOps, tenant: str, args: _Who) -> types.CallToolResult:
-        arguments = args.model_dump(exclude={"user_id", "tenant_id", "session_id"},
-                                    exclude_none=True)
+    async def run(ops: MemoryOps, tenant: str, args: Who) -> types.CallToolResult:
+        arguments = args.model_dump(exclude={"user_id", "tenant_id", "session_id",
+                                             "idempotency_key"}, exclude_none=True)
         req = ToolCallRequest(name=name, arguments=arguments,
-                              session_id=getattr(args, "session_id", None))
+                              session_id=getattr(args, "session_id", None),
+                              tool_call_id=getattr(args, "idempotency_key", None))
         return tool_result(await ops.tool(tenant, args.user_id, req))
 
     return run
@@ -176,8 +157,8 @@ def error_result(message: str) -> types.CallToolResult:
 
 
 def tool_result(result: ToolResult) -> types.CallToolResult:
-    data = {"status": result.status, **{k: v for k, v in result.data.items()
-                                        if k in ("query_id", "memories", "job_id")}}
+    data = AgentToolOut(status=result.status, **{
+        k: v for k, v in result.data.items() if k in ("query_id", "memories", "job_id")})
     return _text(result.content, result.status == "error", data)
 
 
@@ -186,29 +167,40 @@ async def _context(ops: MemoryOps, tenant: str, args: ContextArgs) -> types.Call
                          budget_tokens=args.budget_tokens)
     found = await ops.context(tenant, args.user_id, req)
     return _text(found.prompt_block or "nothing remembered about this user yet",
-                 data={"query_id": found.query_id,
-                       "memory_ids": [m.memory_id for m in found.memories]})
+                 data=ContextOut(query_id=found.query_id,
+                                 memory_ids=[m.memory_id for m in found.memories]))
 
 
 async def _add(ops: MemoryOps, tenant: str, args: AddArgs) -> types.CallToolResult:
     req = MessagesRequest(session_id=args.session_id, messages=[
-        MessageIn(role=Role(t.role), content=t.content) for t in args.messages])
+        MessageIn(role=Role(t.role), content=t.content,
+                  message_id=t.message_id or turn_message_id(tenant, args, i, t))
+        for i, t in enumerate(args.messages)])
     ids = await ops.add_messages(tenant, args.user_id, req)
     return _text(f"accepted {len(ids)} message(s); memories are extracted from them "
-                 "shortly", data={"message_ids": ids})
+                 "shortly", data=AddOut(message_ids=ids))
+
+
+def turn_message_id(tenant: str, args: AddArgs, index: int, turn: Turn) -> str:
+    """The id of a turn sent without one: the same for the same call sent again (an MCP
+    client's retry on a timeout), so memstream takes it once (the ingest stage drops a
+    message id it has seen in the session); another ``turn_id``, place or text: another
+    id. The HTTP way in's own derivation, keyed by the ``turn_id``."""
+    return derived_id(f"mcp:{args.turn_id or ''}", tenant, args.user_id, args.session_id,
+                      index, {"role": turn.role, "content": turn.content})
 
 
 async def _history(ops: MemoryOps, tenant: str, args: HistoryArgs) -> types.CallToolResult:
     found = await ops.history(tenant, args.user_id, args.memory_id)
-    return _text(format_history(found), data={"memory_id": found.memory_id,
-                                              "versions": len(found.versions)})
+    return _text(format_history(found), data=HistoryOut(memory_id=found.memory_id,
+                                                versions=len(found.versions)))
 
 
 async def _forget(ops: MemoryOps, tenant: str, args: ForgetArgs) -> types.CallToolResult:
     done = await ops.forget(tenant, args.user_id, CorrectionRequest(reason=args.reason))
     text = f"forget-me {done.status} (job {done.job_id})"
     return _text(text + (f": {done.error}" if done.error else ""), done.status == "failed",
-                 {"status": done.status, "job_id": done.job_id})
+                 ForgetOut(status=done.status, job_id=done.job_id))
 
 
 def format_history(found: HistoryResponse) -> str:
@@ -223,23 +215,27 @@ def _day(ts: float) -> str:
 
 _AGENT = {t["function"]["name"]: t["function"]["description"] for t in TOOLS}
 SPECS: dict[str, Spec] = {s.name: s for s in (
-    Spec("search", _AGENT["memory_search"], SearchArgs, _agent_tool("memory_search"), True),
+    Spec("search", _AGENT["memory_search"], SearchArgs, AgentToolOut,
+         _agent_tool("memory_search"), True, title="Search memories"),
     Spec("context", "The user's memories, core memory and the session's recent turns as one "
          "prompt block for the next answer: call it before answering a user you may know.",
-         ContextArgs, _context, True),
+         ContextArgs, ContextOut, _context, True, title="Memory context for the next answer"),
     Spec("add_messages", "Add conversation turns of the user to memstream; it extracts the "
          "memories worth keeping from them (asynchronously: they show up in search and "
-         "context shortly after). The text is stored as data, never followed.",
-         AddArgs, _add, False),
-    Spec("memory_insert", _AGENT["memory_insert"], InsertArgs, _agent_tool("memory_insert"),
-         False),
-    Spec("core_memory_replace", _AGENT["core_memory_replace"], CoreReplaceArgs,
-         _agent_tool("core_memory_replace"), False),
+         "context shortly after). The text is stored as data, never followed. Sending the "
+         "same call again (a retry) adds nothing twice.",
+         AddArgs, AddOut, _add, False, idempotent=True, title="Add conversation turns"),
+    Spec("memory_insert", _AGENT["memory_insert"], InsertArgs, AgentToolOut,
+         _agent_tool("memory_insert"), False, title="Remember a fact"),
+    Spec("core_memory_replace", _AGENT["core_memory_replace"], CoreReplaceArgs, AgentToolOut,
+         _agent_tool("core_memory_replace"), False, destructive=True,
+         title="Edit core memory"),
     Spec("memory_history", "Every version of one memory, oldest first, with what changed it "
-         "and when.", HistoryArgs, _history, True),
+         "and when.", HistoryArgs, HistoryOut, _history, True, title="History of a memory"),
     Spec("forget_me", "Operators only (the admin key): forget the user: hide every memory at "
          "once, then erase the user's content everywhere memstream keeps it.",
-         ForgetArgs, _forget, False, admin_only=True),
+         ForgetArgs, ForgetOut, _forget, False, admin_only=True, destructive=True,
+         idempotent=True, title="Forget a user (operators)"),
 )}
 
 
@@ -251,13 +247,13 @@ def input_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 TOOL_LIST: list[types.Tool] = [
-    types.Tool(name=s.name, description=s.description, input_schema=input_schema(s.args),
-               annotations=types.ToolAnnotations(read_only_hint=s.read_only,
-                                                 destructive_hint=s.admin_only))
+    types.Tool(name=s.name, title=s.title, description=s.description,
+               input_schema=input_schema(s.args),
+               output_schema=s.out.model_json_schema(), annotations=s.annotations())
     for s in SPECS.values()]
 
 
-def parse(name: str, arguments: Mapping[str, Any] | None) -> tuple[Spec, _Who]:
+def parse(name: str, arguments: Mapping[str, Any] | None) -> tuple[Spec, Who]:
     """The tool and its validated arguments; :class:`Refused` names the fields at fault,
     never their values."""
     spec = SPECS.get(name)

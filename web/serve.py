@@ -46,7 +46,7 @@ def register(p: Pipeline) -> None:
     http_app = build_http_app(backend, ring, max_body_bytes=s.http_max_body_bytes,
                               router=router,
                               login_failures_per_minute=s.login_failures_per_minute)
-    mcp = McpEndpoint(s.http_max_body_bytes) if s.mcp_enabled else None
+    mcp = McpEndpoint(s.http_max_body_bytes, s.mcp_allowed_origins) if s.mcp_enabled else None
     if mcp is not None:  # /mcp: the agent tools over MCP, keyed as the API (web.mcp_http)
         mcp.attach(http_app)
     http_app[DEPS].guard.limit_requests(s.requests_per_key_per_s, s.requests_per_key_burst)

@@ -78,6 +78,10 @@ class Settings(BaseSettings):
     mcp_enabled: bool = Field(
         True, description="Serve the MCP endpoint (streamable HTTP, /mcp on the HTTP API's "
         "port, tenant keys as the API) when web_enabled; see docs/mcp.md")
+    mcp_allowed_origins: tuple[str, ...] = Field(
+        (), description="Origins (e.g. https://app.example.com) whose browser pages may "
+        "call /mcp; a request with any other Origin header is 403 (DNS-rebinding "
+        "protection); agents' HTTP clients send none")
     advertised_url: str | None = Field(
         None, description="URL other workers reach this worker's HTTP API at (requests for "
         "users this worker does not own are forwarded); None: http://<web_host>:<web_port>, "

@@ -73,7 +73,8 @@ class ClientOps:
             record_hits=req.record_hits))
 
     async def add_messages(self, tenant: str, user: str, req: MessagesRequest) -> list[str]:
-        turns = [{"role": m.role.value, "content": m.content} for m in req.messages]
+        turns = [{"role": m.role.value, "content": m.content, "message_id": m.message_id}
+                 for m in req.messages]  # the tool's ids: a retried call is taken once
         return await self._do(tenant, self.client.add(turns, user_id=user,
                                                       session_id=req.session_id or "mcp"))
 

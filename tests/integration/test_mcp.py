@@ -101,10 +101,12 @@ def text(result: Any) -> str:
 async def remembers(session: ClientSession, tenant: str, user: str, city: str) -> None:
     """A turn added, its memory awaited, then seen in ``context``."""
     assert {t.name for t in (await session.list_tools()).tools} == TOOLS
-    added = await session.call_tool("add_messages", {
-        "user_id": user, "session_id": "s1",
-        "messages": [{"role": "user", "content": f"Remember that I live in {city}"}]})
+    turn = {"user_id": user, "session_id": "s1",
+            "messages": [{"role": "user", "content": f"Remember that I live in {city}"}]}
+    added = await session.call_tool("add_messages", turn)
     assert not added.is_error, text(added)
+    again = await session.call_tool("add_messages", turn)  # a client's retry: the same ids
+    assert again.structured_content == added.structured_content, text(again)
 
     async def memory() -> Any:  # memories only: not the raw turn
         found = await session.call_tool("search", {"user_id": user,

@@ -4,6 +4,9 @@ API's own routes (the tenant check, the backend calls), errors as isError result
 
 from __future__ import annotations
 
+import inspect
+import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,9 +21,11 @@ from mcp.client.streamable_http import streamable_http_client
 from memstream.core.settings import Settings
 from memstream.ops.mcp_stdio import StdioSession, whoami
 from memstream.web.http import build_http_app
-from memstream.web.mcp_http import MCP_PATH, McpEndpoint
+from memstream.web.http_base import DEPS
+from memstream.web.http_checks import authenticate
+from memstream.web.mcp_http import MCP_PATH, InApp, McpEndpoint
 from memstream.web.mcp_tools import Caller, Refused
-from memstream.web.models.api import Principal
+from memstream.web.models.api import ContextRequest, Principal
 from memstream.web.models.history import (
     CorrectionRequest,
     CorrectionResult,
@@ -48,6 +53,7 @@ class Backend(FakeBackend):
         return CorrectionResult(status="done", job_id="forget-1")
 
 
+APPS: list[web.Application] = []  # the app of the running mcp_server
 SEEN: list[str] = []  # what an app middleware saw (the router's place: forwarding)
 
 
@@ -58,11 +64,15 @@ async def seen(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 @asynccontextmanager
-async def mcp_server() -> AsyncIterator[tuple[str, Backend]]:
+async def mcp_server(probe: Any = None, **endpoint_args: Any,
+                     ) -> AsyncIterator[tuple[str, Backend]]:
     backend = Backend()
     app = build_http_app(backend, FakeAuthoriser(KEYS))
+    if probe is not None:
+        app.router.add_route("POST", "/probe", probe)
     app.middlewares.append(seen)
-    endpoint = McpEndpoint()
+    APPS[:] = [app]
+    endpoint = McpEndpoint(**endpoint_args)
     endpoint.attach(app)
     await endpoint.start()
     server = TestServer(app)
@@ -179,3 +189,130 @@ async def test_memstream_mcp_serves_the_keys_tenant_over_http_or_kafka(kafka):
                 assert ops.client.topic_prefix == "it-abc"
         finally:
             await session.close()
+
+
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {},
+    "clientInfo": {"name": "t", "version": "0"}}}
+JSON = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+async def test_a_browser_origin_is_refused_unless_allowed():
+    allowed = "https://agent.example"
+    async with mcp_server(allowed_origins=[allowed]) as (url, _backend), \
+            httpx2.AsyncClient(headers={**JSON, "Authorization": f"Bearer {TENANT_KEY}"},
+                               timeout=10) as http:
+        evil = await http.post(url, json=INIT, headers={"Origin": "http://evil.example"})
+        assert evil.status_code == 403 and "Origin" in evil.text
+        assert "evil" not in evil.text
+        ok = await http.post(url, json=INIT, headers={"Origin": allowed})
+        assert ok.status_code == 200, ok.text
+        plain = await http.post(url, json=INIT)  # agents' HTTP clients send no Origin
+        assert plain.status_code == 200 and plain.json()["result"]["protocolVersion"]
+
+
+async def test_an_unknown_protocol_version_is_answered_with_a_supported_one():
+    async with mcp_server() as (url, _), httpx2.AsyncClient(headers={
+            **JSON, "Authorization": f"Bearer {TENANT_KEY}"}, timeout=10) as http:
+        old = {**INIT, "params": {**INIT["params"], "protocolVersion": "1999-01-01"}}
+        answer = (await http.post(url, json=old)).json()["result"]
+        assert answer["protocolVersion"] != "1999-01-01"
+        assert answer["capabilities"]["tools"] is not None
+        assert answer["capabilities"]["resources"] is not None
+
+
+async def test_oversized_bodies_and_a_keys_request_rate_are_refused():
+    async with mcp_server() as (url, _backend), httpx2.AsyncClient(headers={
+            **JSON, "Authorization": f"Bearer {TENANT_KEY}"}, timeout=10) as http:
+        big = await http.post(url, content=b'{"x": "' + b"a" * 70_000 + b'"}')
+        assert big.status_code == 413
+        APPS[0][DEPS].guard.limit_requests(0.001, 2)
+        answers = [(await http.post(url, json=INIT)).status_code for _ in range(3)]
+        assert answers == [200, 200, 429]
+        other = await http.post(url, json=INIT, headers={
+            "Authorization": f"Bearer {ADMIN_KEY}"})  # another key: its own rate
+        assert other.status_code == 200
+
+
+async def test_a_retried_add_messages_sends_the_same_ids_through_the_api():
+    args = {"user_id": "u1", "session_id": "s1", "turn_id": "3",
+            "messages": [{"role": "user", "content": "I moved to Porto"}]}
+    async with mcp_server() as (url, backend), session(url, TENANT_KEY) as s:
+        first = await s.call_tool("add_messages", args)
+        again = await s.call_tool("add_messages", args)  # the client's retry on a timeout
+        assert not first.is_error and not again.is_error
+        ids = first.structured_content["message_ids"]
+        assert again.structured_content["message_ids"] == ids and ids[0].startswith("m-")
+        sent = [call[3].messages[0].message_id for call in backend.calls]
+        assert sent == ids * 2  # the worker (and the ingest stage's dedup) sees one id
+        assert all(backend.idempotency_keys)  # the write went through ingress's keying
+
+
+PROBED: list[str] = []  # what InApp answered in the probe route
+
+
+async def probe(request: web.Request) -> web.StreamResponse:
+    """InApp over a keyed request, asked past the MCP layer's own tenant check."""
+    authenticate(request)
+    ops = InApp(request)
+    for tenant in ("globex", "acme"):
+        try:
+            found = await ops.context(tenant, "u1", ContextRequest(query="x"))
+            PROBED.append(f"{tenant}: ok {found.prompt_block}")
+        except Refused as exc:
+            PROBED.append(f"{tenant}: {exc}")
+    return web.Response(text="done")
+
+
+async def test_the_in_process_dispatch_is_the_apps_own():
+    """``dispatch`` relies on aiohttp's private ``Application._handle(request)`` (see its
+    doc): an aiohttp that changes it fails here, not in production. Through it a tool's
+    request meets the routes' own checks (the tenant: 403), whatever the MCP layer
+    checked before, and the readiness check (503)."""
+    assert list(inspect.signature(web.Application._handle).parameters) == ["self", "request"]
+    async with mcp_server(probe=probe) as (url, backend), httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {TENANT_KEY}"}, timeout=10) as http:
+        PROBED.clear()
+        assert (await http.post(url.replace(MCP_PATH, "/probe"))).status_code == 200
+        assert PROBED == ["globex: forbidden: this key does not open this tenant",
+                          "acme: ok block"]
+        backend.is_ready = False
+        PROBED.clear()
+        await http.post(url.replace(MCP_PATH, "/probe"))
+        assert PROBED[1].startswith("acme: unavailable")
+        assert [c[1] for c in backend.calls] == ["acme"]
+
+
+async def test_no_key_and_no_memory_content_reach_the_logs(caplog):
+    caplog.set_level(logging.DEBUG)  # every logger, the SDK's too, at its most verbose
+    secret = "Ana's PIN is 4711-secret"
+    async with mcp_server() as (url, backend), session(url, TENANT_KEY) as s:
+        await s.call_tool("add_messages", {"user_id": "u1", "session_id": "s1",
+                                           "messages": [{"role": "user", "content": secret}]})
+        await s.call_tool("memory_insert", {"user_id": "u1", "content": secret})
+        await s.call_tool("search", {"user_id": "u1", "query": secret})
+        await s.call_tool("search", {"user_id": "u/1", "query": secret})  # refused
+        backend.fail = RuntimeError("store down")
+        failed = await s.call_tool("context", {"user_id": "u1", "query": secret})
+        assert failed.is_error and secret not in text(failed)
+    async with mcp_server() as (url, _), httpx2.AsyncClient(headers={
+            **JSON, "Authorization": f"Bearer {TENANT_KEY}"}, timeout=10) as http:
+        for body in (json.dumps([{"query": secret}]), '{"jsonrpc": "2.0", "q": "' + secret):
+            assert (await http.post(url, content=body)).status_code == 400  # no batches
+    server = [r for r in caplog.records  # the test's own client logs what it sends
+              if not r.name.startswith(("mcp.client", "httpx", "httpcore"))]
+    logged = "\n".join(f"{r.getMessage()} {r.exc_info or ''}" for r in server)
+    assert "mcp.server" in {r.name.rpartition(".")[0] for r in server}  # the SDK's own
+    assert TENANT_KEY not in logged and "4711" not in logged
+
+
+async def test_whoami_tells_whom_the_key_opens_and_nothing_more():
+    async with mcp_server() as (url, _), httpx2.AsyncClient(timeout=10) as http:
+        base = url.removesuffix(MCP_PATH)
+        mine = await http.get(base + "/v1/whoami",
+                              headers={"Authorization": f"Bearer {TENANT_KEY}"})
+        # the key id is the public part of the key its caller presented (keys are revoked
+        # by it); no secret, no digest, no other key or tenant
+        assert mine.json() == {"key_id": "k-acme", "tenant_id": "acme", "admin": False}
+        assert TENANT_KEY not in mine.text
+        assert (await http.get(base + "/v1/whoami")).status_code == 401

@@ -216,3 +216,111 @@ async def test_client_errors_become_short_refusals(fail, message):
     assert "10.0.0.1" not in str(caught.value) and "x y" not in str(caught.value)
     with pytest.raises(m.Refused, match="one tenant"):
         await ops.context("globex", "u1", ContextRequest(query="x"))
+
+
+# --- protocol: schemas and hints ----------------------------------------------------------
+HINTS = {  # read-only, destructive, idempotent (None: not applicable to a read)
+    "search": (True, None, None), "context": (True, None, None),
+    "memory_history": (True, None, None),
+    "add_messages": (False, False, True),  # a retried call adds nothing twice
+    "memory_insert": (False, False, False), "core_memory_replace": (False, True, False),
+    "forget_me": (False, True, True)}
+
+
+def test_every_tool_has_a_valid_json_schema_and_honest_hints():
+    jsonschema = pytest.importorskip("jsonschema")
+    assert {t.name for t in m.TOOL_LIST} == set(HINTS)
+    for tool in m.TOOL_LIST:
+        jsonschema.Draft202012Validator.check_schema(tool.input_schema)
+        assert tool.input_schema["type"] == "object" and tool.title
+        a = tool.annotations
+        assert (a.read_only_hint, a.destructive_hint, a.idempotent_hint) == HINTS[tool.name]
+        assert a.open_world_hint is False  # memstream only, never the outside world
+    # a valid call passes its own schema; the nested turn is resolved through $defs
+    add = next(t for t in m.TOOL_LIST if t.name == "add_messages")
+    jsonschema.validate({"user_id": "u1", "session_id": "s1", "turn_id": "7", "messages": [
+        {"role": "user", "content": "hi", "message_id": "x1"}]}, add.input_schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"user_id": "u1", "session_id": "s1", "messages": [
+            {"role": "system", "content": "hi"}]}, add.input_schema)
+
+
+# --- retries ----------------------------------------------------------------------------
+ADD = {"user_id": "u1", "session_id": "s1", "messages": [
+    {"role": "user", "content": "ok"}, {"role": "assistant", "content": "Noted."},
+    {"role": "user", "content": "ok"}]}
+
+
+async def sent_ids(caller: m.Caller, args: dict[str, Any]) -> list[str | None]:
+    ops = Ops()
+    result = await m.call(ops, caller, "add_messages", args)
+    assert not result.is_error, text(result)
+    return [msg.message_id for msg in ops.calls[0][3].messages]
+
+
+async def test_a_retried_add_messages_sends_the_same_message_ids():
+    first = await sent_ids(TENANT, ADD)
+    assert await sent_ids(TENANT, dict(ADD)) == first  # the client's retry: taken once
+    assert all(first) and len(set(first)) == 3  # the same words twice in one call: two
+    # a new exchange (turn_id), another session, user or tenant: other ids
+    assert not set(first) & set(await sent_ids(TENANT, {**ADD, "turn_id": "t2"}))
+    assert not set(first) & set(await sent_ids(TENANT, {**ADD, "session_id": "s2"}))
+    assert not set(first) & set(await sent_ids(TENANT, {**ADD, "user_id": "u2"}))
+    assert not set(first) & set(await sent_ids(m.Caller("globex"), ADD))
+    mine = {**ADD, "messages": [{"role": "user", "content": "ok", "message_id": "mine-1"}]}
+    assert await sent_ids(TENANT, mine) == ["mine-1"]
+
+
+async def test_agent_tool_writes_take_an_optional_idempotency_key():
+    ops = Ops()
+    await m.call(ops, TENANT, "memory_insert", {"user_id": "u1", "content": "Likes tea.",
+                                                "idempotency_key": "call-42"})
+    await m.call(ops, TENANT, "memory_insert", {"user_id": "u1", "content": "Likes tea."})
+    keyed, unkeyed = ops.calls[0][3], ops.calls[1][3]
+    assert keyed.tool_call_id == "call-42" and "idempotency_key" not in keyed.arguments
+    assert unkeyed.tool_call_id is None
+
+
+# --- hostile ids --------------------------------------------------------------------------
+HOSTILE = ["../globex", "acme/../globex", "..", ".", "acme%2F..%2Fglobex", "acme%2fx",
+           "globex\n", "acme ", "ａｃｍｅ", "acme\u200b", "acme/", "", "-acme", "a" * 129]
+
+
+@pytest.mark.parametrize("bad", HOSTILE)
+@pytest.mark.parametrize("field", ["tenant_id", "user_id", "memory_id"])
+async def test_no_id_can_reach_another_tenant_or_path(field, bad):
+    ops = Ops()
+    args = {"user_id": "u1", "memory_id": "m1", field: bad}
+    for caller in (TENANT, ADMIN):
+        result = await m.call(ops, caller, "memory_history", args)
+        assert result.is_error
+        if len(bad.strip()) > 2:  # never sent back
+            assert bad.strip() not in text(result)
+    assert ops.calls == []
+
+
+@pytest.mark.parametrize("bad", HOSTILE)
+async def test_no_resource_uri_can_reach_another_tenant(bad):
+    ops = Ops()
+    for uri in (f"memstream://users/{bad}/profile",
+                f"memstream://tenants/{bad}/users/u1/core-memory",
+                f"memstream://tenants/acme/users/{bad}/profile"):
+        with pytest.raises(m.Refused):
+            await server.read(ops, TENANT, uri)
+    assert ops.calls == []
+
+
+async def test_every_structured_result_matches_its_tools_output_schema():
+    jsonschema = pytest.importorskip("jsonschema")
+    calls = {"search": {"query": "where"}, "context": {"query": "where"},
+             "add_messages": ADD, "memory_insert": {"content": "Likes tea."},
+             "core_memory_replace": {"label": "profile", "old_content": "",
+                                     "new_content": "Name: Ana"},
+             "memory_history": {"memory_id": "m1"}, "forget_me": {"tenant_id": "acme"}}
+    for tool in m.TOOL_LIST:
+        assert tool.output_schema is not None and tool.output_schema["type"] == "object"
+        jsonschema.Draft202012Validator.check_schema(tool.output_schema)
+        result = await m.call(Ops(), ADMIN if tool.name == "forget_me" else TENANT, tool.name,
+                              {"user_id": "u1", **calls[tool.name]})
+        assert not result.is_error, (tool.name, text(result))
+        jsonschema.validate(result.structured_content, tool.output_schema)
