@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -16,25 +17,57 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_wheel_has_one_top_level_package(tmp_path: Path) -> None:
-    src = tmp_path / "src"  # a copy: building leaves build/ and *.egg-info behind
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    for name in ("memstream", "memory", "streams", "topics", "jobs", "web"):
-        shutil.copytree(ROOT / name, src / name, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp_path), str(src)], check=True, capture_output=True)
-    wheel = next(tmp_path.glob("memstream-*.whl"))
-    names = zipfile.ZipFile(wheel).namelist()
+    names = wheel_names(copy_of_the_repository(tmp_path), tmp_path, "memstream-0")
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"memstream"}
+    # the client and the wire contract are memstream-client's (clients/python), not twice
+    assert not [n for n in names if n.startswith(("memstream/client/", "memstream/contract/"))]
     for sub in ("memory/store/protocol.py", "streams/ingest.py", "topics/schemas.py",
                 "jobs/__init__.py",
                 "memory/prompts/combined-v1.md", "samples/conversations.jsonl",
                 "web/inspector/index.html", "web/inspector/app.js", "web/http.py",
                 "web/inspector/style.css", "core/settings.py"):
         assert f"memstream/{sub}" in names
+
+
+def copy_of_the_repository(tmp_path: Path) -> Path:
+    """What a wheel is built from, copied: building leaves build/ and *.egg-info behind."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "VERSION"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("memstream", "memory", "streams", "topics", "jobs", "web", "clients"):
+        shutil.copytree(ROOT / name, src / name, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    return src
+
+
+def wheel_names(src: Path, out: Path, prefix: str) -> list[str]:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(out), str(src)], check=True, capture_output=True)
+    wheel = next(out.glob(f"{prefix}*.whl"))
+    return zipfile.ZipFile(wheel).namelist()
+
+
+def test_the_client_wheel_holds_the_client_and_the_contract_only(tmp_path: Path) -> None:
+    """memstream-client: ``memstream`` is a namespace there (no ``__init__.py``), so the
+    server's wheel installs its own ``memstream/__init__.py`` beside it."""
+    src = copy_of_the_repository(tmp_path) / "clients" / "python"
+    version = (ROOT / "VERSION").read_text().strip()
+    names = wheel_names(src, tmp_path, f"memstream_client-{version}-")
+    code = {n for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert "memstream/__init__.py" not in code
+    assert {n.split("/")[1] for n in code} == {"client", "contract"}
+    for sub in ("client/__init__.py", "client/_http.py", "contract/records.py",
+                "contract/http_api/api.py", "contract/http_api/paths.py"):
+        assert f"memstream/{sub}" in code
+    [meta] = [n for n in names if n.endswith(".dist-info/METADATA")]
+    text = zipfile.ZipFile(next(tmp_path.glob("memstream_client-*.whl"))).read(meta).decode()
+    requires = sorted(line.split(": ", 1)[1] for line in text.splitlines()
+                      if line.startswith("Requires-Dist: "))
+    assert [re.split(r"[\[<>=; ]", r)[0] for r in requires] == ["aiokafka", "pydantic",
+                                                                 "urllib3"]
+    assert any("extra == \"kafka\"" in r for r in requires if r.startswith("aiokafka"))
 
 
 def test_a_users_own_memory_module_does_not_shadow_ours(tmp_path: Path) -> None:
