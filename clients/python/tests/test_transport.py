@@ -6,6 +6,7 @@ read timeout (no failover: the worker may have taken the request)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import socket
 import threading
@@ -20,6 +21,8 @@ from memstream.client import (
     MemoryClient,
     MemstreamAPIError,
     MemstreamConnectionError,
+    Request,
+    Response,
     __version__,
 )
 from memstream.contract.http_api import paths
@@ -166,3 +169,30 @@ def test_one_client_serves_many_threads_at_once(stub):
         for t in threads:
             t.join()
     assert errors == [] and len(stub.seen) == 40
+
+
+REQUEST_TAG: contextvars.ContextVar[str] = contextvars.ContextVar("request_tag", default="")
+
+
+def test_the_async_client_runs_many_requests_at_once_with_the_callers_context():
+    """20 requests under way together (more than the loop's default executor has threads on
+    a small machine), each seeing the context variables of the task that made it."""
+    together = threading.Barrier(20, timeout=10)
+    tags: list[str] = []
+
+    def transport(request: Request) -> Response:
+        together.wait()  # every request waits until all 20 are in flight
+        tags.append(REQUEST_TAG.get())
+        return Response(200, json=PAGE)
+
+    async def one(client: AsyncMemoryClient, n: int) -> None:
+        REQUEST_TAG.set(f"task-{n}")
+        assert await client.get_all(user_id="ana") == []
+
+    async def use() -> None:
+        async with AsyncMemoryClient("http://w", KEY, tenant_id="acme",
+                                     transport=transport) as client:
+            await asyncio.gather(*(one(client, n) for n in range(20)))
+
+    asyncio.run(use())
+    assert sorted(tags) == sorted(f"task-{n}" for n in range(20))

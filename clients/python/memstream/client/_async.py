@@ -1,10 +1,15 @@
 """The asyncio client: the same methods as the sync one, on the caller's event loop; each
-HTTP request waits in a worker thread (``asyncio.to_thread``), so the loop goes on."""
+HTTP request waits in a thread of the client's own pool (as ``asyncio.to_thread`` would, the
+caller's context variables with it), so the loop goes on and up to :data:`CONCURRENCY`
+requests are under way at once, whatever else uses the loop's default executor."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -14,7 +19,7 @@ from memstream.client import _ops as ops
 from memstream.client._base import ClientBase, Verify
 from memstream.client._connection import KafkaConnection
 from memstream.client._errors import MemstreamConnectionError
-from memstream.client._http import Response, Transport
+from memstream.client._http import CONCURRENCY, Request, Response, Transport
 from memstream.client._produce import Messages, ProducerFactory
 from memstream.contract.http_api import api
 from memstream.contract.http_api import history as gov
@@ -34,6 +39,7 @@ class AsyncMemoryClient(ClientBase):
                  verify: Verify = True) -> None:
         super().__init__(base_url, api_key, tenant_id, bootstrap_servers, topic_prefix,
                          timeout, producer_factory, clock, kafka, transport, verify)
+        self._threads = ThreadPoolExecutor(CONCURRENCY, thread_name_prefix="memstream-http")
 
     async def _run(self, op: ops.Op[T]) -> T:
         step = ops.advance(op, None, self._secret)
@@ -48,13 +54,17 @@ class AsyncMemoryClient(ClientBase):
             response, error = None, None
             try:
                 with ops.reaching_api():
-                    response = await asyncio.to_thread(self._transport, request)
+                    response = await self._in_thread(request)
             except MemstreamConnectionError as exc:
                 error = exc
             if self._settle(at, response, error, n == len(attempts) - 1):
                 assert response is not None
                 return response
         raise AssertionError("unreachable: the last attempt settles")
+
+    async def _in_thread(self, request: Request) -> Response:
+        call = functools.partial(contextvars.copy_context().run, self._transport, request)
+        return await asyncio.get_running_loop().run_in_executor(self._threads, call)
 
     async def add(self, messages: Messages, *, user_id: str, session_id: str,
                   role: str = "user") -> list[str]:
@@ -161,6 +171,7 @@ class AsyncMemoryClient(ClientBase):
         try:
             await self._producer.stop()
         finally:
+            self._threads.shutdown(wait=False)
             self._close_transport()
 
     async def __aenter__(self) -> Self:

@@ -83,6 +83,7 @@ class Response:
 
 
 Transport = Callable[[Request], Response]
+CONCURRENCY = 32  # requests of one client under way at once (connections kept per worker)
 
 
 def encode_json(value: Any) -> bytes:
@@ -93,7 +94,8 @@ class Urllib3Transport:
     """The default transport: one urllib3 pool manager (thread-safe, keeps connections
     alive), no retries and no redirects of its own (the client's failover decides)."""
 
-    def __init__(self, verify: bool | ssl.SSLContext = True, maxsize: int = 10) -> None:
+    def __init__(self, verify: bool | ssl.SSLContext = True,
+                 maxsize: int = CONCURRENCY) -> None:
         if isinstance(verify, ssl.SSLContext):
             self._pool = urllib3.PoolManager(maxsize=maxsize, ssl_context=verify)
         elif verify:  # the system's CAs
