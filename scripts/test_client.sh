@@ -28,6 +28,7 @@ else
   # built from a copy: the source folder stays clean (no build/, no egg-info)
   src=$work
   cp -rL clients/python "$src/python"
+  rm -rf "$src/python/build" "$src/python"/*.egg-info  # a build left in the checkout is stale
   "$venv/bin/python" -m pip install -q "$src/python"
   mapfile -t pulled < <("$venv/bin/python" -m pip list --format=freeze \
     | grep -viE '^(pip|setuptools|wheel)==')

@@ -196,3 +196,21 @@ def test_the_async_client_runs_many_requests_at_once_with_the_callers_context():
 
     asyncio.run(use())
     assert sorted(tags) == sorted(f"task-{n}" for n in range(20))
+
+
+def test_a_proxy_of_the_environment_carries_the_requests_and_no_proxy_is_honoured(
+        stub, monkeypatch):
+    """HTTP_PROXY / NO_PROXY as httpx read them: the stub is the proxy here, so it is asked
+    for the worker's absolute URL (a name that resolves nowhere: only the proxy reaches it)."""
+    monkeypatch.setenv("HTTP_PROXY", stub.url)
+    monkeypatch.delenv("http_proxy", raising=False)
+    monkeypatch.setenv("NO_PROXY", "bypassed.invalid")
+    monkeypatch.delenv("no_proxy", raising=False)
+    with MemoryClient("http://worker.invalid:6066", KEY, tenant_id="acme") as client:
+        assert client.get_all(user_id="ana") == []
+    [seen] = stub.seen
+    assert seen["path"].startswith("http://worker.invalid:6066/v1/tenants/acme/users/ana/")
+    with MemoryClient("http://bypassed.invalid:6066", KEY, tenant_id="acme") as client, \
+            pytest.raises(MemstreamConnectionError):
+        client.get_all(user_id="ana")
+    assert len(stub.seen) == 1  # not through the proxy

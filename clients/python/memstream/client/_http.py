@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json as jsonlib
 import ssl
+import threading
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,21 +93,40 @@ def encode_json(value: Any) -> bytes:
 
 
 class Urllib3Transport:
-    """The default transport: one urllib3 pool manager (thread-safe, keeps connections
-    alive), no retries and no redirects of its own (the client's failover decides)."""
+    """The default transport: urllib3 pool managers (thread-safe, keep connections alive), no
+    retries and no redirects of their own (the client's failover decides). A proxy is taken
+    from ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``NO_PROXY`` as httpx (and urllib) read them,
+    unless ``proxies`` (scheme -> proxy URL, ``{}``: none) says otherwise."""
 
-    def __init__(self, verify: bool | ssl.SSLContext = True,
-                 maxsize: int = CONCURRENCY) -> None:
+    def __init__(self, verify: bool | ssl.SSLContext = True, maxsize: int = CONCURRENCY,
+                 proxies: Mapping[str, str] | None = None) -> None:
+        self._tls: dict[str, Any]
         if isinstance(verify, ssl.SSLContext):
-            self._pool = urllib3.PoolManager(maxsize=maxsize, ssl_context=verify)
+            self._tls = {"ssl_context": verify}
         elif verify:  # the system's CAs
-            self._pool = urllib3.PoolManager(maxsize=maxsize, cert_reqs="CERT_REQUIRED")
+            self._tls = {"cert_reqs": "CERT_REQUIRED"}
         else:
-            self._pool = urllib3.PoolManager(maxsize=maxsize, cert_reqs="CERT_NONE")
+            self._tls = {"cert_reqs": "CERT_NONE"}
+        self._maxsize = maxsize
+        self._pool = urllib3.PoolManager(maxsize=maxsize, **self._tls)
+        self._proxies = dict(urllib.request.getproxies() if proxies is None else proxies)
+        self._via: dict[str, urllib3.ProxyManager] = {}
+        self._lock = threading.Lock()
+
+    def _manager(self, url: str) -> urllib3.PoolManager:
+        parts = urlsplit(url)
+        proxy = self._proxies.get(parts.scheme)
+        if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
+            return self._pool
+        with self._lock:
+            if proxy not in self._via:
+                self._via[proxy] = urllib3.ProxyManager(proxy, maxsize=self._maxsize,
+                                                        **self._tls)
+            return self._via[proxy]
 
     def __call__(self, request: Request) -> Response:
         try:
-            answer = self._pool.request(
+            answer = self._manager(request.url).request(
                 request.method, request.url, body=request.content,
                 headers=dict(request.headers), retries=False, redirect=False,
                 timeout=urllib3.Timeout(connect=request.timeout, read=request.timeout))
@@ -117,3 +138,5 @@ class Urllib3Transport:
 
     def close(self) -> None:
         self._pool.clear()
+        for manager in self._via.values():
+            manager.clear()
