@@ -15,7 +15,7 @@ RUN groupadd --system --gid 10001 memstream \
  && chmod 0750 /var/lib/memstream
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md VERSION LICENSE NOTICE ./
 COPY memstream ./memstream
 COPY topics ./topics
 COPY streams ./streams
@@ -28,6 +28,9 @@ COPY clients/python ./clients/python
 # No compiler in this image: on x86-64 every dependency is a wheel; on arm64 faust-streaming
 # has none, and its source build falls back to pure Python.
 RUN pip install --no-cache-dir ./clients/python .
+
+# docker-compose.yml's entrypoint: a configuration error (exit 78) is not restarted
+COPY deploy/docker/stop-on-config-error.sh /usr/local/bin/stop-on-config-error
 
 ENV MEMSTREAM_DATA_DIR=/var/lib/memstream
 VOLUME ["/var/lib/memstream"]

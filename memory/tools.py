@@ -108,7 +108,7 @@ _DESCRIPTIONS = {
 }
 
 
-def _schema(model: type[BaseModel]) -> dict[str, Any]:
+def tool_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The model's JSON schema shaped for a model to read: no titles, optionals plain."""
     raw = model.model_json_schema()
     properties = {}
@@ -127,12 +127,13 @@ def _schema(model: type[BaseModel]) -> dict[str, Any]:
 TOOLS: list[dict[str, Any]] = [
     {"type": "function",
      "function": {"name": name, "description": _DESCRIPTIONS[name],
-                  "parameters": _schema(model)}}
+                  "parameters": tool_schema(model)}}
     for name, model in ARGUMENTS.items()
 ]
 
 
-def _describe(error: ValidationError, limit: int = 5) -> str:
+def describe_arguments(error: ValidationError, limit: int = 5) -> str:
+    """The fields at fault and what is wrong with each, never their values."""
     parts = []
     for item in error.errors()[:limit]:
         where = ".".join(str(p) for p in item["loc"]) or "arguments"
@@ -163,7 +164,7 @@ def parse_arguments(name: str, arguments: dict[str, Any] | str) -> BaseModel:
     try:
         return model.model_validate(arguments)
     except ValidationError as exc:
-        raise ToolError("invalid_arguments", f"{name}: {_describe(exc)}") from None
+        raise ToolError("invalid_arguments", f"{name}: {describe_arguments(exc)}") from None
 
 
 def replace_core(current: str, old: str, new: str, max_chars: int = CORE_MAX_CHARS) -> str:

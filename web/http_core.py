@@ -14,6 +14,7 @@ from memstream.contract.http_api.api import (
     FeedbackRequest,
     Health,
     MemoryPage,
+    Principal,
     SearchRequest,
     SearchResponse,
     ToolCallRequest,
@@ -38,6 +39,10 @@ async def _tools(request: web.Request) -> web.StreamResponse:
     return ok(ToolList(tools=request.app[DEPS].backend.tools()))
 
 
+async def _whoami(request: web.Request) -> web.StreamResponse:
+    return ok(authenticate(request))
+
+
 async def _list(request: web.Request) -> web.StreamResponse:
     tenant, user, _ = scope(request)
     params = list_params(request.query)
@@ -50,6 +55,8 @@ CORE_ROUTES: tuple[Route, ...] = (
     Route("GET", paths.OPENAPI, "openapi", "This document", _openapi, None, keyed=False),
     Route("GET", paths.TOOLS, "tools", "Agent tools as OpenAI tool definitions", _tools,
           ToolList),
+    Route("GET", paths.WHOAMI, "whoami", "Whom the key opens: its key id, tenant, admin",
+          _whoami, Principal),
     Route("GET", paths.MEMORIES, "list_memories", "One page of the user's memories",
           _list, MemoryPage),
     Route("POST", paths.SEARCH, "search", "Ranked memories for a query",

@@ -24,6 +24,7 @@ from memstream.web.http import HttpServer, build_http_app
 from memstream.web.http_base import DEPS
 from memstream.web.keys import KeyRing
 from memstream.web.keys_topic import KeyFollower
+from memstream.web.mcp_http import McpEndpoint
 from memstream.web.routing import Router, cluster_status
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,9 @@ def register(p: Pipeline) -> None:
     http_app = build_http_app(backend, ring, max_body_bytes=s.http_max_body_bytes,
                               router=router,
                               login_failures_per_minute=s.login_failures_per_minute)
+    mcp = McpEndpoint(s.http_max_body_bytes) if s.mcp_enabled else None
+    if mcp is not None:  # /mcp: the agent tools over MCP, keyed as the API (web.mcp_http)
+        mcp.attach(http_app)
     http_app[DEPS].guard.limit_requests(s.requests_per_key_per_s, s.requests_per_key_burst)
     deps = metrics.attach(http_app, p, follower.rejected)  # /metrics, /v1/metrics/summary
     http_app[metrics.METRICS] = replace(deps, cluster=lambda: cluster_status(p, router))
@@ -61,6 +65,8 @@ def register(p: Pipeline) -> None:
                         KEYS_READY_S)
         recorder.start()
         await audit.start()
+        if mcp is not None:
+            await mcp.start()
         await server.start()
         backend.started = True
         log.info("HTTP API on %s://%s:%d/v1 (OpenAPI: /v1/openapi.json)",
@@ -69,6 +75,8 @@ def register(p: Pipeline) -> None:
     async def stop() -> None:
         backend.started = False
         await server.stop()
+        if mcp is not None:
+            await mcp.stop()
         await recorder.close()
         await backend.close()
         if router is not None:

@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     web_enabled: bool = Field(False, description="Serve the HTTP API from the worker")
     web_port: int = Field(6066, description="Port of the worker's HTTP API")
     web_host: str = Field("127.0.0.1", description="Address the HTTP API binds (0.0.0.0: all)")
+    mcp_enabled: bool = Field(
+        True, description="Serve the MCP endpoint (streamable HTTP, /mcp on the HTTP API's "
+        "port, tenant keys as the API) when web_enabled; see docs/mcp.md")
     advertised_url: str | None = Field(
         None, description="URL other workers reach this worker's HTTP API at (requests for "
         "users this worker does not own are forwarded); None: http://<web_host>:<web_port>, "

