@@ -23,7 +23,6 @@ COPY jobs ./jobs
 COPY web ./web
 COPY memory ./memory
 # the client distribution (memstream.client, memstream.contract): the server depends on it
-COPY VERSION ./
 COPY clients/python ./clients/python
 # No compiler in this image: on x86-64 every dependency is a wheel; on arm64 faust-streaming
 # has none, and its source build falls back to pure Python.

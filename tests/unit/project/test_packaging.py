@@ -98,6 +98,8 @@ def test_the_client_wheel_holds_the_client_and_the_contract_only(tmp_path: Path)
     assert [re.split(r"[\[<>=; ]", r)[0] for r in requires] == ["aiokafka", "pydantic",
                                                                  "urllib3"]
     assert any("extra == \"kafka\"" in r for r in requires if r.startswith("aiokafka"))
+    headers = text.split("\n\n")[0].splitlines()
+    assert f"Version: {version}" in headers and "License-Expression: Apache-2.0" in headers
 
 
 def test_a_users_own_memory_module_does_not_shadow_ours(tmp_path: Path) -> None:
