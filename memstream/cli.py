@@ -520,13 +520,20 @@ def _run_worker(settings: Settings, loglevel: str) -> None:
     if conflict is not None:
         click.echo(f"memstream worker refuses to start: {conflict}", err=True)
         sys.exit(EXIT_LAYOUT)
+    from memstream.core import tracing
+
+    try:
+        tracing.configure(settings)  # off unless MEMSTREAM_TRACING (docs/tracing.md)
+    except ConfigError as exc:  # otlp without the exporter installed
+        click.echo(f"memstream worker refuses to start: {exc}", err=True)
+        sys.exit(EXIT_LAYOUT)
     pipeline = build_worker(settings)
     if settings.extract_enabled:
         # Load the embedder model now, not on the first job: it takes seconds, which the
         # extract and apply loops' first batches after every start would wait for.
         pipeline.services.embedder.embed(["warm-up"])
-    Worker(pipeline.app, loglevel=loglevel, quiet=True,
-           log_throttle_s=settings.log_throttle_s).execute_from_commandline()
+    Worker(pipeline.app, loglevel=loglevel, quiet=True, log_throttle_s=settings.log_throttle_s,
+           log_format=settings.log_format).execute_from_commandline()
 
 
 @main.command()

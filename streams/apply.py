@@ -30,6 +30,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from memstream.core import tracing
 from memstream.core.errors import InvalidRecord, describe
 from memstream.core.retry import is_transient, retry_async
 from memstream.memory import archive, fencing
@@ -101,23 +102,30 @@ class Unpublished(Exception):
 
 
 async def publish(p: Pipeline, work: Work, key: bytes, decision: JobDecision,
-                  applied: Applied) -> None:
+                  applied: Applied, span: Any = None) -> None:
     """The change events first, then the result that lets the user's next job go, into the
     batch's transaction; a forget-me's keys shredded before it (idempotent: a decision read
     again shreds again); callers woken and counts taken once it is committed."""
     wire = await privacy.seal_all(p, applied.publish)
     await privacy.after_erase(p, applied.publish)
     t = p.topics
-    for change, event in wire:  # the changelog and downstream's event, one transaction
-        work.out.append((t.memory_changes.name, key, change.dumps()))
+    spans = [tracing.produce("change", span, t.memory_changes.name, work.spans,
+                             memstream__change__op=change.op,
+                             memstream__change__memory_id=change.memory_id,
+                             memstream__change__version=change.version) if span else None
+             for change, _ in wire]  # (each change event continues the decision's trace)
+    for (change, event), sent in zip(wire, spans, strict=True):
+        # the changelog and downstream's event, one transaction
+        work.out.append(tracing.traced((t.memory_changes.name, key, change.dumps()), sent))
         if event is not None:
-            work.out.append((t.memory_events.name, key, event.dumps()))
+            work.out.append(tracing.traced((t.memory_events.name, key, event.dumps()), sent))
     if decision.user_id == GLOBAL_USER:  # every worker's copy (streams.standby.GlobalCopy)
-        work.out += [(t.global_changes.name, key, change.dumps()) for change, _ in wire]
+        work.out += [tracing.traced((t.global_changes.name, key, change.dumps()), sent)
+                     for (change, _), sent in zip(wire, spans, strict=True)]
     result = JobResult.for_job(
         decision, applied.status, datetime.fromtimestamp(p.clock(), UTC),
         llm_calls=decision.llm_calls, error=applied.error, applied_seq=applied.applied_seq)
-    work.out.append((p.topics.job_results.name, key, result.dumps()))
+    work.out.append(tracing.traced((p.topics.job_results.name, key, result.dumps()), span))
 
     async def committed() -> None:
         count_outcome(p.counters, decision, applied)
@@ -233,11 +241,13 @@ class ApplyStage(StageBase):
                 step = self._decision
             else:
                 step = self._change
-            mark = len(work.out), len(work.after)
+            mark = len(work.out), len(work.after), len(work.spans)
 
             async def attempt(r: Any = record, step: Any = step,
-                              mark: tuple[int, int] = mark) -> None:
+                              mark: tuple[int, int, int] = mark) -> None:
                 del work.out[mark[0]:], work.after[mark[1]:]  # a failed attempt's part
+                tracing.settle(work.spans[mark[2]:], "retried")
+                del work.spans[mark[2]:]
                 await step(partition, work, r)
 
             got = await until_handled(record, attempt, counters=self.p.counters,
@@ -255,9 +265,13 @@ class ApplyStage(StageBase):
         except InvalidRecord as exc:
             set_aside(p, work, exc, record)
             return
+        span = tracing.consume("apply", record, work.spans, p.settings.app_id,
+                               memstream__job__id=decision.job_id)
         applied = await apply_or_set_aside(p, work, decision, record)
+        tracing.note(span, memstream__apply__verdict=applied.verdict.value,
+                     memstream__job__status=applied.status.value)
         try:
-            await publish(p, work, record.key, decision, applied)
+            await publish(p, work, record.key, decision, applied, span)
             # DONE: another decision of the job was applied, and folded in its committed
             # transaction (REPUBLISH: this one's transaction, fold included, was not)
             if self.fold is not None and applied.verdict != fencing.Verdict.DONE:

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from memstream.core import tracing
 from memstream.core.errors import InvalidRecord, describe
 from memstream.core.retry import RetryPolicy, retry_async
 from memstream.core.settings import Settings
@@ -137,6 +138,7 @@ class ExtractStage(StageBase):
             users.setdefault(job.key(), []).append((record, job))
         for out in await asyncio.gather(*(self._user(jobs) for jobs in users.values())):
             work.out.extend(out.out)
+            work.spans.extend(out.spans)
         return work
 
     async def _user(self, jobs: list[tuple[Any, ExtractionJob]]) -> Work:
@@ -145,8 +147,11 @@ class ExtractStage(StageBase):
         if self._slots is None:
             self._slots = asyncio.Semaphore(p.settings.extract_concurrency)
         for record, job in jobs:
+            span = tracing.consume("extract", record, work.spans, p.settings.app_id,
+                                   memstream__job__id=job.job_id)
             async with self._slots:
-                got = await until_handled(record, self._decider(job), counters=p.counters)
+                with tracing.active(span):  # the LLM calls' parent (in their thread too)
+                    got = await until_handled(record, self._decider(job), counters=p.counters)
             if isinstance(got, InvalidRecord):
                 set_aside(p, work, got, record)
                 continue
@@ -155,7 +160,10 @@ class ExtractStage(StageBase):
             if decision.status == JobStatus.FAILED:
                 failure = InvalidRecord("extraction_failed", decision.error or "failed")
                 set_aside(p, work, failure, record)
-            work.out.append((p.topics.decisions.name, job.key().encode(), decision.dumps()))
+            tracing.note(span, memstream__job__status=decision.status.value,
+                         memstream__llm__calls=decision.llm_calls)
+            work.out.append(tracing.traced(
+                (p.topics.decisions.name, job.key().encode(), decision.dumps()), span))
         return work
 
     def _decider(self, job: ExtractionJob) -> Callable[[], Awaitable[JobDecision]]:

@@ -34,6 +34,7 @@ import faust
 from faust.transport.drivers import aiokafka as driver
 from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
+from memstream.core import json_log
 from memstream.core.errors import MemstreamError, describe
 from memstream.core.kafka import faust_credentials, stopped
 from memstream.core.retry import RetryPolicy, retry_async
@@ -234,13 +235,16 @@ def install_throttle(logger: logging.Logger, interval: float) -> ThrottleFilter 
 class Worker(faust.Worker):
     """``faust.Worker`` that throttles repeated Kafka client log lines (see ThrottleFilter)."""
 
-    def __init__(self, app: faust.App, *, log_throttle_s: float, **kwargs: Any) -> None:
+    def __init__(self, app: faust.App, *, log_throttle_s: float, log_format: str = "text",
+                 **kwargs: Any) -> None:
         self.log_throttle_s = log_throttle_s
+        self.log_format = log_format
         super().__init__(app, **kwargs)
 
     def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
         super().on_setup_root_logger(logger, level)
         install_throttle(logger, self.log_throttle_s)
+        json_log.install(logger, self.log_format)  # JSON lines with trace ids (opt-in)
 
 
 # --- settings ----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from memstream.core import tracing
 from memstream.core.errors import InvalidRecord, describe, trace
 from memstream.memory import coalescing as machine
 from memstream.memory import governance_metrics as metrics
@@ -88,6 +89,10 @@ class Batch(Work):
     # when this worker took the partition: a job in flight is timed from then at the
     # earliest (see ``_user``)
     since: float = 0.0
+    # tracing on (core.tracing): the messages' contexts, the span of the record in hand
+    traces: tracing.MessageTraces | None = None
+    span: Any = None
+    where: tuple[str, int, int] = ("", 0, 0)
 
 
 def _user(p: Pipeline, batch: Batch, key: bytes, tenant: str, user: str) -> UserState:
@@ -119,7 +124,10 @@ def handle_event(p: Pipeline, batch: Batch, decoded: Any) -> None:
     elif isinstance(decoded, ChatMessage):
         seq = step.state.sessions[decoded.session_id].count - 1
         window.record(p.window, p.settings, decoded, seq)
-    _took(p, batch, kbytes, state, step)
+        if batch.traces is not None:
+            batch.traces.seen(kbytes, batch.where, tracing.context_of(batch.span))
+    _took(p, batch, kbytes, state, step, isinstance(decoded, (ChatMessage, SessionEvent,
+                                                               ToolRequest)))
 
 
 def tick(p: Pipeline, batch: Batch, key: bytes, snap: dict[str, Any], now: float) -> None:
@@ -130,7 +138,7 @@ def tick(p: Pipeline, batch: Batch, key: bytes, snap: dict[str, Any], now: float
 
 
 def _took(p: Pipeline, batch: Batch, kbytes: bytes, state: UserState,
-          step: machine.Step) -> None:
+          step: machine.Step, trigger: bool = False) -> None:
     """A step's new state, its sessions forgotten, its jobs and trivial results."""
     for sid in set(state.sessions) - set(step.state.sessions):
         window.forget(p.window, p.settings, state.tenant_id, state.user_id, sid)
@@ -142,10 +150,20 @@ def _took(p: Pipeline, batch: Batch, kbytes: bytes, state: UserState,
         else:  # jobs by trigger reason: first attempts (re-sends are counted above)
             add(p.counters.jobs_by_trigger, metrics.bounded(job.reason.value, metrics.TRIGGERS))
         p.counters.jobs_emitted += 1
-        batch.out.append((p.topics.jobs.name, kbytes, job.dumps()))
+        record = (p.topics.jobs.name, kbytes, job.dumps())
+        if batch.traces is not None:  # continues the message that made it (core.tracing)
+            span = tracing.job(
+                batch.traces, kbytes, job.job_id, batch.span if trigger else None, batch.span,
+                p.topics.jobs.name, batch.spans, memstream__job__id=job.job_id,
+                memstream__job__reason=job.reason.value, memstream__job__attempt=job.attempt,
+                memstream__job__messages=len(job.messages))
+            batch.out.append(tracing.traced(record, span))
+        else:
+            batch.out.append(record)
     for res in step.resolved:
         p.counters.trivial_resolved += 1
-        batch.out.append((p.topics.job_results.name, kbytes, res.dumps()))
+        batch.out.append(tracing.traced((p.topics.job_results.name, kbytes, res.dumps()),
+                                        batch.span))
 
 
 def check_tenant(p: Pipeline, topic: str, decoded: Any) -> None:
@@ -177,6 +195,10 @@ def handle_record(p: Pipeline, batch: Batch, record: Any) -> None:
     if placed is not None:
         batch.placed.append(placed)
         return
+    if batch.traces is not None:
+        batch.span = tracing.consume("ingest", record, batch.spans, p.settings.app_id,
+                                     memstream__tenant_id=getattr(decoded, "tenant_id", None))
+        batch.where = (record.topic, record.partition, record.offset)
     try:
         handle_event(p, batch, decoded)
     except Exception as exc:  # a bug or an input the machine cannot take: set aside
@@ -185,6 +207,7 @@ def handle_record(p: Pipeline, batch: Batch, record: Any) -> None:
         p.counters.handler_failures += 1
         set_aside(p, batch, InvalidRecord("internal", describe(exc, 1000)),
                    record)
+    batch.span = None
 
 
 def finish(p: Pipeline, batch: Batch) -> None:
@@ -215,13 +238,15 @@ class IngestStage(StageBase):
         self.taken_at: dict[int, float] = {}  # partition -> when this worker took it
         self.overdue: dict[int, int] = {}  # partition -> messages overdue at its last round
         self.rolls = privacy.RollSchedule(p.settings)
+        self.traces = tracing.MessageTraces()
 
     @contextmanager
     def _batch(self, partition: int) -> Iterator[Batch]:
         """A batch of ``partition``: the tables written there, each changed user's state
         written once at the end. No await inside: no other partition's batch runs
         meanwhile, so the tables' pending writes go to this one."""
-        batch = Batch(since=self.taken_at.get(partition, 0.0))
+        batch = Batch(since=self.taken_at.get(partition, 0.0),
+                      traces=self.traces if tracing.enabled() else None)
         with ExitStack() as writing:
             for table in self.tables:
                 writing.enter_context(table.writing(partition))

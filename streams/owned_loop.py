@@ -68,7 +68,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from memstream.core import kafka
+from memstream.core import kafka, tracing
 from memstream.core.errors import describe, trace
 from memstream.core.retry import RetryPolicy, next_delay
 from memstream.core.settings import Settings
@@ -340,11 +340,13 @@ class OwnedLoop:
         except Exception as exc:
             if (not await self._recover(task, exc) or not offsets
                     or not await self._landed(offsets)):
+                tracing.settle(work.spans, "aborted")  # read again: the same traces
                 task.discard()
                 self.tasks.seek(task)
                 return False
             log.warning("%s partition %d: the transaction was committed after all",
                         self.stage.name, task.partition)
+        tracing.settle(work.spans, "committed")
         task.committed(offsets, newest_s)
         if written:  # (the apply stage's shards follow what it wrote)
             self.stage.committed(task.partition, written)
@@ -370,8 +372,9 @@ class OwnedLoop:
         it wrote to the task's partition."""
         producer, partition = task.producer, task.partition
         await producer.begin_transaction()
-        sent = [await producer.send(topic, key=key, value=value)
-                for topic, key, value in work.out]
+        sent = [await producer.send(r[0], key=r[1], value=r[2],
+                                    headers=list(r[3]) if len(r) == 4 else None)
+                for r in work.out]
         sent += [await producer.send(r.topic, key=r.key, value=r.value, partition=r.partition,
                                      timestamp_ms=r.timestamp_ms, headers=list(r.headers))
                  for r in work.placed]

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 HANDLER_RETRY = RetryPolicy(first_delay_s=0.5, max_delay_s=30.0)
 
 Record = tuple[str, bytes | None, bytes | None]  # topic, key, value
+# with the trace headers that continue a span (core.tracing.traced; tracing on only)
+Traced = tuple[str, bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,14 @@ class Work:
     and what to do once that transaction is committed (never before: a caller woken
     early could read what an aborted transaction then takes back)."""
 
-    out: list[Record] = field(default_factory=list)
+    out: list[Record | Traced] = field(default_factory=list)
     placed: list[Placed] = field(default_factory=list)
     after: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # how many of the records it was given the stage took (None: all); the rest go into
     # the next transaction
     handled: int | None = None
+    # the spans of the batch (core.tracing), ended by the loop once its transaction settled
+    spans: list[Any] = field(default_factory=list)
 
 
 class Stage(Protocol):

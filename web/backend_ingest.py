@@ -32,7 +32,7 @@ from memstream.contract.http_api.intake import (
     SessionEndAccepted,
     SessionEndRequest,
 )
-from memstream.core import kafka
+from memstream.core import kafka, tracing
 from memstream.core.errors import describe
 from memstream.core.settings import Settings
 from memstream.topics.schemas import Event
@@ -59,13 +59,21 @@ class IngestProducer:
     async def send(self, topic: str, events: Sequence[Event]) -> list[Placement]:
         """Send in order, wait for every acknowledgement; 503 when the broker does not
         take them in time."""
+        spans: list[Any] = []  # tracing on: a produce span per record (docs/tracing.md)
+        parent = tracing.current()
         try:
             async with asyncio.timeout(self._timeout_s):
                 producer = await self.started()
-                pending = [await producer.send(topic, key=e.key().encode(), value=e.dumps())
-                           for e in events]
+                pending = []
+                for e in events:
+                    span = tracing.produce("produce", parent, topic, spans)
+                    traced = {"headers": list(tracing.headers(span))} if span else {}
+                    pending.append(await producer.send(topic, key=e.key().encode(),
+                                                       value=e.dumps(), **traced))
                 done = await asyncio.gather(*pending)
+            tracing.settle(spans, "acknowledged")
         except (TimeoutError, KafkaError, OSError) as exc:
+            tracing.settle(spans, "failed")
             log.warning("http ingest: %d record(s) to %s not acknowledged: %s", len(events),
                         topic, describe(exc))
             raise ApiError(503, ErrorCode.UNAVAILABLE, "the broker did not acknowledge the "

@@ -19,8 +19,9 @@ A worker whose backend cannot produce answers 503.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
@@ -34,6 +35,7 @@ from memstream.contract.http_api.intake import (
     SessionEndAccepted,
     SessionEndRequest,
 )
+from memstream.core import tracing
 from memstream.web.http_base import DEPS, ApiError, Route
 from memstream.web.http_checks import (
     IDEMPOTENCY,
@@ -90,7 +92,8 @@ async def _messages(request: web.Request) -> web.StreamResponse:
     backend = _producing(request)
     req = await _body(request, MessagesRequest, required=True)
     assert isinstance(req, MessagesRequest)
-    return ok(await backend.add_messages(tenant, user, req, request.get(IDEMPOTENCY)), 202)
+    with _traced(request):
+        return ok(await backend.add_messages(tenant, user, req, request.get(IDEMPOTENCY)), 202)
 
 
 async def _session_end(request: web.Request) -> web.StreamResponse:
@@ -98,7 +101,14 @@ async def _session_end(request: web.Request) -> web.StreamResponse:
     backend = _producing(request)
     req = await _body(request, SessionEndRequest, required=False)
     assert isinstance(req, SessionEndRequest)
-    return ok(await backend.end_session(tenant, user, session, req), 202)
+    with _traced(request):
+        return ok(await backend.end_session(tenant, user, session, req), 202)
+
+
+def _traced(request: web.Request) -> AbstractContextManager[Any]:
+    """The caller's trace (its W3C ``traceparent`` header), continued by the records."""
+    return tracing.continued(request.headers.get("traceparent"),
+                             request.headers.get("tracestate"))
 
 
 INGEST_ROUTES: tuple[Route, ...] = (

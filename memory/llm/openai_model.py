@@ -27,6 +27,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
+from memstream.core import tracing
 from memstream.core.errors import MemstreamError, describe
 from memstream.core.retry import (
     RetriesExhausted,
@@ -257,6 +258,18 @@ class OpenAIModel:
 
     def _call(self, system: str, user: str, schema: type[T],
               deadline: float | None) -> tuple[T, Usage]:
+        """One request (its span: GenAI semantic conventions, docs/tracing.md)."""
+        with tracing.llm_call(self.model, schema.__name__) as span:
+            reply, used, model = self._request(system, user, schema, deadline)
+            tracing.llm_usage(span, model, used.prompt_tokens, used.completion_tokens)
+            if isinstance(reply, InvalidReply):
+                raise reply
+            return reply, used
+
+    def _request(self, system: str, user: str, schema: type[T], deadline: float | None
+                 ) -> tuple[T | InvalidReply, Usage, str | None]:
+        """The reply (or the :class:`InvalidReply` to raise), its usage, the model that
+        answered."""
         import openai
 
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
@@ -279,10 +292,13 @@ class OpenAIModel:
         used = Usage(1, getattr(resp.usage, "prompt_tokens", 0) or 0,
                      getattr(resp.usage, "completion_tokens", 0) or 0)
         text = resp.choices[0].message.content or ""
+        answered = getattr(resp, "model", None)
         try:
-            return schema.model_validate_json(_strip_fences(text)), used
+            return schema.model_validate_json(_strip_fences(text)), used, answered
         except ValidationError as exc:
-            raise InvalidReply(f"invalid {schema.__name__}: {describe(exc)}", used) from exc
+            invalid = InvalidReply(f"invalid {schema.__name__}: {describe(exc)}", used)
+            invalid.__cause__ = exc
+            return invalid, used, answered
 
 
 # json_schema (OpenAI, vLLM) -> json_object with the schema (llama.cpp's server turns it

@@ -328,6 +328,21 @@ class Settings(BaseSettings):
         """``tenants`` as a list (order kept, duplicates and blanks dropped)."""
         return tuple(dict.fromkeys(t.strip() for t in self.tenants.split(",") if t.strip()))
 
+    # --- Tracing and log lines (docs/tracing.md) ---------------------------------------
+    tracing: Literal["off", "otlp", "console"] = Field(
+        "off", description="OpenTelemetry spans for every hop of a message, continued in "
+        "W3C traceparent Kafka headers: off (no tracer, no header read or written), otlp "
+        "(OTLP/HTTP to otlp_endpoint or OTEL_EXPORTER_OTLP_*), console (JSON lines, stderr)")
+    otlp_endpoint: str | None = Field(
+        None, description="OTLP/HTTP collector, e.g. http://otel-collector:4318; None: "
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4318")
+    tracing_sample_ratio: float = Field(
+        1.0, ge=0, le=1, description="Share of new traces recorded (a producer's sampled "
+        "flag is followed)")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Worker log lines: text, or one JSON object per line (with "
+        "trace_id and span_id while tracing)")
+
     # --- The local broker (memstream broker ...) --------------------------------------
     kafka_version: str = Field("4.4.0", description="org.apache.kafka:kafka_2.13 version")
     kafka_home: Path = Field(default_factory=_default_home, description="Jar cache, broker data")
