@@ -22,9 +22,11 @@ COPY streams ./streams
 COPY jobs ./jobs
 COPY web ./web
 COPY memory ./memory
+# the client distribution (memstream.client, memstream.contract): the server depends on it
+COPY clients/python ./clients/python
 # No compiler in this image: on x86-64 every dependency is a wheel; on arm64 faust-streaming
 # has none, and its source build falls back to pure Python.
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir ./clients/python '.[otlp]'
 
 # docker-compose.yml's entrypoint: a configuration error (exit 78) is not restarted
 COPY deploy/docker/stop-on-config-error.sh /usr/local/bin/stop-on-config-error

@@ -76,6 +76,7 @@ from typing import Any, cast
 import httpx
 import numpy as np
 
+from memstream.contract.http_api.api import SearchRequest
 from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.memory import lexical, retrieval
@@ -99,7 +100,6 @@ from memstream.topics.schemas import AccessEvent
 from memstream.web.backend import WorkerBackend
 from memstream.web.http import HttpServer, build_http_app
 from memstream.web.keys import KeyRing
-from memstream.web.models.api import SearchRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 from benchmarks.archive_load import load_turns

@@ -136,7 +136,7 @@ def recall_near(store: MemoryStore, vector: list[float], q: Query, now: float,
 
 
 def memory_dict(m: Memory) -> dict[str, Any]:
-    """A memory as the API shows it (web.models.api.MemoryOut)."""
+    """A memory as the API shows it (contract.http_api.api.MemoryOut)."""
     return {"memory_id": m.memory_id, "version": m.version, "type": m.type.value,
             "content": m.content, "importance": m.importance, "status": m.status.value,
             "scope": "global" if m.user_id == GLOBAL_USER else "user", "slot": m.slot,
@@ -146,7 +146,7 @@ def memory_dict(m: Memory) -> dict[str, Any]:
 
 
 def item_dict(item: Item, line: str | None = None) -> dict[str, Any]:
-    """A fused result as the API shows it (web.models.api.RecallItem): its kind, text, score,
+    """A fused result as the API shows it (contract.http_api.api.RecallItem): its kind, text, score,
     event time and source ids; for a turn whose statement was replaced, how and by what
     (``stale``, ``valid_to``, ``superseded_by``); ``line``: what the prompt block shows."""
     if item.memory is not None:

@@ -48,12 +48,21 @@ if [ "$with_tests" = 1 ]; then
 else
   target="." stamp=.venv/.installed
 fi
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
+    || [ clients/python/pyproject.toml -nt "$stamp" ] || [ VERSION -nt "$stamp" ]; then
   echo "installing memstream and its dependencies into .venv (pip install -e $target) ..." >&2
   .venv/bin/python -m pip install -q --upgrade pip
+  # The client distribution first: the server pins memstream-client, which is not on PyPI.
+  # Not editable, and the server's editable install in compat mode (the checkout on
+  # sys.path): memstream/__init__.py makes memstream a regular package there, found before
+  # the client's namespace part in site-packages, and memstream/client links to the source,
+  # so an edit of clients/python is seen at once. (A strict editable server would leave
+  # memstream a namespace of the installed client copy and never run memstream/__init__.py.)
+  .venv/bin/python -m pip install -q ./clients/python
   # setuptools warns on every editable install that folders named like the package may
   # shadow it: ours are mapped into the one memstream namespace on purpose (pyproject.toml).
-  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e "$target"
+  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q \
+    --config-settings editable_mode=compat -e "$target"
   touch "$stamp"
   if [ "$with_tests" = 1 ]; then touch .venv/.installed; fi  # the dev install has it all
   echo "installed: .venv/bin/memstream" >&2

@@ -36,6 +36,7 @@ if [ "$#" -gt 0 ]; then  # a selection: one run
   .venv/bin/python -m pytest -m "unit or integration" "$@"
   exit
 fi
+./scripts/test_client.sh  # the light client alone, in a venv of its own (clients/python)
 # The unit tests need no service and mostly compute; the integration tests mostly wait on
 # the broker and their workers (barriers). Side by side they take ~the integration time
 # alone. The unit run's report is printed after the integration run's.

@@ -19,6 +19,27 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from memstream.contract.http_api.api import (
+    ErrorCode,
+    Principal,
+    ToolCallRequest,
+    ToolResult,
+)
+from memstream.contract.http_api.history import (
+    AuditPage,
+    ChangePage,
+    CorrectionRequest,
+    CorrectionResult,
+    HistoryResponse,
+    Residue,
+    SourceResponse,
+)
+from memstream.contract.http_api.intake import (
+    MessagesAccepted,
+    MessagesRequest,
+    SessionEndAccepted,
+    SessionEndRequest,
+)
 from memstream.memory import retrieval
 from memstream.memory import short_term as windows
 from memstream.memory.coalescing import tool_job_id
@@ -39,27 +60,6 @@ from memstream.web.backend_reads import (
     window_out,
 )
 from memstream.web.http_base import ApiError
-from memstream.web.models.api import (
-    ErrorCode,
-    Principal,
-    ToolCallRequest,
-    ToolResult,
-)
-from memstream.web.models.history import (
-    AuditPage,
-    ChangePage,
-    CorrectionRequest,
-    CorrectionResult,
-    HistoryResponse,
-    Residue,
-    SourceResponse,
-)
-from memstream.web.models.intake import (
-    MessagesAccepted,
-    MessagesRequest,
-    SessionEndAccepted,
-    SessionEndRequest,
-)
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,15 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from memstream.contract.http_api.api import ErrorCode, Principal, WindowMessage
+from memstream.contract.http_api.history import (
+    ChangePage,
+    CorrectionRequest,
+    CorrectionResult,
+    HistoryResponse,
+    SourceResponse,
+    VersionOut,
+)
 from memstream.memory import retrieval
 from memstream.memory.coalescing import tool_job_id
 from memstream.memory.model import Memory
@@ -24,15 +33,6 @@ from memstream.streams.pipeline import Pipeline
 from memstream.streams.waiters import Outcome
 from memstream.topics.schemas import ToolRequest, ToolWrite
 from memstream.web.http_base import ApiError
-from memstream.web.models.api import ErrorCode, Principal, WindowMessage
-from memstream.web.models.history import (
-    ChangePage,
-    CorrectionRequest,
-    CorrectionResult,
-    HistoryResponse,
-    SourceResponse,
-    VersionOut,
-)
 
 MAX_VERSIONS = 50_000  # version records of one user a history call reads
 KEYS_READY_S = 30.0

@@ -23,14 +23,8 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from memstream.core import kafka, tracing
-from memstream.core.errors import describe
-from memstream.core.settings import Settings
-from memstream.topics.schemas import Event
-from memstream.web import ingest_records
-from memstream.web.http_base import ApiError
-from memstream.web.models.api import ErrorCode
-from memstream.web.models.intake import (
+from memstream.contract.http_api.api import ErrorCode
+from memstream.contract.http_api.intake import (
     MessageAccepted,
     MessagesAccepted,
     MessagesRequest,
@@ -38,6 +32,12 @@ from memstream.web.models.intake import (
     SessionEndAccepted,
     SessionEndRequest,
 )
+from memstream.core import kafka, tracing
+from memstream.core.errors import describe
+from memstream.core.settings import Settings
+from memstream.topics.schemas import Event
+from memstream.web import ingest_records
+from memstream.web.http_base import ApiError
 
 log = logging.getLogger(__name__)
 PRODUCE_TIMEOUT_S = 10.0  # start + send + every in-sync replica's acknowledgement

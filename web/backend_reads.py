@@ -16,6 +16,18 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
+from memstream.contract.http_api.api import (
+    Accepted,
+    ContextRequest,
+    ContextResponse,
+    ErrorCode,
+    FeedbackRequest,
+    Health,
+    MemoryPage,
+    SearchRequest,
+    SearchResponse,
+    WindowMessage,
+)
 from memstream.memory import retrieval
 from memstream.memory import short_term as windows
 from memstream.memory.hybrid import Fusion, Item, fuse, meaning_query, recall_turns
@@ -31,18 +43,6 @@ from memstream.streams.access import AccessRecorder, access_event
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.readiness import readiness, restoring
 from memstream.web.http_base import ApiError
-from memstream.web.models.api import (
-    Accepted,
-    ContextRequest,
-    ContextResponse,
-    ErrorCode,
-    FeedbackRequest,
-    Health,
-    MemoryPage,
-    SearchRequest,
-    SearchResponse,
-    WindowMessage,
-)
 from memstream.web.read_batching import ReadBatcher
 
 LIST_MAX = 10_000  # version records of one user a list call reads

@@ -33,6 +33,7 @@ from multidict import CIMultiDict
 from pydantic import ValidationError
 from yarl import URL
 
+from memstream.contract.http_api.api import ErrorCode, Principal
 from memstream.core.cluster_auth import (
     CREDENTIAL_HEADER,
     IDEMPOTENCY_KEY,
@@ -50,7 +51,6 @@ from memstream.web.http_checks import (
     idempotency_key,
     read_body,
 )
-from memstream.web.models.api import ErrorCode, Principal
 
 FORWARDED = "X-Memstream-Forwarded"
 PRINCIPAL_HEADER = "X-Memstream-Principal"

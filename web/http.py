@@ -12,7 +12,7 @@ The package imports one way: :mod:`.http_base` (ApiError, Backend, Route) and
 :mod:`.http_governance`, :mod:`.http_ingest`, :mod:`.http_inspector`,
 :mod:`.http_metrics`), under this module, which assembles the table, builds the app (its
 error middleware and OpenAPI document) and serves it. Every path is a constant of
-:mod:`memstream.web.models.paths`.
+:mod:`memstream.contract.http_api.paths`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
+from memstream.contract.http_api.api import ErrorBody, ErrorCode, ErrorDetail
 from memstream.core.errors import describe, trace
 from memstream.core.retry import is_transient
 from memstream.memory.store.partitioned import ShardNotHere
@@ -46,7 +47,6 @@ from memstream.web.http_governance import GOVERNANCE_ROUTES
 from memstream.web.http_ingest import INGEST_ROUTES
 from memstream.web.http_inspector import INSPECTOR_ROUTES
 from memstream.web.http_metrics import METRICS_ROUTES
-from memstream.web.models.api import ErrorBody, ErrorCode, ErrorDetail
 from memstream.web.openapi import openapi_document
 from memstream.web.routing import Router
 

@@ -19,10 +19,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from pydantic import BaseModel
 
-from memstream.core.errors import MemstreamError
-from memstream.memory.model import MemoryType, Status
-from memstream.topics.schemas import ToolWrite
-from memstream.web.models.api import (
+from memstream.contract.http_api.api import (
     Accepted,
     ContextRequest,
     ContextResponse,
@@ -36,7 +33,7 @@ from memstream.web.models.api import (
     ToolCallRequest,
     ToolResult,
 )
-from memstream.web.models.history import (
+from memstream.contract.http_api.history import (
     AuditPage,
     ChangePage,
     CorrectionRequest,
@@ -45,6 +42,9 @@ from memstream.web.models.history import (
     Residue,
     SourceResponse,
 )
+from memstream.core.errors import MemstreamError
+from memstream.memory.model import MemoryType, Status
+from memstream.topics.schemas import ToolWrite
 
 DEFAULT_PAGE = 100
 MAX_CURSOR_CHARS = 200
@@ -221,7 +221,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @dataclass(frozen=True)
 class Route:
     method: str
-    path: str  # a constant of memstream.web.models.paths
+    path: str  # a constant of memstream.contract.http_api.paths
     name: str
     summary: str
     handler: Handler

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from memstream.contract.http_api.api import MAX_PAGE, ErrorCode, Principal
 from memstream.topics.schemas import ID_PATTERN
 from memstream.web.http_base import (
     DEFAULT_PAGE,
@@ -39,7 +40,6 @@ from memstream.web.http_base import (
     Handler,
     key_prefix,
 )
-from memstream.web.models.api import MAX_PAGE, ErrorCode, Principal
 
 B = TypeVar("B", bound=BaseModel)
 

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from memstream.web.http_base import DEPS, Route
-from memstream.web.http_checks import authenticate, list_params, ok, post, scope
-from memstream.web.models import paths
-from memstream.web.models.api import (
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import (
     Accepted,
     ContextRequest,
     ContextResponse,
@@ -23,6 +21,8 @@ from memstream.web.models.api import (
     ToolList,
     ToolResult,
 )
+from memstream.web.http_base import DEPS, Route
+from memstream.web.http_checks import authenticate, list_params, ok, post, scope
 
 
 async def _health(request: web.Request) -> web.StreamResponse:

@@ -10,6 +10,18 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import ErrorCode
+from memstream.contract.http_api.history import (
+    AuditPage,
+    ChangePage,
+    CorrectionRequest,
+    CorrectionResult,
+    HistoryResponse,
+    Residue,
+    RollbackRequest,
+    SourceResponse,
+)
 from memstream.topics.schemas import ID_PATTERN, ToolWrite
 from memstream.web.http_base import DEPS, LIMIT_RE, ApiError, Handler, Route
 from memstream.web.http_checks import (
@@ -22,18 +34,6 @@ from memstream.web.http_checks import (
     scope,
     scoped,
     validation_message,
-)
-from memstream.web.models import paths
-from memstream.web.models.api import ErrorCode
-from memstream.web.models.history import (
-    AuditPage,
-    ChangePage,
-    CorrectionRequest,
-    CorrectionResult,
-    HistoryResponse,
-    Residue,
-    RollbackRequest,
-    SourceResponse,
 )
 
 

@@ -26,6 +26,15 @@ from typing import Any, Protocol, runtime_checkable
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import ErrorCode
+from memstream.contract.http_api.intake import (
+    MAX_BATCH_MESSAGES,
+    MessagesAccepted,
+    MessagesRequest,
+    SessionEndAccepted,
+    SessionEndRequest,
+)
 from memstream.core import tracing
 from memstream.web.http_base import DEPS, ApiError, Route
 from memstream.web.http_checks import (
@@ -35,15 +44,6 @@ from memstream.web.http_checks import (
     ok,
     read_object,
     validation_message,
-)
-from memstream.web.models import paths
-from memstream.web.models.api import ErrorCode
-from memstream.web.models.intake import (
-    MAX_BATCH_MESSAGES,
-    MessagesAccepted,
-    MessagesRequest,
-    SessionEndAccepted,
-    SessionEndRequest,
 )
 
 __all__ = ["INGEST_ROUTES", "LOCAL", "MAX_BATCH_MESSAGES", "AcceptedRoute", "Producing"]

@@ -20,8 +20,8 @@ from importlib import resources
 
 from aiohttp import web
 
+from memstream.contract.http_api import paths
 from memstream.web.http_base import Handler, PageRoute, Route
-from memstream.web.models import paths
 
 PACKAGE = "memstream.web"
 FOLDER = "inspector"

@@ -1,5 +1,6 @@
 """The metrics routes of the worker's HTTP server: ``GET /metrics`` (Prometheus text format)
-and ``GET /v1/metrics/summary`` (JSON, :class:`~memstream.web.models.metrics.MetricsSummary`).
+and ``GET /v1/metrics/summary`` (JSON,
+:class:`~memstream.contract.http_api.metrics.MetricsSummary`).
 
 Both answer to the metrics key (``MEMSTREAM_METRICS_KEY``: opens these two routes and
 nothing else, so Prometheus never holds the admin key) or the admin key, presented like any
@@ -18,11 +19,11 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import ErrorCode, Principal
+from memstream.contract.http_api.metrics import MetricsSummary
 from memstream.web.http_base import DEPS, ApiError, PageRoute, Route
 from memstream.web.http_checks import check_key, ok, presented_key
-from memstream.web.models import paths
-from memstream.web.models.api import ErrorCode, Principal
-from memstream.web.models.metrics import MetricsSummary
 from memstream.web.prometheus import METRICS, MetricsDeps
 
 METRICS_READER = Principal(key_id="metrics")  # who the metrics key is (no tenant, no admin)

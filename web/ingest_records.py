@@ -22,13 +22,13 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
+from memstream.contract.http_api.api import ErrorCode
+from memstream.contract.http_api.intake import MessagesRequest
 from memstream.core.errors import InvalidRecord
 from memstream.topics.codec import check_message, decode
 from memstream.topics.schemas import ChatMessage, Event, SessionEvent, user_key
 from memstream.web.http_base import ApiError
 from memstream.web.http_checks import bad
-from memstream.web.models.api import ErrorCode
-from memstream.web.models.intake import MessagesRequest
 
 E = TypeVar("E", bound=Event)
 

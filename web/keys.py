@@ -44,10 +44,10 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
+from memstream.contract.http_api.api import Principal
 from memstream.core.errors import ConfigError, InvalidRecord
 from memstream.core.settings import Settings
 from memstream.topics.schemas import KeyRecord
-from memstream.web.models.api import Principal
 
 KEY_PREFIX = "msk_"
 _KEY_ID = re.compile(r"[0-9a-f]{16}")

@@ -38,12 +38,8 @@ from mcp_types import INTERNAL_ERROR
 from multidict import CIMultiDict
 from pydantic import BaseModel, ValidationError
 
-from memstream.web.http_base import DEPS, ApiError
-from memstream.web.http_checks import BODY_READ, authenticate, read_body
-from memstream.web.mcp_server import build_server
-from memstream.web.mcp_tools import Caller, MemoryOps, Refused
-from memstream.web.models import paths
-from memstream.web.models.api import (
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import (
     ContextRequest,
     ContextResponse,
     ErrorBody,
@@ -51,8 +47,12 @@ from memstream.web.models.api import (
     ToolCallRequest,
     ToolResult,
 )
-from memstream.web.models.history import CorrectionRequest, CorrectionResult, HistoryResponse
-from memstream.web.models.intake import MessagesAccepted, MessagesRequest
+from memstream.contract.http_api.history import CorrectionRequest, CorrectionResult, HistoryResponse
+from memstream.contract.http_api.intake import MessagesAccepted, MessagesRequest
+from memstream.web.http_base import DEPS, ApiError
+from memstream.web.http_checks import BODY_READ, authenticate, read_body
+from memstream.web.mcp_server import build_server
+from memstream.web.mcp_tools import Caller, MemoryOps, Refused
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from memstream.contract.http_api.intake import MAX_BATCH_MESSAGES
 from memstream.memory.tools import CoreMemoryReplaceArgs, MemoryInsertArgs, MemorySearchArgs
 from memstream.topics.schemas import MAX_QUERY_CHARS, Ident
-from memstream.web.models.intake import MAX_BATCH_MESSAGES
 
 
 # --- arguments -------------------------------------------------------------------------

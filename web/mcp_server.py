@@ -20,6 +20,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 
+from memstream.contract.http_api.api import ContextRequest
 from memstream.core.errors import describe
 from memstream.topics.schemas import ID_PATTERN
 from memstream.web.mcp_tools import (
@@ -33,7 +34,6 @@ from memstream.web.mcp_tools import (
     parse,
     tenant_for,
 )
-from memstream.web.models.api import ContextRequest
 
 log = logging.getLogger(__name__)
 

@@ -32,6 +32,14 @@ from typing import Any, Protocol
 import mcp_types as types
 from pydantic import BaseModel, ValidationError
 
+from memstream.contract.http_api.api import (
+    ContextRequest,
+    ContextResponse,
+    ToolCallRequest,
+    ToolResult,
+)
+from memstream.contract.http_api.history import CorrectionRequest, CorrectionResult, HistoryResponse
+from memstream.contract.http_api.intake import MessageIn, MessagesRequest
 from memstream.core.errors import MemstreamError, describe
 from memstream.memory.tools import (
     TOOLS,
@@ -57,9 +65,6 @@ from memstream.web.mcp_models import (
     Turn,
     Who,
 )
-from memstream.web.models.api import ContextRequest, ContextResponse, ToolCallRequest, ToolResult
-from memstream.web.models.history import CorrectionRequest, CorrectionResult, HistoryResponse
-from memstream.web.models.intake import MessageIn, MessagesRequest
 
 log = logging.getLogger(__name__)
 

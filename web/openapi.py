@@ -2,7 +2,7 @@
 
 Everything here is derived from the route table it is given (the server passes
 :data:`memstream.web.http.ROUTES`) and the pydantic contract models of
-:mod:`memstream.web.models.api`, so the served app and its document cannot drift apart.
+:mod:`memstream.contract.http_api.api`, so the served app and its document cannot drift apart.
 Pure: no aiohttp app is built, nothing is served from here.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
+from memstream.contract.http_api.api import MAX_PAGE, ErrorBody, ErrorCode
 from memstream.topics.schemas import ID_PATTERN
 from memstream.web.http_base import (
     DEFAULT_PAGE,
@@ -27,7 +28,6 @@ from memstream.web.http_base import (
     Route,
 )
 from memstream.web.http_ingest import AcceptedRoute
-from memstream.web.models.api import MAX_PAGE, ErrorBody, ErrorCode
 
 REF = "#/components/schemas/{model}"
 

@@ -30,10 +30,15 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from memstream.contract.http_api.metrics import (
+    GovernanceMetrics,
+    MetricsSummary,
+    Quantiles,
+    RawCounts,
+)
 from memstream.memory import governance_metrics as m
 from memstream.streams.counters import Counters
 from memstream.web.http_base import DEPS
-from memstream.web.models.metrics import GovernanceMetrics, MetricsSummary, Quantiles, RawCounts
 
 log = logging.getLogger(__name__)
 COUNT_TIMEOUT_S = 10.0

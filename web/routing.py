@@ -39,6 +39,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import ErrorCode, Principal, ToolCallRequest
+from memstream.contract.http_api.history import CorrectionRequest
 from memstream.core.errors import describe
 from memstream.memory.store.partitioned import ShardNotHere, partition_of, standby_reads
 from memstream.streams.cluster import Cluster
@@ -56,9 +59,6 @@ from memstream.web.forwarding import (
 from memstream.web.http_base import DEPS, ApiError
 from memstream.web.http_checks import FORWARDED_BY, identified, read_body
 from memstream.web.http_ingest import LOCAL
-from memstream.web.models import paths
-from memstream.web.models.api import ErrorCode, Principal, ToolCallRequest
-from memstream.web.models.history import CorrectionRequest
 
 __all__ = ["FORWARDED", "SERVED_BY", "STANDBY", "STANDBY_READ", "Router", "cluster_status"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from memstream.contract.exceptions import MemstreamError  # the root, shared with the client
 
-class MemstreamError(Exception):
-    """Root of every error memstream raises on purpose."""
+__all__ = ["BrokerError", "ConfigError", "InvalidRecord", "MemstreamError", "describe", "trace"]
 
 
 class ConfigError(MemstreamError):

@@ -13,11 +13,11 @@ import click
 import httpx
 
 from memstream.consumer import MemoryChanges
+from memstream.contract.http_api.metrics import MetricsSummary
 from memstream.core.settings import Settings
 from memstream.dev.process import WorkerProcess
 from memstream.memory.governance_metrics import LAG_BUCKETS
 from memstream.ops.changes_cli import line
-from memstream.web.models.metrics import MetricsSummary
 
 
 def _pct(x: float | None) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 
 from memstream.client import AsyncMemoryClient
 from memstream.client._ops import Sources, TurnMatch
+from memstream.contract.http_api.api import RecallItem, SearchResponse
 from memstream.core.kafka_io import TopicReader, send_events, start_producer
 from memstream.core.settings import Settings
 from memstream.dev.locomo import (
@@ -42,7 +43,6 @@ from memstream.dev.process import WorkerProcess
 from memstream.topics.layout import create_topics
 from memstream.topics.registry import all_topic_names, delete_topics, registry
 from memstream.topics.schemas import ChatMessage, JobDecision
-from memstream.web.models.api import RecallItem, SearchResponse
 
 ADMIN = "locomo-admin-key-0123456789abcdef0"
 TENANT = "locomo"
@@ -66,7 +66,7 @@ POLICIES = {
 
 @dataclass(frozen=True)
 class Ask:
-    """A search's fusion options (web.models.api.SearchRequest)."""
+    """A search's fusion options (contract.http_api.api.SearchRequest)."""
 
     sources: Sources = "fused"
     turn_match: TurnMatch = "hybrid"

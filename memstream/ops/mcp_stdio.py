@@ -21,19 +21,19 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import stdio_server
 
 from memstream.client import AsyncMemoryClient, MemstreamAPIError, MemstreamConnectionError
-from memstream.core.settings import Settings
-from memstream.web.mcp_server import build_server
-from memstream.web.mcp_tools import Caller, MemoryOps, Refused
-from memstream.web.models import paths
-from memstream.web.models.api import (
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import (
     ContextRequest,
     ContextResponse,
     Principal,
     ToolCallRequest,
     ToolResult,
 )
-from memstream.web.models.history import CorrectionRequest, CorrectionResult, HistoryResponse
-from memstream.web.models.intake import MessagesRequest
+from memstream.contract.http_api.history import CorrectionRequest, CorrectionResult, HistoryResponse
+from memstream.contract.http_api.intake import MessagesRequest
+from memstream.core.settings import Settings
+from memstream.web.mcp_server import build_server
+from memstream.web.mcp_tools import Caller, MemoryOps, Refused
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

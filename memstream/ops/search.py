@@ -11,9 +11,7 @@ from memstream.core.settings import Settings
 def search_http(settings: Settings, tenant: str, user: str, query: str, k: int,
                 base_url: str | None = None, api_key: str | None = None) -> dict[str, Any] | None:
     """The API's answer, or None when no key is known or no worker answers."""
-    import httpx
-
-    from memstream.client import MemoryClient, MemstreamAPIError
+    from memstream.client import MemoryClient, MemstreamAPIError, MemstreamConnectionError
 
     key = api_key or (settings.admin_key.get_secret_value() if settings.admin_key else None)
     if key is None:
@@ -24,7 +22,7 @@ def search_http(settings: Settings, tenant: str, user: str, query: str, k: int,
         found = client.search(query, user_id=user, limit=k, record_hits=False)
     except MemstreamAPIError as exc:
         return {"error": exc.code, "status": exc.status, "message": exc.message}
-    except httpx.TransportError:
+    except MemstreamConnectionError:  # the client's (httpx's never reached here)
         return None
     finally:
         client.close()

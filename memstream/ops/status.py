@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 
+from memstream.contract.http_api import paths
 from memstream.core.errors import ConfigError
 from memstream.core.settings import Settings
-from memstream.web.models import paths
 
 
 def key_of(settings: Settings) -> str:

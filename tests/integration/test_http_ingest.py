@@ -11,9 +11,9 @@ import pytest
 import pytest_asyncio
 
 from memstream.client import AsyncMemoryClient
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.intake import MessagesAccepted, SessionEndAccepted
 from memstream.web.keys_topic import create_key
-from memstream.web.models import paths
-from memstream.web.models.intake import MessagesAccepted, SessionEndAccepted
 from tests.integration.conftest import free_port, running, until, wait_covered
 
 pytestmark = pytest.mark.integration

@@ -27,10 +27,10 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from memstream.contract.http_api import paths
 from memstream.core.settings import Settings
 from memstream.web.keys_topic import create_key
 from memstream.web.mcp_http import MCP_PATH
-from memstream.web.models import paths
 from tests.integration.conftest import free_port, running, until
 
 pytestmark = pytest.mark.integration

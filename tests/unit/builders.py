@@ -17,22 +17,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from aiokafka.errors import IllegalStateError
 from aiokafka.structs import TopicPartition
 
-from memstream.core import record_auth
-from memstream.memory.coalescing import Policy, UserState, on_message
-from memstream.memory.store import Scope
-from memstream.topics.schemas import (
-    ChatMessage,
-    ExtractionJob,
-    JobMessage,
-    JobResult,
-    JobStatus,
-    Lineage,
-    MemoryChange,
-    TriggerReason,
-)
-from memstream.web.http import build_http_app
-from memstream.web.models import paths
-from memstream.web.models.api import (
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import (
     Accepted,
     ContextRequest,
     ContextResponse,
@@ -49,13 +35,27 @@ from memstream.web.models.api import (
     ToolCallRequest,
     ToolResult,
 )
-from memstream.web.models.intake import (
+from memstream.contract.http_api.intake import (
     MessageAccepted,
     MessagesAccepted,
     MessagesRequest,
     SessionEndAccepted,
     SessionEndRequest,
 )
+from memstream.core import record_auth
+from memstream.memory.coalescing import Policy, UserState, on_message
+from memstream.memory.store import Scope
+from memstream.topics.schemas import (
+    ChatMessage,
+    ExtractionJob,
+    JobMessage,
+    JobResult,
+    JobStatus,
+    Lineage,
+    MemoryChange,
+    TriggerReason,
+)
+from memstream.web.http import build_http_app
 
 _ids = itertools.count()
 # the cluster secret of the stage tests' settings: their records carry its MAC, as a worker's

@@ -9,10 +9,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import httpx
 import pytest
 
-from memstream.client import AsyncMemoryClient
+from memstream.client import AsyncMemoryClient, Request, Response
+from memstream.contract.http_api.api import RecallItem, SearchResponse
 from memstream.dev import locomo
 from memstream.dev.locomo import Retrieved, Tally, evidence_hit, merge
 from memstream.dev.locomo_run import (
@@ -23,7 +23,6 @@ from memstream.dev.locomo_run import (
     _ask,
     stated_turns,
 )
-from memstream.web.models.api import RecallItem, SearchResponse
 
 pytestmark = pytest.mark.unit
 MINI = Path(__file__).resolve().parents[2] / "data" / "locomo_mini.json"
@@ -162,13 +161,13 @@ async def test_every_view_is_asked_for_both_speakers_and_merged(conv):
 async def test_the_client_sends_fusion_options_only_when_given():
     bodies: list[dict[str, Any]] = []
 
-    def answer(request: httpx.Request) -> httpx.Response:
+    def answer(request: Request) -> Response:
         bodies.append(json.loads(request.content))
-        return httpx.Response(200, json={"query_id": "q", "memories": [], "items": [
+        return Response(200, json={"query_id": "q", "memories": [], "items": [
             item("turn", "t", 0.1, ["D1:1", "D1:2"]).model_dump()]})
 
     async with AsyncMemoryClient("http://x", "k", tenant_id="t",
-                                 transport=httpx.MockTransport(answer)) as client:
+                                 transport=answer) as client:
         plain = await client.search("q", user_id="u")
         narrowed = await client.search("q", user_id="u", sources="turns", turn_match="sparse",
                                        recency=False, record_hits=False)

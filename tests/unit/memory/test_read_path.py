@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memstream.contract.http_api.api import MemoryOut, ScoredMemory, SearchResponse
 from memstream.memory.access_stats import AccessStats
 from memstream.memory.embedding import _unit, units
 from memstream.memory.model import Memory, MemoryType, Source, Status
 from memstream.memory.store import Scope
 from memstream.memory.store.edge import EdgeStore, _loads, pack
 from memstream.web.http_checks import ok
-from memstream.web.models.api import MemoryOut, ScoredMemory, SearchResponse
 
 pytestmark = pytest.mark.unit
 

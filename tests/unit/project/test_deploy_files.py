@@ -234,8 +234,8 @@ def test_the_worker_healthcheck_asks_health_without_curl(tmp_path):
     import sys
     import threading
 
+    from memstream.contract.http_api.paths import HEALTH
     from memstream.core.settings import Settings
-    from memstream.web.models.paths import HEALTH
     from memstream.web.serve import KEYS_READY_S
 
     statuses: list[int] = []

@@ -36,5 +36,5 @@ def test_no_module_name_is_in_two_packages():
 def test_the_check_sees_every_package_of_the_namespace():
     names = homes()
     for name in ("ingest", "owned_loop", "protocol", "edge", "openai_model", "envelope",
-                 "store", "llm", "crypto", "models"):
+                 "store", "llm", "crypto", "http_api", "records", "client"):
         assert name in names, name

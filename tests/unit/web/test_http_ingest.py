@@ -13,16 +13,9 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from memstream.core.settings import Settings
-from memstream.topics.codec import decode
-from memstream.topics.registry import registry
-from memstream.topics.schemas import ChatMessage, SessionEvent
-from memstream.web import backend_ingest, ingest_records
-from memstream.web.http import ROUTES
-from memstream.web.http_base import ApiError
-from memstream.web.models import paths
-from memstream.web.models.api import ErrorCode
-from memstream.web.models.intake import (
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import ErrorCode
+from memstream.contract.http_api.intake import (
     MAX_BATCH_MESSAGES,
     MessageIn,
     MessagesAccepted,
@@ -30,6 +23,13 @@ from memstream.web.models.intake import (
     SessionEndAccepted,
     SessionEndRequest,
 )
+from memstream.core.settings import Settings
+from memstream.topics.codec import decode
+from memstream.topics.registry import registry
+from memstream.topics.schemas import ChatMessage, SessionEvent
+from memstream.web import backend_ingest, ingest_records
+from memstream.web.http import ROUTES
+from memstream.web.http_base import ApiError
 from memstream.web.openapi import openapi_document
 from tests.unit.builders import ADMIN_KEY, FakeBackend, bearer, error_of, serve
 

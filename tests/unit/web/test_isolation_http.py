@@ -11,11 +11,9 @@ from typing import Any
 
 import pytest
 
-from memstream.topics.schemas import ToolWrite
-from memstream.web.http import ROUTES
-from memstream.web.models import paths
-from memstream.web.models.api import ErrorCode, Principal
-from memstream.web.models.history import (
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import ErrorCode, Principal
+from memstream.contract.http_api.history import (
     AuditPage,
     ChangePage,
     CorrectionRequest,
@@ -24,6 +22,8 @@ from memstream.web.models.history import (
     Residue,
     SourceResponse,
 )
+from memstream.topics.schemas import ToolWrite
+from memstream.web.http import ROUTES
 from memstream.web.openapi import success_status
 from tests.unit.builders import ADMIN_KEY, FakeBackend, bearer, error_of, serve
 

@@ -18,6 +18,14 @@ from aiohttp.test_utils import TestServer
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from memstream.contract.http_api.api import ContextRequest, Principal
+from memstream.contract.http_api.history import (
+    CorrectionRequest,
+    CorrectionResult,
+    HistoryResponse,
+    VersionLineage,
+    VersionOut,
+)
 from memstream.core.settings import Settings
 from memstream.ops.mcp_stdio import StdioSession, whoami
 from memstream.web.http import build_http_app
@@ -25,14 +33,6 @@ from memstream.web.http_base import DEPS
 from memstream.web.http_checks import authenticate
 from memstream.web.mcp_http import MCP_PATH, InApp, McpEndpoint
 from memstream.web.mcp_tools import Caller, Refused
-from memstream.web.models.api import ContextRequest, Principal
-from memstream.web.models.history import (
-    CorrectionRequest,
-    CorrectionResult,
-    HistoryResponse,
-    VersionLineage,
-    VersionOut,
-)
 from tests.unit.builders import ADMIN_KEY, KEYS, MEMORY, TENANT_KEY, FakeAuthoriser, FakeBackend
 
 pytestmark = pytest.mark.unit

@@ -9,13 +9,18 @@ from typing import Any
 import pytest
 
 from memstream.client import MemstreamAPIError, MemstreamConnectionError
+from memstream.contract.http_api.api import (
+    ContextRequest,
+    ContextResponse,
+    ToolCallRequest,
+    ToolResult,
+)
+from memstream.contract.http_api.history import CorrectionRequest, CorrectionResult, HistoryResponse
+from memstream.contract.http_api.intake import MessagesRequest
 from memstream.memory.tools import TOOLS
 from memstream.ops.mcp_stdio import ClientOps
 from memstream.web import mcp_server as server
 from memstream.web import mcp_tools as m
-from memstream.web.models.api import ContextRequest, ContextResponse, ToolCallRequest, ToolResult
-from memstream.web.models.history import CorrectionRequest, CorrectionResult, HistoryResponse
-from memstream.web.models.intake import MessagesRequest
 
 pytestmark = pytest.mark.unit
 TENANT = m.Caller("acme")

@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from memstream.contract.http_api.api import Principal
 from memstream.core.errors import InvalidRecord
 from memstream.memory import coalescing as machine
 from memstream.memory import governance_metrics as m
@@ -24,7 +25,6 @@ from memstream.streams.stage import Work
 from memstream.topics.schemas import JobDecision, JobStatus, Lineage, MemoryChange
 from memstream.web import prometheus as sm
 from memstream.web.http import build_http_app
-from memstream.web.models.api import Principal
 from memstream.web.prometheus import METRICS, MetricsDeps
 from tests.unit.builders import msg, result
 

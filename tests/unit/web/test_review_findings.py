@@ -20,6 +20,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import ErrorCode
 from memstream.core.cluster_auth import CREDENTIAL_HEADER
 from memstream.memory.store.partitioned import PartitionedStore, partition_of
 from memstream.streams.cluster import Cluster, ClusterMap, Worker
@@ -28,8 +30,6 @@ from memstream.web.forwarding import FORWARDED, PRINCIPAL_HEADER, TO, forward_ta
 from memstream.web.http import build_http_app
 from memstream.web.http_base import DEPS, KeyRate, LoginGuard
 from memstream.web.http_checks import scope
-from memstream.web.models import paths
-from memstream.web.models.api import ErrorCode
 from memstream.web.prometheus import METRICS, MetricsDeps, summary
 from memstream.web.routing import SERVED_BY, STANDBY, Router
 from tests.unit.builders import (

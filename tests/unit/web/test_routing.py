@@ -18,13 +18,8 @@ from aiohttp import web
 from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from memstream.core.cluster_auth import CREDENTIAL_HEADER, IDEMPOTENCY_KEY, forward_credential
-from memstream.memory.store.partitioned import _STANDBY, PartitionedStore, partition_of
-from memstream.streams.cluster import Cluster, ClusterMap, Worker
-from memstream.web.forwarding import PRINCIPAL_HEADER, TO
-from memstream.web.http import ApiError, build_http_app
-from memstream.web.models import paths
-from memstream.web.models.api import (
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import (
     Accepted,
     ContextRequest,
     ContextResponse,
@@ -37,6 +32,11 @@ from memstream.web.models.api import (
     ToolCallRequest,
     ToolResult,
 )
+from memstream.core.cluster_auth import CREDENTIAL_HEADER, IDEMPOTENCY_KEY, forward_credential
+from memstream.memory.store.partitioned import _STANDBY, PartitionedStore, partition_of
+from memstream.streams.cluster import Cluster, ClusterMap, Worker
+from memstream.web.forwarding import PRINCIPAL_HEADER, TO
+from memstream.web.http import ApiError, build_http_app
 from memstream.web.prometheus import METRICS, MetricsDeps
 from memstream.web.routing import FORWARDED, SERVED_BY, STANDBY, STANDBY_READ, Router
 from tests.unit.builders import (

@@ -1,22 +1,28 @@
-"""The asyncio client: the same methods as the sync one, on the caller's event loop."""
+"""The asyncio client: the same methods as the sync one, on the caller's event loop; each
+HTTP request waits in a thread of the client's own pool (as ``asyncio.to_thread`` would, the
+caller's context variables with it), so the loop goes on and up to :data:`CONCURRENCY`
+requests are under way at once, whatever else uses the loop's default executor."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-import httpx
-
 from memstream.client import _gov_ops as gops
 from memstream.client import _ops as ops
 from memstream.client._base import ClientBase, Verify
+from memstream.client._connection import KafkaConnection
 from memstream.client._errors import MemstreamConnectionError
+from memstream.client._http import CONCURRENCY, Request, Response, Transport
 from memstream.client._produce import Messages, ProducerFactory
-from memstream.core.settings import Settings
-from memstream.web.models import api
-from memstream.web.models import history as gov
+from memstream.contract.http_api import api
+from memstream.contract.http_api import history as gov
 
 T = TypeVar("T")
 
@@ -26,13 +32,14 @@ class AsyncMemoryClient(ClientBase):
 
     def __init__(self, base_url: str | Sequence[str], api_key: str, *, tenant_id: str,
                  bootstrap_servers: str | None = None, topic_prefix: str = "memstream",
-                 timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None,
+                 timeout: float = 10.0, transport: Transport | None = None,
                  producer_factory: ProducerFactory | None = None,
                  clock: Callable[[], datetime] | None = None,
-                 kafka: Settings | None = None, verify: Verify = True) -> None:
+                 kafka: KafkaConnection | object | None = None,
+                 verify: Verify = True) -> None:
         super().__init__(base_url, api_key, tenant_id, bootstrap_servers, topic_prefix,
-                         timeout, producer_factory, clock, kafka)
-        self._http = httpx.AsyncClient(transport=transport, **self._http_options(verify))
+                         timeout, producer_factory, clock, kafka, transport, verify)
+        self._threads = ThreadPoolExecutor(CONCURRENCY, thread_name_prefix="memstream-http")
 
     async def _run(self, op: ops.Op[T]) -> T:
         step = ops.advance(op, None, self._secret)
@@ -40,20 +47,24 @@ class AsyncMemoryClient(ClientBase):
             step = ops.advance(op, await self._send(step), self._secret)
         return step.value
 
-    async def _send(self, step: ops.Call) -> httpx.Response:
+    async def _send(self, step: ops.Call) -> Response:
         """See :meth:`MemoryClient._send`."""
         attempts = list(self._attempts(step))
-        for n, (at, kwargs) in enumerate(attempts):
+        for n, (at, request) in enumerate(attempts):
             response, error = None, None
             try:
                 with ops.reaching_api():
-                    response = await self._http.request(**kwargs)
+                    response = await self._in_thread(request)
             except MemstreamConnectionError as exc:
                 error = exc
             if self._settle(at, response, error, n == len(attempts) - 1):
                 assert response is not None
                 return response
         raise AssertionError("unreachable: the last attempt settles")
+
+    async def _in_thread(self, request: Request) -> Response:
+        call = functools.partial(contextvars.copy_context().run, self._transport, request)
+        return await asyncio.get_running_loop().run_in_executor(self._threads, call)
 
     async def add(self, messages: Messages, *, user_id: str, session_id: str,
                   role: str = "user") -> list[str]:
@@ -160,7 +171,8 @@ class AsyncMemoryClient(ClientBase):
         try:
             await self._producer.stop()
         finally:
-            await self._http.aclose()
+            self._threads.shutdown(wait=False)
+            self._close_transport()
 
     async def __aenter__(self) -> Self:
         return self

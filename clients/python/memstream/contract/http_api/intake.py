@@ -1,6 +1,6 @@
 """The HTTP way in: chat messages and a session's end sent to a worker over HTTP instead of
 produced to Kafka by the caller; the worker produces them to the same topics, as the same
-records (:mod:`memstream.topics.schemas`), and answers where each one went::
+records (:mod:`memstream.contract.records`), and answers where each one went::
 
     POST /v1/tenants/{tenant}/users/{user}/messages                   MessagesRequest
          -> 202 MessagesAccepted
@@ -16,14 +16,14 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from memstream.topics.schemas import Ident, Role
+from memstream.contract.records import Ident, Role
 
 MAX_BATCH_MESSAGES = 100  # messages of one request (its bytes: the body limit, 413)
 
 
 class MessageIn(BaseModel):
     """One chat message: a record of the messages topic
-    (:class:`~memstream.topics.schemas.ChatMessage`) without what the request says already.
+    (:class:`~memstream.contract.records.ChatMessage`) without what the request says already.
     Unknown fields are ignored, as the topic's reader ignores them."""
 
     model_config = ConfigDict(extra="allow", frozen=True)

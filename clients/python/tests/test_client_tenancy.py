@@ -8,13 +8,12 @@ import asyncio
 
 import pytest
 
-from memstream.client import AsyncMemoryClient
-from memstream.core.settings import Settings
+from memstream.client import AsyncMemoryClient, KafkaConnection
 
 pytestmark = pytest.mark.unit
 
 
-def _topics(kafka: Settings | None, **extra: object) -> list[str]:
+def _topics(kafka: KafkaConnection | None, **extra: object) -> list[str]:
     client = AsyncMemoryClient("http://w:6066", "k", tenant_id="acme", kafka=kafka,
                                topic_prefix="ms", **extra)  # type: ignore[arg-type]
     try:
@@ -26,10 +25,10 @@ def _topics(kafka: Settings | None, **extra: object) -> list[str]:
 
 
 def test_the_client_writes_its_tenants_topics_in_the_per_tenant_layout():
-    per_tenant = Settings(input_topics="per-tenant", tenants="acme")
+    per_tenant = KafkaConnection(input_topics="per-tenant")
     assert _topics(per_tenant) == ["ms.tenant.acme.messages", "ms.tenant.acme.session-events"]
 
 
 def test_the_client_writes_the_shared_topics_otherwise():
-    assert _topics(Settings()) == ["ms.messages", "ms.session-events"]
+    assert _topics(KafkaConnection()) == ["ms.messages", "ms.session-events"]
     assert _topics(None, bootstrap_servers="b:9092") == ["ms.messages", "ms.session-events"]

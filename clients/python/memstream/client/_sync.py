@@ -1,4 +1,4 @@
-"""The synchronous client: httpx for reads, aiokafka driven from a private loop thread."""
+"""The synchronous client: urllib3 for HTTP, aiokafka driven from a private loop thread."""
 
 from __future__ import annotations
 
@@ -8,16 +8,15 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-import httpx
-
 from memstream.client import _gov_ops as gops
 from memstream.client import _ops as ops
 from memstream.client._base import ClientBase, Verify
+from memstream.client._connection import KafkaConnection
 from memstream.client._errors import MemstreamConnectionError
+from memstream.client._http import Response, Transport
 from memstream.client._produce import LoopThread, Messages, ProducerFactory, Record
-from memstream.core.settings import Settings
-from memstream.web.models import api
-from memstream.web.models import history as gov
+from memstream.contract.http_api import api
+from memstream.contract.http_api import history as gov
 
 T = TypeVar("T")
 
@@ -28,19 +27,20 @@ class MemoryClient(ClientBase):
     ``verify``: how the API's certificate is checked over HTTPS (True: the system's CAs;
     a path: a CA file; an ``ssl.SSLContext``). Every write is sent with an
     ``Idempotency-Key`` of its own, the same on each worker it is tried on (failover), so it
-    is taken once. ``producer_factory`` and ``clock`` are seams for tests; ``transport``
-    too (httpx).
+    is taken once. ``kafka``: a :class:`KafkaConnection`, or any object with its fields
+    (memstream's ``Settings``). ``producer_factory``, ``clock`` and ``transport`` (a
+    callable ``Request -> Response``, :mod:`memstream.client._http`) are seams for tests.
     """
 
     def __init__(self, base_url: str | Sequence[str], api_key: str, *, tenant_id: str,
                  bootstrap_servers: str | None = None, topic_prefix: str = "memstream",
-                 timeout: float = 10.0, transport: httpx.BaseTransport | None = None,
+                 timeout: float = 10.0, transport: Transport | None = None,
                  producer_factory: ProducerFactory | None = None,
                  clock: Callable[[], datetime] | None = None,
-                 kafka: Settings | None = None, verify: Verify = True) -> None:
+                 kafka: KafkaConnection | object | None = None,
+                 verify: Verify = True) -> None:
         super().__init__(base_url, api_key, tenant_id, bootstrap_servers, topic_prefix,
-                         timeout, producer_factory, clock, kafka)
-        self._http = httpx.Client(transport=transport, **self._http_options(verify))
+                         timeout, producer_factory, clock, kafka, transport, verify)
         self._loop_thread: LoopThread | None = None
         self._loop_lock = threading.Lock()
 
@@ -50,14 +50,14 @@ class MemoryClient(ClientBase):
             step = ops.advance(op, self._send(step), self._secret)
         return step.value
 
-    def _send(self, step: ops.Call) -> httpx.Response:
+    def _send(self, step: ops.Call) -> Response:
         """The call to the first worker that can answer (several base URLs: failover)."""
         attempts = list(self._attempts(step))
-        for n, (at, kwargs) in enumerate(attempts):
+        for n, (at, request) in enumerate(attempts):
             response, error = None, None
             try:
                 with ops.reaching_api():
-                    response = self._http.request(**kwargs)
+                    response = self._transport(request)
             except MemstreamConnectionError as exc:
                 error = exc
             if self._settle(at, response, error, n == len(attempts) - 1):
@@ -97,7 +97,7 @@ class MemoryClient(ClientBase):
                sources: ops.Sources | None = None, turn_match: ops.TurnMatch | None = None,
                recency: bool | None = None, **options: Any) -> api.SearchResponse:
         """Ranked memories (``memories``) and, fused with the user's archived turns, the
-        ``items`` (:class:`~memstream.web.models.api.RecallItem`). ``sources`` ("fused",
+        ``items`` (:class:`~memstream.contract.http_api.api.RecallItem`). ``sources`` ("fused",
         "memories", "turns"), ``turn_match`` ("hybrid", "dense", "sparse") and ``recency``
         narrow the fusion (unset: the server's defaults); ``options`` are the other
         :class:`SearchRequest` fields."""
@@ -190,7 +190,7 @@ class MemoryClient(ClientBase):
                 finally:
                     loop_thread.stop()
         finally:
-            self._http.close()
+            self._close_transport()
 
     def __enter__(self) -> Self:
         return self

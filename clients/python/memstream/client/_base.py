@@ -1,5 +1,6 @@
-"""What the sync and the async client share: configuration, validation and the records to
-produce, no I/O; each client adds its own HTTP client and, for the sync one, a loop thread."""
+"""What the sync and the async client share: configuration, validation, the requests and
+the records to produce, no I/O; each client adds how it waits for the transport and, for the
+sync one, a loop thread for the producer."""
 
 from __future__ import annotations
 
@@ -7,13 +8,12 @@ import ssl
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-import httpx
 from pydantic import SecretStr
 
-from memstream import __version__
 from memstream.client import _ops as ops
+from memstream.client._connection import KafkaConnection, aiokafka
+from memstream.client._http import Request, Response, Transport, Urllib3Transport
 from memstream.client._ops import check_id
 from memstream.client._produce import (
     Messages,
@@ -24,8 +24,8 @@ from memstream.client._produce import (
     chat_messages,
     to_records,
 )
-from memstream.core.settings import Settings
-from memstream.topics.schemas import ChatMessage, SessionEvent
+from memstream.client._version import __version__
+from memstream.contract.records import ChatMessage, SessionEvent
 
 Verify = bool | str | Path | ssl.SSLContext  # True: the system's CAs; a path: a CA file
 
@@ -35,7 +35,7 @@ def _utc_now() -> datetime:
 
 
 def ssl_verify(verify: Verify) -> bool | ssl.SSLContext:
-    """httpx's ``verify=``: a CA file (PEM) becomes a context trusting it alone."""
+    """The transport's ``verify``: a CA file (PEM) becomes a context trusting it alone."""
     if isinstance(verify, (str, Path)):
         return ssl.create_default_context(cafile=str(verify))
     return verify
@@ -47,7 +47,8 @@ class ClientBase:
     def __init__(self, base_url: str | Sequence[str], api_key: str, tenant_id: str,
                  bootstrap_servers: str | None, topic_prefix: str, timeout: float,
                  producer_factory: ProducerFactory | None,
-                 clock: Callable[[], datetime] | None, kafka: Settings | None = None) -> None:
+                 clock: Callable[[], datetime] | None, kafka: object | None = None,
+                 transport: Transport | None = None, verify: Verify = True) -> None:
         if not api_key:
             raise ValueError("api_key must not be empty")
         # several workers: any answers any request; one that cannot be reached (or answers
@@ -61,38 +62,46 @@ class ClientBase:
         self.tenant_id = check_id("tenant_id", tenant_id)
         self.topic_prefix = topic_prefix
         # the per-tenant layout (docs/tenancy.md): the tenant's own input topics
-        self.per_tenant = kafka is not None and kafka.input_topics == "per-tenant"
-        if kafka is not None:  # the whole connection: bootstrap servers, SASL, SSL
-            bootstrap_servers = bootstrap_servers or kafka.bootstrap_servers
-            kafka = kafka.model_copy(update={"bootstrap_servers": bootstrap_servers})
+        # ``kafka``: a KafkaConnection, or any object with its fields (the server's Settings)
+        connection = None if kafka is None else KafkaConnection.of(kafka)
+        self.per_tenant = connection is not None and connection.input_topics == "per-tenant"
+        if connection is not None:  # the whole connection: bootstrap servers, SASL, SSL
+            bootstrap_servers = bootstrap_servers or connection.bootstrap_servers
+            connection = connection.model_copy(update={"bootstrap_servers": bootstrap_servers})
         elif bootstrap_servers is not None:  # plaintext; no environment is read
-            kafka = Settings.model_construct(bootstrap_servers=bootstrap_servers)
+            connection = KafkaConnection(bootstrap_servers=bootstrap_servers)
         self.bootstrap_servers = bootstrap_servers
         self._api_key = SecretStr(api_key)  # never printed, redacted from error messages
         self._timeout = timeout
         self._clock = clock or _utc_now
-        self._producer = Producer(kafka or Settings.model_construct(),
+        if connection is not None and producer_factory is None:
+            aiokafka()  # Kafka writes need the kafka extra: say so now, not at the first add
+        self._producer = Producer(connection or KafkaConnection(),
                                   producer_factory or aiokafka_producer)
+        # the HTTP transport: urllib3's pools unless a test gives its own (then not closed)
+        self._own_transport = transport is None
+        self._transport: Transport = transport or Urllib3Transport(ssl_verify(verify))
+
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r}, tenant_id={self.tenant_id!r})"
 
-    def _http_options(self, verify: Verify = True) -> dict[str, Any]:
-        headers = {"Authorization": f"Bearer {self._api_key.get_secret_value()}",
-                   "User-Agent": f"memstream-client/{__version__}"}
-        return {"headers": headers, "timeout": self._timeout, "verify": ssl_verify(verify)}
-
-    def _attempts(self, step: ops.Call) -> Iterator[tuple[int, dict[str, Any]]]:
+    def _attempts(self, step: ops.Call) -> Iterator[tuple[int, Request]]:
         """Each worker to try for one call (the one that answered last first), with the
-        request's keyword arguments."""
-        kwargs = step.request_kwargs(self._timeout)
-        path = kwargs.pop("url")
+        request to send it."""
+        headers = {"Authorization": f"Bearer {self._secret}",  # the key: only in requests
+                   "User-Agent": f"memstream-client/{__version__}"}
         n = len(self.base_urls)
         for i in range(n):
             at = (self._current + i) % n
-            yield at, {**kwargs, "url": self.base_urls[at] + path}
+            yield at, step.request(self.base_urls[at], headers, self._timeout)
 
-    def _settle(self, at: int, response: httpx.Response | None, error: Exception | None,
+    def _close_transport(self) -> None:
+        close = getattr(self._transport, "close", None)
+        if self._own_transport and callable(close):
+            close()
+
+    def _settle(self, at: int, response: Response | None, error: Exception | None,
                 last: bool) -> bool:
         """After one attempt: True when it is the answer (remembered as the worker to ask
         first), False to try the next worker; raises the connection error of the last."""

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from memstream.web.models.api import MemoryOut, WindowMessage, _Body, _Out
+from memstream.contract.http_api.api import MemoryOut, WindowMessage, _Body, _Out
 
 
 class VersionLineage(_Out):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from memstream.client._ops import Call, Op, check_id, new_key, parse, user_path
-from memstream.core.errors import MemstreamError
-from memstream.web.models import paths
-from memstream.web.models.api import MAX_PAGE
-from memstream.web.models.history import (
+from memstream.contract.exceptions import MemstreamError
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import MAX_PAGE
+from memstream.contract.http_api.history import (
     AuditEntry,
     AuditPage,
     ChangePage,

@@ -1,8 +1,8 @@
 """The client's HTTP operations, sans-I/O: request building and response parsing.
 
-Each operation is written once, as a generator that yields a :class:`Call` and receives the
-:class:`httpx.Response`, so the sync and the async client only differ in the few lines that
-actually do I/O (their ``_run``, which meets the operations in :func:`advance`).
+Each operation is written once, as a generator that yields a :class:`Call` and receives its
+:class:`~memstream.client._http.Response`, so the sync and the async client only differ in
+the few lines that actually do I/O (their ``_run``, which meets the operations in :func:`advance`).
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import uuid
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, cast
+from urllib.parse import urlencode
 
-import httpx
 from pydantic import BaseModel, ValidationError
 
 from memstream.client._errors import MemstreamAPIError, MemstreamConnectionError
-from memstream.core.errors import MemstreamError
-from memstream.topics.schemas import ID_PATTERN, ChatMessage
-from memstream.web.models import paths
-from memstream.web.models.api import (
+from memstream.client._http import ConnectError, Request, Response, TransportError, encode_json
+from memstream.contract.exceptions import MemstreamError
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import (
     MAX_PAGE,
     Accepted,
     ContextRequest,
@@ -35,12 +35,13 @@ from memstream.web.models.api import (
     ToolCallRequest,
     ToolResult,
 )
-from memstream.web.models.intake import (
+from memstream.contract.http_api.intake import (
     MessageIn,
     MessagesAccepted,
     MessagesRequest,
     SessionEndAccepted,
 )
+from memstream.contract.records import ID_PATTERN, ChatMessage
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -72,15 +73,21 @@ class Call:
     min_timeout: float | None = None  # the server may hold this call this long (tool writes)
     idempotency_key: str | None = None  # a write's: the same on every worker it is tried on
 
-    def request_kwargs(self, timeout: float | None = None) -> dict[str, Any]:
-        """Keyword arguments of ``httpx.Client.request`` and ``AsyncClient.request`` alike."""
-        kwargs: dict[str, Any] = {"method": self.method, "url": self.path,
-                                  "params": self.params, "json": self.json}
+    def request(self, base_url: str, headers: Mapping[str, str], timeout: float) -> Request:
+        """The request to one worker (``base_url``), with the client's ``headers``."""
+        url = base_url + self.path
+        if self.params:
+            url += "?" + urlencode(self.params)
+        sent = dict(headers)
+        content = None
+        if self.json is not None:
+            content = encode_json(self.json)
+            sent["Content-Type"] = "application/json"
         if self.idempotency_key is not None:
-            kwargs["headers"] = {IDEMPOTENCY_KEY: self.idempotency_key}
-        if self.min_timeout is not None and timeout is not None:
-            kwargs["timeout"] = max(timeout, self.min_timeout)
-        return kwargs
+            sent[IDEMPOTENCY_KEY] = self.idempotency_key
+        if self.min_timeout is not None:
+            timeout = max(timeout, self.min_timeout)
+        return Request(self.method, url, sent, content, timeout)
 
 
 @dataclass(frozen=True)
@@ -88,7 +95,7 @@ class Done(Generic[T]):
     value: T
 
 
-Op = Generator[Call, httpx.Response, T]
+Op = Generator[Call, Response, T]
 
 
 def check_id(name: str, value: str) -> str:
@@ -100,7 +107,7 @@ def check_id(name: str, value: str) -> str:
 
 
 def user_path(route: str, tenant_id: str, user_id: str, **ids: str) -> str:
-    """``route`` (a constant of :mod:`memstream.web.models.paths`) for one user; the caller
+    """``route`` (a constant of :mod:`memstream.contract.http_api.paths`) for one user; the caller
     checks the other ids first, ``user_id`` is checked here (the tenant's, by the client)."""
     return paths.fill(route, tenant=tenant_id, user=check_id("user_id", user_id), **ids)
 
@@ -110,7 +117,7 @@ def _body(request: BaseModel) -> dict[str, Any]:
     return request.model_dump(mode="json", exclude_unset=True, exclude_none=True)
 
 
-def parse(response: httpx.Response, model: type[M]) -> M:
+def parse(response: Response, model: type[M]) -> M:
     try:
         return model.model_validate_json(response.content)
     except ValidationError as exc:
@@ -132,7 +139,7 @@ def api_error(status: int, content: bytes, secret: str = "") -> MemstreamAPIErro
     return MemstreamAPIError(status, str(code), message)
 
 
-def advance(op: Op[T], response: httpx.Response | None, secret: str) -> Call | Done[T]:
+def advance(op: Op[T], response: Response | None, secret: str) -> Call | Done[T]:
     """Start an operation (``response`` None) or hand it the answer to its last call: the
     one place where the sync and the async client meet the operations."""
     try:
@@ -151,14 +158,14 @@ FAILOVER_STATUSES = frozenset({502, 503, 504})  # the worker asked cannot answer
 def failover(error: Exception) -> bool:
     """Is another worker worth asking after ``error``? Only when the request cannot have
     reached this one (no connection): a read timeout may have been processed."""
-    return isinstance(error.__cause__, (httpx.ConnectError, httpx.ConnectTimeout))
+    return isinstance(error.__cause__, ConnectError)
 
 
 @contextlib.contextmanager
 def reaching_api() -> Iterator[None]:
     try:
         yield
-    except httpx.TransportError as exc:
+    except TransportError as exc:
         raise MemstreamConnectionError(
             f"memstream API unreachable: {type(exc).__name__}: {exc}") from exc
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memstream.core.errors import MemstreamError
+from memstream.contract.exceptions import MemstreamError
 
 
 class MemstreamAPIError(MemstreamError):

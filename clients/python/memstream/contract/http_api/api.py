@@ -24,9 +24,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from memstream.topics.schemas import MAX_QUERY_CHARS, Ident
+from memstream.contract.records import MAX_QUERY_CHARS, Ident
 
-# MAX_QUERY_CHARS: topics.schemas (the agent tools share it)
+# MAX_QUERY_CHARS: contract.records (the agent tools share it)
 StatusName = Literal["active", "archived", "superseded", "deleted"]
 MAX_K = 50
 MAX_PAGE = 500

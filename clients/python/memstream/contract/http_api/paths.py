@@ -73,7 +73,7 @@ ROUTE_PATHS: tuple[str, ...] = (
 """Every path the server serves (some with more than one method)."""
 
 PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
-# Left as they are: every character an id may hold (topics.schemas.ID_PATTERN), so a valid
+# Left as they are: every character an id may hold (contract.records.ID_PATTERN), so a valid
 # id goes into the URL exactly as given; anything else ("/", "%", spaces) is %-escaped.
 SAFE = "._:@+=-"
 

@@ -1,4 +1,4 @@
-"""The Python client against httpx.MockTransport and a fake producer: requests, parsing,
+"""The Python client against a transport callable and a fake producer: requests, parsing,
 errors and produced records, the same test bodies for the sync and the async client."""
 
 from __future__ import annotations
@@ -11,23 +11,25 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 import pytest
 from aiokafka.errors import KafkaConnectionError
 from pydantic import ValidationError
 
 from memstream.client import (
     AsyncMemoryClient,
+    ConnectError,
+    KafkaConnection,
     MemoryClient,
     MemstreamAPIError,
     MemstreamConnectionError,
+    Request,
+    Response,
     api_error,
 )
-from memstream.core.errors import MemstreamError
-from memstream.core.settings import Settings
-from memstream.topics.schemas import ChatMessage, SessionEvent
-from memstream.web.models import paths
-from memstream.web.models.api import ContextResponse, MemoryOut, SearchResponse, ToolResult
+from memstream.contract.exceptions import MemstreamError
+from memstream.contract.http_api import paths
+from memstream.contract.http_api.api import ContextResponse, MemoryOut, SearchResponse, ToolResult
+from memstream.contract.records import ChatMessage, SessionEvent
 
 pytestmark = pytest.mark.unit
 
@@ -38,7 +40,7 @@ NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def at(route: str) -> str:
-    """A route of :mod:`memstream.web.models.paths` for the test's tenant and user."""
+    """A route of :mod:`memstream.contract.http_api.paths` for the test's tenant and user."""
     return paths.fill(route, tenant=TENANT, user=USER)
 
 
@@ -56,26 +58,26 @@ def scored(memory_id: str, content: str, score: float) -> dict[str, Any]:
 class Server:
     """Answers requests with the given responses, in order, and keeps the requests."""
 
-    def __init__(self, *responses: httpx.Response | Exception) -> None:
+    def __init__(self, *responses: Response | Exception) -> None:
         self.responses = list(responses)
-        self.requests: list[httpx.Request] = []
+        self.requests: list[Request] = []
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request: Request) -> Response:
         self.requests.append(request)
         reply = self.responses.pop(0)
         if isinstance(reply, Exception):
             raise reply
         return reply
 
-    def only(self) -> httpx.Request:
+    def only(self) -> Request:
         assert len(self.requests) == 1
         return self.requests[0]
 
 
-def sent(request: httpx.Request, method: str, path: str) -> Any:
+def sent(request: Request, method: str, path: str) -> Any:
     """Checks method, path and key of one request; returns its JSON body (None if empty)."""
-    assert (request.method, request.url.path) == (method, path)
-    assert request.headers["authorization"] == f"Bearer {KEY}"
+    assert (request.method, request.path) == (method, path)
+    assert request.header("authorization") == f"Bearer {KEY}"
     return json.loads(request.content) if request.content else None
 
 
@@ -89,7 +91,7 @@ class FakeKafka:
         self.records: list[tuple[str, bytes, bytes]] = []
         self.threads: set[str] = set()
 
-    def __call__(self, connection: Settings) -> FakeProducer:
+    def __call__(self, connection: KafkaConnection) -> FakeProducer:
         self.created.append(connection.bootstrap_servers)
         return FakeProducer(self)
 
@@ -144,7 +146,7 @@ def make(request: pytest.FixtureRequest) -> Iterator[Callable[..., Client]]:
     made: list[Client] = []
 
     def build(server: Server | None = None, **kwargs: Any) -> Client:
-        handler = httpx.MockTransport(server or Server())
+        handler = server or Server()
         cls = MemoryClient if request.param == "sync" else AsyncMemoryClient
         kwargs.setdefault("clock", lambda: NOW)
         made.append(Client(cls(BASE, KEY, tenant_id=TENANT, transport=handler, **kwargs)))
@@ -160,7 +162,7 @@ def make(request: pytest.FixtureRequest) -> Iterator[Callable[..., Client]]:
 
 
 def test_search_sends_only_what_was_set_and_returns_typed_memories(make):
-    server = Server(httpx.Response(200, json={
+    server = Server(Response(200, json={
         "query_id": "q1", "memories": [scored("m1", "Lives in Munich", 0.8)],
         "procedural": [memory("p1", "Answer briefly", type="procedural")]}))
     result = make(server).search("where do I live", user_id=USER, limit=3,
@@ -189,7 +191,7 @@ def test_invalid_calls_send_nothing(make, call, error):
 
 
 def test_context_posts_the_budget_and_parses_every_layer(make):
-    server = Server(httpx.Response(200, json={
+    server = Server(Response(200, json={
         "query_id": "q2", "memories": [scored("m1", "Vegetarian", 0.7)], "procedural": [],
         "core": {"persona": "Likes short answers"},
         "window": [{"seq": 4, "message_id": "x4", "role": "user", "content": "hi",
@@ -207,22 +209,22 @@ def test_context_posts_the_budget_and_parses_every_layer(make):
 
 def test_get_all_follows_the_cursor_through_every_page(make):
     server = Server(
-        httpx.Response(200, json={"memories": [memory("m1"), memory("m2")],
+        Response(200, json={"memories": [memory("m1"), memory("m2")],
                                   "next_cursor": "c-2"}),
-        httpx.Response(200, json={"memories": [memory("m3")], "next_cursor": None}))
+        Response(200, json={"memories": [memory("m3")], "next_cursor": None}))
     result = make(server).get_all(user_id=USER, status="archived", page_size=2)
     first, second = server.requests
     for request in (first, second):
         assert sent(request, "GET", at(paths.MEMORIES)) is None
-    assert dict(first.url.params) == {"limit": "2", "status": "archived"}
-    assert dict(second.url.params) == {"limit": "2", "status": "archived", "cursor": "c-2"}
+    assert dict(first.params) == {"limit": "2", "status": "archived"}
+    assert dict(second.params) == {"limit": "2", "status": "archived", "cursor": "c-2"}
     assert all(isinstance(m, MemoryOut) for m in result)
     assert [m.memory_id for m in result] == ["m1", "m2", "m3"]
 
 
 def test_get_all_stops_on_a_repeated_cursor(make):
     page = {"memories": [memory("m1")], "next_cursor": "same"}
-    server = Server(httpx.Response(200, json=page), httpx.Response(200, json=page))
+    server = Server(Response(200, json=page), Response(200, json=page))
     with pytest.raises(MemstreamError, match="repeated the cursor"):
         make(server).get_all(user_id=USER)
     assert len(server.requests) == 2
@@ -233,14 +235,14 @@ TOOL = {"type": "function", "function": {"name": "memory_search", "parameters": 
 
 @pytest.mark.parametrize("answer", [[TOOL], {"tools": [TOOL]}])
 def test_tools_returns_the_openai_definitions(make, answer):
-    server = Server(httpx.Response(200, json=answer))
+    server = Server(Response(200, json=answer))
     assert make(server).tools() == [TOOL]
     assert sent(server.only(), "GET", paths.TOOLS) is None
 
 
 @pytest.mark.parametrize("arguments", [{"query": "coffee", "k": None}, '{"query": "coffee"}'])
 def test_execute_tool_passes_the_model_arguments_through(make, arguments):
-    server = Server(httpx.Response(200, json={
+    server = Server(Response(200, json={
         "tool_call_id": "call_1", "name": "memory_search", "status": "ok",
         "content": "- Drinks oat flat whites", "data": {"hits": 1}}))
     result = make(server).execute_tool("memory_search", arguments, user_id=USER,
@@ -253,7 +255,7 @@ def test_execute_tool_passes_the_model_arguments_through(make, arguments):
 
 
 def test_feedback_posts_the_verdict(make):
-    server = Server(httpx.Response(202, json={"accepted": True}))
+    server = Server(Response(202, json={"accepted": True}))
     assert make(server).feedback("q1", "m7", user_id=USER, useful=False) is None
     body = sent(server.only(), "POST", at(paths.FEEDBACK))
     assert body == {"query_id": "q1", "memory_id": "m7", "useful": False}
@@ -263,7 +265,7 @@ def test_feedback_posts_the_verdict(make):
 
 
 def test_a_json_error_body_becomes_its_code(make):
-    server = Server(httpx.Response(401, json={
+    server = Server(Response(401, json={
         "error": {"code": "unauthorized", "message": "unknown or revoked key"}}))
     with pytest.raises(MemstreamAPIError) as caught:
         make(server).search("q", user_id=USER)
@@ -278,7 +280,7 @@ def test_a_json_error_body_becomes_its_code(make):
     (403, b'{"error": {"code": "brand_new", "message": "m"}}', "forbidden", None),
 ])
 def test_a_non_contract_error_body_is_mapped_by_status(make, status, body, code, message):
-    server = Server(httpx.Response(status, content=body))
+    server = Server(Response(status, content=body))
     with pytest.raises(MemstreamAPIError) as caught:
         make(server).tools()
     assert (caught.value.status, caught.value.code) == (status, code)
@@ -287,7 +289,7 @@ def test_a_non_contract_error_body_is_mapped_by_status(make, status, body, code,
 
 
 def test_an_error_echoing_the_key_is_redacted(make):
-    server = Server(httpx.Response(400, json={
+    server = Server(Response(400, json={
         "error": {"code": "bad_request", "message": f"bad header Bearer {KEY}"}}))
     with pytest.raises(MemstreamAPIError) as caught:
         make(server).tools()
@@ -300,13 +302,13 @@ def test_a_long_error_page_is_cut():
 
 
 def test_an_unreachable_api_is_a_connection_error(make):
-    server = Server(httpx.ConnectError("connection refused"))
+    server = Server(ConnectError("connection refused"))
     with pytest.raises(MemstreamConnectionError, match="unreachable"):
         make(server).tools()
 
 
 def test_an_unexpected_success_body_is_a_memstream_error(make):
-    server = Server(httpx.Response(200, json={"memories": "not a list"}))
+    server = Server(Response(200, json={"memories": "not a list"}))
     with pytest.raises(MemstreamError, match="SearchResponse"):
         make(server).search("q", user_id=USER)
 
@@ -373,8 +375,8 @@ def test_add_validates_everything_before_producing_anything(make, messages):
     assert kafka.records == [] and kafka.created == []
 
 
-def accepted(*ids: str, session: str = "s1") -> httpx.Response:
-    return httpx.Response(202, json={"messages": [
+def accepted(*ids: str, session: str = "s1") -> Response:
+    return Response(202, json={"messages": [
         {"message_id": i, "session_id": session, "topic": "memstream.messages",
          "partition": 1, "offset": n} for n, i in enumerate(ids)]})
 
@@ -396,7 +398,7 @@ def test_add_without_kafka_settings_posts_the_messages_over_http(make):
     assert len(body["messages"][1]["message_id"]) == 32  # made by the client, sent
     assert body["messages"][1]["metadata"] == {"lang": "en"}
     assert {datetime.fromisoformat(m["ts"]) for m in body["messages"]} == {NOW}
-    assert len(request.headers["Idempotency-Key"]) == 32
+    assert len(request.header("Idempotency-Key")) == 32
     assert kafka.created == []  # no producer without Kafka settings
 
 
@@ -418,7 +420,7 @@ def test_add_over_http_sends_more_messages_than_a_dedup_window_in_several_reques
 
 
 def test_add_over_http_validates_before_sending_and_raises_the_apis_refusal(make):
-    server = Server(httpx.Response(403, json={"error": {
+    server = Server(Response(403, json={"error": {
         "code": "forbidden", "message": "this key does not open this tenant"}}))
     client = make(server)
     with pytest.raises(ValueError):
@@ -430,14 +432,14 @@ def test_add_over_http_validates_before_sending_and_raises_the_apis_refusal(make
 
 
 def test_end_session_without_kafka_settings_posts_the_end(make):
-    server = Server(httpx.Response(202, json={
+    server = Server(Response(202, json={
         "session_id": "s9", "topic": "memstream.session-events", "partition": 0,
         "offset": 4}))
     make(server).end_session(user_id=USER, session_id="s9")
     request = server.only()
     assert sent(request, "POST", paths.fill(paths.SESSION_END, tenant=TENANT, user=USER,
                                             session_id="s9")) is None
-    assert request.headers["Idempotency-Key"]
+    assert request.header("Idempotency-Key")
 
 
 def test_with_kafka_settings_add_never_uses_http(make):
@@ -480,22 +482,25 @@ def test_closing_stops_the_producer_and_the_sync_clients_thread(make):
 
 def test_the_sync_client_works_as_a_context_manager():
     kafka = FakeKafka()
-    server = Server(httpx.Response(200, json=[TOOL]))
+    server = Server(Response(200, json=[TOOL]))
     with MemoryClient(BASE, KEY, tenant_id=TENANT, bootstrap_servers="b:1",
-                      transport=httpx.MockTransport(server), producer_factory=kafka) as client:
+                      transport=server, producer_factory=kafka) as client:
         client.add("hi", user_id=USER, session_id="s1")
         assert client.tools() == [TOOL]
     assert kafka.events == ["start", "stop"]
 
 
-async def test_the_async_client_works_as_a_context_manager():
+def test_the_async_client_works_as_a_context_manager():
     kafka = FakeKafka()
-    server = Server(httpx.Response(200, json=[TOOL]))
-    async with AsyncMemoryClient(BASE, KEY, tenant_id=TENANT, bootstrap_servers="b:1",
-                                 transport=httpx.MockTransport(server),
-                                 producer_factory=kafka) as client:
-        await client.add("hi", user_id=USER, session_id="s1")
-        assert await client.tools() == [TOOL]
+    server = Server(Response(200, json=[TOOL]))
+
+    async def use() -> None:
+        async with AsyncMemoryClient(BASE, KEY, tenant_id=TENANT, bootstrap_servers="b:1",
+                                     transport=server, producer_factory=kafka) as client:
+            await client.add("hi", user_id=USER, session_id="s1")
+            assert await client.tools() == [TOOL]
+
+    asyncio.run(use())
     assert kafka.events == ["start", "stop"]
 
 

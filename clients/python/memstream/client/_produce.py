@@ -1,7 +1,7 @@
 """The client's Kafka side: chat messages and session events as records, and the producer.
 
 Writes are Kafka records because that is memstream's ingest contract
-(:mod:`memstream.topics.schemas`): keyed ``tenant/user``, produced idempotently with
+(:mod:`memstream.contract.records`): keyed ``tenant/user``, produced idempotently with
 ``acks=all``, each message carrying a ``message_id`` so a retried ``add`` is deduplicated.
 The sync client keeps aiokafka on a private event loop in a daemon thread
 (:class:`LoopThread`), so its caller needs no loop.
@@ -18,13 +18,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar, cast
 
-from aiokafka.errors import KafkaError
-
-from memstream import __version__
+from memstream.client._connection import KafkaConnection, aiokafka
 from memstream.client._errors import MemstreamConnectionError
-from memstream.core import kafka
-from memstream.core.settings import Settings
-from memstream.topics.schemas import ChatMessage, Event
+from memstream.client._version import __version__
+from memstream.contract.records import ChatMessage, Event
 
 T = TypeVar("T")
 Messages = str | Sequence[Mapping[str, Any] | ChatMessage]
@@ -42,14 +39,25 @@ class KafkaProducerLike(Protocol):
     async def stop(self) -> None: ...
 
 
-ProducerFactory = Callable[[Settings], KafkaProducerLike]  # connection -> unstarted producer
+ProducerFactory = Callable[[KafkaConnection], KafkaProducerLike]  # connection -> unstarted producer
 
 
-def aiokafka_producer(connection: Settings) -> KafkaProducerLike:
-    """The default producer: idempotent, every in-sync replica acknowledges."""
-    return cast(KafkaProducerLike, kafka.producer(
-        connection, enable_idempotence=True, acks="all",
+def aiokafka_producer(connection: KafkaConnection) -> KafkaProducerLike:
+    """The default producer (the ``kafka`` extra): idempotent, every in-sync replica
+    acknowledges. The chat topics' records carry no MAC: nothing to sign."""
+    return cast(KafkaProducerLike, aiokafka().AIOKafkaProducer(
+        **connection.aiokafka_options(),
+enable_idempotence=True, acks="all",
         client_id=f"memstream-client/{__version__}"))
+
+
+def _kafka_errors() -> tuple[type[Exception], ...]:
+    """aiokafka's errors, when it is installed (a test's fake producer needs none)."""
+    try:
+        from aiokafka.errors import KafkaError
+    except ImportError:
+        return ()
+    return (KafkaError,)
 
 
 @dataclass(frozen=True)
@@ -100,7 +108,7 @@ def _chat_message(item: Mapping[str, Any] | ChatMessage, tenant_id: str, user_id
 class Producer:
     """One lazily started producer, reused; sends a batch in order and waits for delivery."""
 
-    def __init__(self, connection: Settings, factory: ProducerFactory) -> None:
+    def __init__(self, connection: KafkaConnection, factory: ProducerFactory) -> None:
         self._connection = connection
         self._factory = factory
         self._producer: KafkaProducerLike | None = None
@@ -111,7 +119,7 @@ class Producer:
             producer = await self._started()
             pending = [await producer.send(r.topic, value=r.value, key=r.key) for r in records]
             await asyncio.gather(*pending)
-        except KafkaError as exc:
+        except _kafka_errors() as exc:
             raise MemstreamConnectionError(
                 f"records not confirmed by the broker: {type(exc).__name__}: {exc}") from exc
 
