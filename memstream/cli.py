@@ -195,11 +195,12 @@ def topics() -> None:
 @click.pass_obj
 def topics_create(settings: Settings) -> None:
     """Create every topic of the registry that does not exist yet (idempotent) and check
-    the existing ones: partitions, replication, cleanup policy, retention."""
+    the existing ones: partitions, replication, cleanup policy, retention (also with
+    MEMSTREAM_TOPICS_CREATE=false, which only the worker heeds)."""
     from memstream.topics.layout import LayoutError, prepare
 
     try:
-        layout = asyncio.run(prepare(settings))
+        layout = asyncio.run(prepare(settings, create=True))
     except LayoutError as exc:
         for line in exc.lines:
             click.echo(line, err=True)
@@ -255,10 +256,63 @@ def topics_list(settings: Settings) -> None:
                    f"{keep:>7}  {spec.schema.__name__}")
 
 
+@topics.command("manifest")
+@click.option("--format", "fmt", type=click.Choice(["strimzi", "kafka-topics"]),
+              default="strimzi", show_default=True, help="Strimzi KafkaTopic and KafkaUser "
+              "resources, or kafka-topics.sh commands")
+@click.option("--cluster", default="my-cluster", show_default=True,
+              help="the Strimzi Kafka cluster (label strimzi.io/cluster)")
+@click.option("--namespace", default=None, help="metadata.namespace (default: none)")
+@click.option("--brokers", type=click.IntRange(1), default=3, show_default=True,
+              help="the cluster's broker count: the replication where "
+                   "MEMSTREAM_REPLICATION_FACTOR is not set, as the worker decides it")
+@click.option("--api-version", type=click.Choice(["v1", "v1beta2"]), default="v1",
+              show_default=True, help="kafka.strimzi.io/v1 (Strimzi 0.49 on) or v1beta2 "
+                                      "(before 1.0)")
+@click.option("--authentication", default="scram-sha-512", show_default=True,
+              type=click.Choice(["scram-sha-512", "tls", "tls-external"]))
+@click.option("--worker-principal", default="User:memstream", show_default=True)
+@click.option("--chat-principal", default="User:chat-{tenant}", show_default=True)
+@click.option("--reader-principal", default="User:memstream-reader", show_default=True)
+@click.option("--reader-group", default="memory-reader", show_default=True)
+@click.pass_obj
+def topics_manifest(settings: Settings, fmt: str, cluster: str, namespace: str | None,
+                    brokers: int, api_version: str, authentication: str,
+                    worker_principal: str, chat_principal: str, reader_principal: str,
+                    reader_group: str) -> None:
+    """Print every topic as `topics create` would create it (partitions, replicas,
+    configs) and, for Strimzi, a KafkaUser per principal with its ACLs (memstream acls),
+    for a cluster whose topics are managed elsewhere: run the workers with
+    MEMSTREAM_TOPICS_CREATE=false then."""
+    from memstream.ops import acls as acl_ops
+    from memstream.ops import topics_manifest as manifest
+    from memstream.topics.layout import LayoutError
+    from memstream.topics.registry import tenancy_problems
+
+    problems = tenancy_problems(settings)
+    if problems:
+        raise click.ClickException("; ".join(problems))
+    try:
+        if fmt == "kafka-topics":
+            click.echo(manifest.kafka_topics_commands(settings, brokers,
+                                                      settings.bootstrap_servers), nl=False)
+            return
+        names = acl_ops.Names(worker_principal, chat_principal, reader_principal,
+                              reader_group)
+        click.echo(manifest.strimzi_manifest(
+            settings, acl_ops.principals(settings, names), brokers=brokers, cluster=cluster,
+            api_version=manifest.STRIMZI_API[api_version], namespace=namespace,
+            authentication=authentication), nl=False)
+    except LayoutError as exc:
+        raise click.ClickException("; ".join(exc.lines)) from exc
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 @main.command("acls")
 @click.option("--format", "fmt", type=click.Choice(["kafka-acls", "strimzi"]),
               default="kafka-acls", show_default=True, help="kafka-acls.sh commands, or "
-              "Strimzi KafkaUser resources (kafka.strimzi.io/v1beta2)")
+              "Strimzi KafkaUser resources")
 @click.option("--worker-principal", default="User:memstream", show_default=True)
 @click.option("--chat-principal", default="User:chat-{tenant}", show_default=True,
               help="a chat service's principal, {tenant} replaced by each tenant")
@@ -274,6 +328,9 @@ def topics_list(settings: Settings) -> None:
 @click.option("--strimzi-cluster", default="my-cluster", show_default=True)
 @click.option("--strimzi-authentication", default="scram-sha-512", show_default=True,
               type=click.Choice(["scram-sha-512", "tls", "tls-external"]))
+@click.option("--strimzi-api-version", type=click.Choice(["v1", "v1beta2"]), default="v1",
+              show_default=True, help="kafka.strimzi.io/v1 (Strimzi 0.49 on) or v1beta2 "
+                                      "(before 1.0)")
 @click.option("--apply", "apply_them", is_flag=True,
               help="create them on the cluster instead (the Kafka login of these settings "
                    "must be a super user's)")
@@ -281,7 +338,7 @@ def topics_list(settings: Settings) -> None:
 def acls(settings: Settings, fmt: str, worker_principal: str, chat_principal: str,
          reader_principal: str, reader_group: str, tenants: tuple[str, ...],
          bootstrap: str | None, command_config: str, strimzi_cluster: str,
-         strimzi_authentication: str, apply_them: bool) -> None:
+         strimzi_authentication: str, strimzi_api_version: str, apply_them: bool) -> None:
     """Print the Kafka ACLs of every principal: the worker, a chat service per tenant (its
     tenant's input topics only, with MEMSTREAM_INPUT_TOPICS=per-tenant), a downstream
     reader (docs/tenancy.md)."""
@@ -298,7 +355,8 @@ def acls(settings: Settings, fmt: str, worker_principal: str, chat_principal: st
         click.echo(f"{n} ACL bindings created for {len(found)} principals")
     elif fmt == "strimzi":
         try:
-            users = acl_ops.strimzi_users(found, strimzi_cluster, strimzi_authentication)
+            users = acl_ops.strimzi_users(found, strimzi_cluster, strimzi_authentication,
+                                          f"kafka.strimzi.io/{strimzi_api_version}")
         except ConfigError as exc:
             raise click.ClickException(str(exc)) from exc
         click.echo(users, nl=False)
@@ -500,9 +558,12 @@ def _run_worker(settings: Settings, loglevel: str) -> None:
     from memstream.streams.faust_setup import Worker
     from memstream.streams.store_layout import data_dir_conflict
     from memstream.topics.layout import LayoutError, prepare
+    from memstream.web import probes
     from memstream.worker import build_worker
 
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
+    # /v1/live and a 503 /v1/health from now until the HTTP API serves (web_enabled).
+    probes.start_early(settings)
     # A broker that is restarting is waited for (broker_wait_s), not a reason to exit at once;
     # topics that do not fit are a refusal (one line each), never a fallback.
     try:
@@ -516,6 +577,7 @@ def _run_worker(settings: Settings, loglevel: str) -> None:
     click.echo(f"topics: {layout.partitions} partitions, {layout.replication.describe()}"
                f"{'; created ' + str(len(layout.created)) if layout.created else ''}", err=True)
     settings = layout.applied(settings)
+    probes.waiting_for("worker")
     conflict = data_dir_conflict(settings)
     if conflict is not None:
         click.echo(f"memstream worker refuses to start: {conflict}", err=True)

@@ -4,7 +4,8 @@
 #   scripts/bootstrap.sh          what memstream and its demo run on: pip install -e .
 #   scripts/bootstrap.sh --test   and what the tests need (scripts/test.sh): the dev extras,
 #                                 Debian's chromium, llama.cpp's server and a tiny model,
-#                                 Helm (built from its Go module) and two CRDs
+#                                 Helm (built from its Go module) and two CRDs,
+#                                 Strimzi's schemas (npm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -112,4 +113,18 @@ fi
 if ! { scripts/helm.sh --path >/dev/null && scripts/helm.sh --crds >/dev/null; }; then
   echo "Helm could not be built or the CRDs fetched (scripts/helm.sh needs Go);" \
        "the chart's test fails under scripts/test.sh" >&2
+fi
+
+# Strimzi's resource schemas: the Strimzi manifest's test (tests/unit/deploy/
+# test_strimzi_manifest.py) checks memstream's KafkaTopic and KafkaUser resources with the
+# validators of the npm package @kubernetes-models/strimzi-kafka-operator (compiled from
+# Strimzi's CRDs), installed once with npm from scripts/strimzi_schemas/package-lock.json
+# into ~/.cache/memstream. Node.js and npm: Debian's when missing (as root).
+if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1
+then
+  apt_install "the Strimzi resources' schema check" nodejs npm
+fi
+if ! scripts/strimzi_schemas.sh --path >/dev/null; then
+  echo "Strimzi's schemas could not be installed (scripts/strimzi_schemas.sh needs Node.js" \
+       "and npm); the Strimzi manifest's test fails under scripts/test.sh" >&2
 fi

@@ -12,7 +12,8 @@ resource's metadata is checked as Kubernetes would (names, labels).
     problems(documents(text), crds)   # [] when every resource is valid
 
 Used by the Helm chart's test (tests/unit/deploy/test_helm_chart.py); the Strimzi manifest's
-test can use it with Strimzi's CRDs.
+test (tests/unit/deploy/test_strimzi_manifest.py) checks its resources' metadata with
+``metadata_problems``, their specs with Strimzi's own schemas (scripts/strimzi_schemas.sh).
 """
 
 from __future__ import annotations
@@ -152,18 +153,27 @@ def problems(docs: Iterable[dict[str, Any]], crds: CrdSchemas | None = None,
         if not isinstance(doc, dict) or "apiVersion" not in doc or "kind" not in doc:
             out.append(f"{where}: not a Kubernetes resource (apiVersion, kind)")
             continue
-        out += [f"{where}: {p}" for p in _metadata_problems(doc)]
         schema = crds.get(doc["apiVersion"], doc["kind"])
         if schema is not None:
-            # the CRD's schema leaves metadata open: check it as a built-in kind's
-            out += _builtin(where, {"apiVersion": "v1", "kind": "ConfigMap",
-                                    "metadata": doc.get("metadata")}, versions)
+            out += metadata_problems(doc, versions)
             validator = jsonschema.Draft7Validator(schema)
+            # a path mixes list indices and keys: ordered by its text
             out += [f"{where}: {_path(e)}: {e.message}"
-                    for e in sorted(validator.iter_errors(doc), key=lambda e: e.path)]
+                    for e in sorted(validator.iter_errors(doc), key=lambda e: str(list(e.path)))]
             continue
+        out += [f"{where}: {p}" for p in _metadata_problems(doc)]
         out += _builtin(where, doc, versions)
     return out
+
+
+def metadata_problems(doc: dict[str, Any], versions: Iterable[str] = K8S_VERSIONS) -> list[str]:
+    """A custom resource's metadata checked as Kubernetes checks it (its CRD's schema
+    leaves metadata open): names and labels, and the fields of ObjectMeta as a built-in
+    kind's; one line per finding, ``Kind/name: path: message``."""
+    where = _where(doc)
+    out = [f"{where}: {p}" for p in _metadata_problems(doc)]
+    return out + _builtin(where, {"apiVersion": "v1", "kind": "ConfigMap",
+                                  "metadata": doc.get("metadata")}, versions)
 
 
 def _builtin(where: str, doc: dict[str, Any], versions: Iterable[str]) -> list[str]:

@@ -249,11 +249,40 @@ async def _created(admin: object, names: list[str], wait_s: float = 30.0,
         await asyncio.sleep(0.2)
 
 
+@dataclass(frozen=True)
+class TopicRequest:
+    """One topic as memstream creates it: what CreateTopics is asked for (and what a
+    Strimzi KafkaTopic of ``memstream topics manifest`` declares)."""
+
+    name: str
+    partitions: int
+    replicas: int
+    config: Mapping[str, str]
+
+
+def requests(specs: Iterable[TopicSpec], wanted: Replication) -> list[TopicRequest]:
+    """The topics ``specs`` as they are created under ``wanted``'s replication."""
+    return [TopicRequest(s.name, s.partitions, wanted.factor, {**s.config(), **wanted.config()})
+            for s in specs]
+
+
+def missing_problems(missing: Iterable[TopicSpec]) -> list[str]:
+    """The refusal of a worker that may not create topics (``topics_create`` false): one
+    line naming every missing topic (empty: none missing)."""
+    names = [s.name for s in missing]
+    if not names:
+        return []
+    return [f"topic{'s' if len(names) > 1 else ''} {', '.join(names)}: missing, and "
+            "MEMSTREAM_TOPICS_CREATE=false (this worker creates no topic); fix: create "
+            f"{'them' if len(names) > 1 else 'it'} (memstream topics manifest --format "
+            "strimzi, or memstream topics create)"]
+
+
 async def _create(admin: object, specs: list[TopicSpec], wanted: Replication) -> None:
     from aiokafka.admin import NewTopic
 
-    new = [NewTopic(s.name, s.partitions, wanted.factor,
-                    topic_configs={**s.config(), **wanted.config()}) for s in specs]
+    new = [NewTopic(r.name, r.partitions, r.replicas, topic_configs=dict(r.config))
+           for r in requests(specs, wanted)]
     response = await admin.create_topics(new)  # type: ignore[attr-defined]
     errors = [(name, code, *rest) for name, code, *rest in getattr(response, "topic_errors", [])
               if code not in (0, 36)]  # 36: TOPIC_ALREADY_EXISTS (a concurrent creator)
@@ -266,9 +295,11 @@ def all_specs(settings: Settings) -> list[TopicSpec]:
     return registry(settings).all() + table_changelogs(settings)
 
 
-async def prepare(settings: Settings, specs: list[TopicSpec] | None = None) -> Layout:
+async def prepare(settings: Settings, specs: list[TopicSpec] | None = None,
+                  create: bool | None = None) -> Layout:
     """Create the missing topics and check every one (:class:`LayoutError` on a mismatch):
-    the layout a worker of ``settings`` may run on."""
+    the layout a worker of ``settings`` may run on. ``create`` false (default: the
+    settings' ``topics_create``): only check, a missing topic is a refusal too."""
     from memstream.core import kafka
 
     inconsistent = tenancy_problems(settings)  # before anything is created for it
@@ -283,6 +314,10 @@ async def prepare(settings: Settings, specs: list[TopicSpec] | None = None) -> L
         names = [s.name for s in specs]
         found = await _describe(admin, names)
         missing = [s for s in specs if s.name not in found]
+        if not (settings.topics_create if create is None else create):
+            lines = problems(specs, found, wanted) + missing_problems(missing)
+            if lines:
+                raise LayoutError(lines)
         if missing and wanted.factor > brokers:
             raise LayoutError([f"replication factor {wanted.factor} needs {wanted.factor} "
                                f"brokers, the cluster has {brokers} now: start the others, "
@@ -305,4 +340,4 @@ async def prepare(settings: Settings, specs: list[TopicSpec] | None = None) -> L
 async def create_topics(settings: Settings, specs: list[TopicSpec] | None = None) -> list[str]:
     """Create the topics that do not exist yet and check them all (idempotent); returns the
     names created. :class:`LayoutError` when an existing topic does not fit."""
-    return list((await prepare(settings, specs)).created)
+    return list((await prepare(settings, specs, create=True)).created)

@@ -13,6 +13,7 @@ from memstream.contract.http_api.api import (
     ContextResponse,
     FeedbackRequest,
     Health,
+    Live,
     MemoryPage,
     Principal,
     SearchRequest,
@@ -28,6 +29,10 @@ from memstream.web.http_checks import authenticate, list_params, ok, post, scope
 async def _health(request: web.Request) -> web.StreamResponse:
     health = request.app[DEPS].backend.health()
     return ok(health, 200 if health.status == "ok" else 503)
+
+
+async def _live(request: web.Request) -> web.StreamResponse:
+    return ok(Live())
 
 
 async def _openapi(request: web.Request) -> web.StreamResponse:
@@ -50,8 +55,10 @@ async def _list(request: web.Request) -> web.StreamResponse:
 
 
 CORE_ROUTES: tuple[Route, ...] = (
-    Route("GET", paths.HEALTH, "health", "Liveness and readiness", _health, Health,
-          keyed=False),
+    Route("GET", paths.HEALTH, "health", "Readiness: every owned partition served", _health,
+          Health, keyed=False),
+    Route("GET", paths.LIVE, "live", "Liveness: the process and its event loop run",
+          _live, Live, keyed=False),
     Route("GET", paths.OPENAPI, "openapi", "This document", _openapi, None, keyed=False),
     Route("GET", paths.TOOLS, "tools", "Agent tools as OpenAI tool definitions", _tools,
           ToolList),

@@ -10,12 +10,14 @@ it serves HTTPS; requests are forwarded to other workers only with ``cluster_sec
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import replace
 
 from memstream.streams import lifecycle
 from memstream.streams.access import AccessRecorder
 from memstream.streams.pipeline import Pipeline
+from memstream.web import probes
 from memstream.web import prometheus as metrics
 from memstream.web.audit import AuditLog
 from memstream.web.backend import WorkerBackend
@@ -67,6 +69,7 @@ def register(p: Pipeline) -> None:
         await audit.start()
         if mcp is not None:
             await mcp.start()
+        await asyncio.to_thread(probes.hand_over)  # the startup probes free the port
         await server.start()
         backend.started = True
         log.info("HTTP API on %s://%s:%d/v1 (OpenAPI: /v1/openapi.json)",

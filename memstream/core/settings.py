@@ -54,6 +54,11 @@ class Settings(BaseSettings):
         None, ge=1, description="min.insync.replicas of every topic memstream creates (with "
         "acks=all, a write is acknowledged once this many replicas have it); None: "
         "replication_factor - 1, at least 1")
+    topics_create: bool = Field(
+        True, description="The worker creates the topics it needs that are missing; false: "
+        "it only checks them and refuses to start (exit 78) on a missing or different one, "
+        "for a cluster whose topics are managed elsewhere (Strimzi KafkaTopic resources: "
+        "memstream topics manifest)")
     ingest_batch_records: int = Field(
         1000, ge=1, description="The ingest loop's batch: at most this many records per poll, "
         "handled and committed in one transaction per partition")

@@ -43,7 +43,7 @@ _ALLOW = 3
 _STRIMZI_TYPES = {TOPIC: "topic", GROUP: "group", CLUSTER: "cluster",
                   TRANSACTIONAL_ID: "transactionalId"}
 CLUSTER_NAME = "kafka-cluster"
-_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def strimzi_name(principal: str) -> str:
     '-' and '.'), or :class:`ConfigError`."""
     name = principal.split(":", 1)[1] if principal.startswith("User:") else principal
     name = name[3:] if name.startswith("CN=") else name
-    if not _K8S_NAME.fullmatch(name):
+    if not K8S_NAME.fullmatch(name):
         raise ConfigError(f"principal {principal!r}: a KafkaUser is named {name!r}, which is "
                           "no Kubernetes resource name (lower case letters, digits, '-', "
                           "'.'); choose principals that are (--chat-principal ...)")
@@ -181,13 +181,17 @@ def strimzi_name(principal: str) -> str:
 
 
 def strimzi_users(found: Iterable[Principal], cluster: str = "my-cluster",
-                  authentication: str = "scram-sha-512") -> str:
-    """One Strimzi ``KafkaUser`` (kafka.strimzi.io/v1beta2, simple authorization) per
-    principal, as a multi-document YAML stream (names quoted as JSON strings: valid YAML)."""
+                  authentication: str = "scram-sha-512",
+                  api_version: str = "kafka.strimzi.io/v1",
+                  namespace: str | None = None) -> str:
+    """One Strimzi ``KafkaUser`` (``api_version``: v1beta2 up to Strimzi 0.51, v1 from 0.49
+    on; simple authorization) per principal, as a multi-document YAML stream (names quoted
+    as JSON strings: valid YAML)."""
     docs = []
     for p in found:
-        lines = ["apiVersion: kafka.strimzi.io/v1beta2", "kind: KafkaUser", "metadata:",
+        lines = [f"apiVersion: {api_version}", "kind: KafkaUser", "metadata:",
                  f"  name: {json.dumps(strimzi_name(p.principal))}",
+                 *([f"  namespace: {json.dumps(namespace)}"] if namespace else []),
                  "  labels:", f"    strimzi.io/cluster: {json.dumps(cluster)}",
                  "  annotations:", f"    memstream/role: {json.dumps(p.role)}",
                  "spec:", "  authentication:", f"    type: {authentication}",

@@ -100,7 +100,7 @@ def test_the_strimzi_users_are_kafka_user_resources():
     assert [d["metadata"]["name"] for d in docs] == ["ms-worker", "chat-acme",
                                                      "memstream-reader"]
     for d in docs:
-        assert d["apiVersion"] == "kafka.strimzi.io/v1beta2" and d["kind"] == "KafkaUser"
+        assert d["apiVersion"] == "kafka.strimzi.io/v1" and d["kind"] == "KafkaUser"
         assert d["metadata"]["labels"] == {"strimzi.io/cluster": "prod"}
         assert d["spec"]["authentication"] == {"type": "tls"}
         assert d["spec"]["authorization"]["type"] == "simple"

