@@ -19,6 +19,7 @@ test (tests/unit/deploy/test_strimzi_manifest.py) checks its resources' metadata
 from __future__ import annotations
 
 import copy
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import pytest
 import yaml
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest the
@@ -186,3 +188,14 @@ def _builtin(where: str, doc: dict[str, Any], versions: Iterable[str]) -> list[s
         except kubernetes_validate.SchemaNotFoundError as exc:
             out.append(f"{where}: no schema: {exc.message}")
     return sorted(set(out))
+
+
+def required(what: str, how: str = "scripts/bootstrap.sh --test installs it") -> None:
+    """A tool the tests need is missing: fail where the whole suite is required (the test
+    command sets MEMSTREAM_REQUIRE_TOOLS=1 for its unit run, after bootstrap installed the
+    tools), else skip."""
+    wanted = (os.environ.get("MEMSTREAM_REQUIRE_INTEGRATION"),
+              os.environ.get("MEMSTREAM_REQUIRE_TOOLS"))
+    if "1" in wanted:
+        pytest.fail(f"{what} ({how})")
+    pytest.skip(what)

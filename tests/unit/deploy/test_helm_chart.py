@@ -9,7 +9,6 @@ image's user, real setting names)."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from functools import cache
@@ -20,7 +19,7 @@ import pytest
 import yaml
 
 from memstream.core.settings import Settings
-from tests.k8s_validate import CrdSchemas, documents, problems
+from tests.k8s_validate import CrdSchemas, documents, problems, required
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[3]
@@ -69,11 +68,6 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _required(what: str) -> None:
-    """Fail where the whole suite is required (the test command), else skip."""
-    if os.environ.get("MEMSTREAM_REQUIRE_INTEGRATION") == "1":
-        pytest.fail(f"{what} (scripts/bootstrap.sh --test builds it)")
-    pytest.skip(what)
 
 
 @cache
@@ -87,7 +81,7 @@ def _tool(flag: str) -> str:
 def helm() -> str:
     found = _tool("--path")
     if not found:
-        _required("Helm is not built and could not be (scripts/helm.sh needs Go)")
+        required("Helm is not built and could not be (scripts/helm.sh needs Go)")
     return found
 
 
@@ -95,7 +89,7 @@ def helm() -> str:
 def crds() -> CrdSchemas:
     folder = _tool("--crds")
     if not folder:
-        _required("the prometheus-operator CRDs could not be fetched (scripts/helm.sh --crds)")
+        required("the prometheus-operator CRDs could not be fetched (scripts/helm.sh --crds)")
     return CrdSchemas.from_files(sorted(Path(folder).glob("*.yaml")))
 
 

@@ -8,13 +8,12 @@ and every authentication.
 
 The package is installed once with npm into ~/.cache/memstream (scripts/bootstrap.sh
 --test, or this test when it is missing); without Node.js or npm the test is skipped, and
-fails where the whole suite is required (MEMSTREAM_REQUIRE_INTEGRATION=1)."""
+fails where the whole suite is required (MEMSTREAM_REQUIRE_TOOLS=1 or _INTEGRATION=1)."""
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -28,7 +27,7 @@ import yaml
 from click.testing import CliRunner
 
 from memstream.cli import main
-from tests.k8s_validate import documents, metadata_problems
+from tests.k8s_validate import documents, metadata_problems, required
 
 pytestmark = pytest.mark.unit
 
@@ -45,11 +44,6 @@ SETTINGS = {
 Check = Callable[[list[dict[str, Any]]], list[str]]
 
 
-def _required(what: str) -> None:
-    """Fail where the whole suite is required (the test command), else skip."""
-    if os.environ.get("MEMSTREAM_REQUIRE_INTEGRATION") == "1":
-        pytest.fail(f"{what} (scripts/bootstrap.sh --test installs it)")
-    pytest.skip(what)
 
 
 @cache
@@ -69,10 +63,10 @@ def _validate(node: str, modules: str, docs: list[dict[str, Any]]) -> tuple[int,
 def schemas() -> tuple[str, str]:
     node = shutil.which("node")
     if node is None:
-        _required("Node.js is not installed (Debian: apt-get install nodejs npm)")
+        required("Node.js is not installed (Debian: apt-get install nodejs npm)")
     modules = _modules()
     if not modules:
-        _required("Strimzi's schemas could not be installed (scripts/strimzi_schemas.sh, npm)")
+        required("Strimzi's schemas could not be installed (scripts/strimzi_schemas.sh, npm)")
     assert node is not None
     return node, modules
 
