@@ -25,8 +25,6 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "deploy" / "helm" / "memstream"
 SCRIPT = ROOT / "scripts" / "helm.sh"
-# the other helper's setting (the worker only checks its topics): not yet in this branch
-PENDING_SETTINGS = {"topics_create"}
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -65,6 +63,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "external-qdrant": {"qdrant": {"url": "https://qdrant.vectors.svc:6333"},
                         "secrets": {"qdrantApiKey": "k" * 40}},
+    "tracing": {"tracing": {"mode": "otlp", "otlpEndpoint": "http://otel-collector:4318",
+                            "sampleRatio": 0.25}, "logFormat": "json"},
 }
 
 
@@ -235,7 +235,7 @@ def test_probes_liveness_on_live_readiness_on_health(helm, tmp_path):
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_every_setting_the_chart_sets_exists(helm, tmp_path, name):
     """A misspelt MEMSTREAM_ variable is ignored by the worker (extra="ignore"): none here."""
-    known = set(Settings.model_fields) | PENDING_SETTINGS
+    known = set(Settings.model_fields)
     env = _env(_one(render(helm, tmp_path, VALUE_SETS[name]), "StatefulSet"))
     unknown = [n for n in env if n.startswith("MEMSTREAM_")
                and n.removeprefix("MEMSTREAM_").lower() not in known]
@@ -324,3 +324,17 @@ def test_disruption_budget_and_versions():
     assert chart["appVersion"] == version == chart["version"]
     # one source of the alerts: the chart's file is deploy/alerts.yml
     assert (CHART / "files" / "alerts.yml").resolve() == (ROOT / "deploy" / "alerts.yml")
+
+
+def test_tracing_is_off_by_default_and_exports_where_asked(helm, tmp_path):
+    env = _env(_one(render(helm, tmp_path, {}), "StatefulSet"))
+    assert env["MEMSTREAM_TRACING"]["value"] == "off"
+    assert "MEMSTREAM_OTLP_ENDPOINT" not in env
+    env = _env(_one(render(helm, tmp_path, VALUE_SETS["tracing"]), "StatefulSet"))
+    assert env["MEMSTREAM_TRACING"]["value"] == "otlp"
+    assert env["MEMSTREAM_OTLP_ENDPOINT"]["value"] == "http://otel-collector:4318"
+    assert env["MEMSTREAM_TRACING_SAMPLE_RATIO"]["value"] == "0.25"
+    assert env["MEMSTREAM_LOG_FORMAT"]["value"] == "json"
+    settings = Settings(**{k.removeprefix("MEMSTREAM_").lower(): v["value"] for k, v in env.items()
+                           if k.startswith("MEMSTREAM_TRAC") or k == "MEMSTREAM_LOG_FORMAT"})
+    assert settings.tracing == "otlp" and settings.tracing_sample_ratio == 0.25
