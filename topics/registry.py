@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 
 from pydantic import BaseModel
 
+from memstream.contract.events import MemoryEvent
 from memstream.core.settings import Settings
-from memstream.topics.events import MemoryEvent
 from memstream.topics.schemas import (
     AccessEvent,
     ChatMessage,

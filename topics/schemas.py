@@ -342,7 +342,7 @@ class MemoryChange(Event):
 
     change_id: str  # the deterministic op id: downstream consumers deduplicate on it
     # erase: a forget-me (memory_id "*"); restate: a live version restamped by a newer
-    # statement of it (same version; not a public event: topics.events.MemoryEvent.is_public);
+    # statement of it (same version; not a public event: topics.publishing.is_public);
     # archive: a turn kept in the episodic archive (memory.archive; not a public event either)
     op: Literal["add", "update", "delete", "erase", "restate", "archive"]
     tenant_id: str

@@ -27,8 +27,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from pydantic import BaseModel, ValidationError
 
+from memstream.contract.events import MemoryEvent, MemoryState
 from memstream.core.errors import ConfigError, InvalidRecord
-from memstream.topics.events import MemoryEvent, MemoryState
 from memstream.topics.schemas import WIRE, MemoryChange, Vector
 
 _C = TypeVar("_C", bound=BaseModel)

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from memstream.contract.events import MemoryEvent
 from memstream.core.errors import InvalidRecord, describe
 from memstream.memory.crypto import envelope as crypto
 from memstream.memory.crypto import key_records as rec
 from memstream.memory.crypto.key_records import FORGOTTEN, KEK, ROLL, Keyring
 from memstream.topics.codec import dead_letter
-from memstream.topics.events import MemoryEvent
 
 log = logging.getLogger("memstream.memory.crypto.user_keys")
 _LOGGED = 50  # rejections logged at warning level; later ones at debug

@@ -15,7 +15,7 @@
 from memstream.consumer.changes import MemoryChanges, Received, Stats
 from memstream.consumer.opening import ContentUnavailable
 from memstream.consumer.sync import MemoryChangesSync
-from memstream.topics.events import EventLineage, MemoryEvent, MemoryState
+from memstream.contract.events import EventLineage, MemoryEvent, MemoryState
 
 __all__ = ["ContentUnavailable", "EventLineage", "MemoryChanges", "MemoryChangesSync",
            "MemoryEvent", "MemoryState", "Received", "Stats"]

@@ -34,14 +34,13 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 from pydantic import ValidationError
 
-from memstream.consumer import placing
+from memstream.consumer import placing, reading
 from memstream.consumer.dedup import RecentIds
 from memstream.consumer.opening import Content, Opener
-from memstream.core import kafka
+from memstream.consumer.reading import Record
+from memstream.contract.events import MemoryEvent
 from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
-from memstream.core.topic_reader import Record
-from memstream.topics.events import MemoryEvent
 from memstream.topics.registry import registry
 
 log = logging.getLogger(__name__)
@@ -107,11 +106,11 @@ class MemoryChanges:
     async def start(self) -> MemoryChanges:
         try:
             await self._opener.start()
-            self._consumer = kafka.consumer(
+            self._consumer = reading.consumer(
                 self.settings, group_id=self.group_id, enable_auto_commit=False,
                 isolation_level="read_committed",
                 auto_offset_reset="earliest" if self.from_beginning else "latest")
-            await kafka.started(self._consumer)
+            await reading.started(self._consumer)
             if self.group_id is not None:
                 self._consumer.subscribe([self.topic], listener=_Listener(self))
             else:
@@ -139,7 +138,7 @@ class MemoryChanges:
     async def _close(self) -> None:
         try:
             if self._consumer is not None:
-                await kafka.stopped(self._consumer)
+                await reading.stopped(self._consumer)
         finally:
             self._consumer = None
             await self._opener.stop()

@@ -16,11 +16,11 @@ import logging
 import time
 from typing import Literal
 
+from memstream.contract.events import MemoryEvent
 from memstream.core.errors import MemstreamError
 from memstream.core.settings import Settings
 from memstream.memory.crypto import envelope as crypto
 from memstream.memory.crypto.user_keys import UserKeys
-from memstream.topics.events import MemoryEvent
 
 log = logging.getLogger(__name__)
 Content = Literal["plain", "opened", "sealed", "shredded"]

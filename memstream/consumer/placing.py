@@ -19,9 +19,9 @@ from aiokafka.structs import TopicPartition
 from pydantic import BaseModel
 
 from memstream.consumer.dedup import RecentIds
+from memstream.consumer.reading import Record, read_ranges, topic_partitions
+from memstream.contract.records import user_key
 from memstream.core.settings import Settings
-from memstream.core.topic_reader import Record, read_ranges, topic_partitions
-from memstream.topics.schemas import user_key
 
 READ_BACK_IDLE_S = 60.0
 

@@ -19,13 +19,13 @@ from memstream.consumer import (
     MemoryChangesSync,
     opening,
     placing,
+    reading,
 )
 from memstream.consumer.changes import _Listener
 from memstream.consumer.opening import Opener
-from memstream.core import kafka
+from memstream.contract.events import EventLineage, MemoryEvent, MemoryState
 from memstream.core.settings import Settings
 from memstream.memory.crypto import envelope as crypto
-from memstream.topics.events import EventLineage, MemoryEvent, MemoryState
 from memstream.topics.registry import registry
 
 pytestmark = pytest.mark.unit
@@ -95,7 +95,7 @@ class FakeConsumer:
         return out
 
     async def read_ranges(self, settings, tps, take, *, start, end, idle_timeout_s) -> None:
-        """memstream.core.topic_reader.read_ranges over this log."""
+        """memstream.consumer.reading.read_ranges over this log."""
         self.read_backs.append((list(tps), start, end))
         for tp in tps:
             take(tp, [self.record(tp, o) for o in range(start[tp], end[tp])])
@@ -111,10 +111,10 @@ class FakeConsumer:
 
 
 def patched(monkeypatch, log, stored=None) -> FakeConsumer:
-    """kafka.consumer, read_ranges and topic_partitions on the fake's log."""
+    """reading.consumer, read_ranges and topic_partitions on the fake's log."""
     fake = FakeConsumer(log)
     fake.stored = dict(stored or {})
-    monkeypatch.setattr(kafka, "consumer", lambda _s, **c: fake.config.update(c) or fake)
+    monkeypatch.setattr(reading, "consumer", lambda _s, **c: fake.config.update(c) or fake)
     monkeypatch.setattr(placing, "read_ranges", fake.read_ranges)
     monkeypatch.setattr(placing, "topic_partitions", fake.partitions)
     return fake

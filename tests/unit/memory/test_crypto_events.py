@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+from memstream.contract.events import EventLineage, MemoryEvent, MemoryState
 from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
 from memstream.memory.crypto import envelope as crypto
 from memstream.memory.crypto.user_keys import UserKeys
-from memstream.topics.events import EventLineage, MemoryEvent, MemoryState
 from tests.unit.builders import CANARY, change
 
 pytestmark = pytest.mark.unit
