@@ -7,7 +7,7 @@ One synthetic change log (benchmarks/changegen.py: the real decision code, 512-d
 vectors, ~25% updates, ~7% deletes), measured side by side in one run:
 
 - ``bytes``: the changelog event (``MemoryChange``) against the public ``MemoryEvent`` made
-  of it (``topics.publishing.public_event``), plain and sealed (``memory.crypto.envelope``),
+  of it (``topics.publishing.public_event``), plain and sealed (``sealing.envelope``),
   for adds and updates:
   median bytes of ``--micro`` changes each, event / change;
 - ``produce``: per change, what the apply stage serialises: the changelog event alone
@@ -52,8 +52,9 @@ from memstream.contract.events import MemoryEvent
 from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
-from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto import change_sealing
 from memstream.memory.crypto.user_keys import UserKeys
+from memstream.sealing import envelope as crypto
 from memstream.topics.layout import create_topics
 from memstream.topics.publishing import public_event
 from memstream.topics.registry import delete_topics, registry
@@ -78,7 +79,8 @@ def sizes(log: Sequence[MemoryChange], key: bytes, micro: int) -> dict[str, dict
     for op in ("add", "update"):
         some = [c for c in log if c.op == op][:micro]
         forms = {"change_plain": [len(c.dumps()) for c in some],
-                 "change_sealed": [len(crypto.seal_change(c, KID, key).dumps()) for c in some],
+                 "change_sealed": [len(change_sealing.seal_change(c, KID, key).dumps())
+                                   for c in some],
                  "event_plain": [len(public_event(c).dumps()) for c in some],
                  "event_sealed": [len(crypto.seal_event(public_event(c), KID, key).dumps())
                                   for c in some]}
@@ -93,13 +95,13 @@ def produce_cost(log: Sequence[MemoryChange], key: bytes, repeats: int) -> dict[
     """µs per change: the changelog event alone, and with its public event."""
     def alone(sealed: bool) -> None:
         for c in log:
-            (crypto.seal_change(c, KID, key) if sealed else c).dumps()
+            (change_sealing.seal_change(c, KID, key) if sealed else c).dumps()
 
     def both(sealed: bool) -> None:
         for c in log:
             e = public_event(c)
             if sealed:
-                c, e = crypto.seal_change(c, KID, key), crypto.seal_event(e, KID, key)
+                c, e = change_sealing.seal_change(c, KID, key), crypto.seal_event(e, KID, key)
             c.dumps()
             e.dumps()
 

@@ -21,8 +21,9 @@ from typing import Any
 from memstream.contract.events import MemoryEvent
 from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
-from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto import change_sealing
 from memstream.memory.model import Memory
+from memstream.sealing import envelope as crypto
 from memstream.streams import lifecycle
 from memstream.streams.pipeline import Pipeline
 from memstream.topics.publishing import is_public, public_event
@@ -72,7 +73,7 @@ async def seal_all(p: Pipeline, changes: Sequence[MemoryChange]
             out.append((c, e))
             continue
         key_id, key = await p.user_keys.key_for_write(c.tenant_id, c.user_id)
-        out.append((crypto.seal_change(c, key_id, key),
+        out.append((change_sealing.seal_change(c, key_id, key),
                     None if e is None else crypto.seal_event(e, key_id, key)))
     return out
 

@@ -14,9 +14,9 @@ import pytest
 from memstream.contract.events import MemoryEvent
 from memstream.memory.applying import apply_decision, build_decision
 from memstream.memory.coalescing import on_tool
-from memstream.memory.crypto import envelope as crypto
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, RulesModel
+from memstream.sealing import envelope as crypto
 from memstream.topics.jsonschema import SCHEMAS, render, schema_of, stale
 from memstream.topics.publishing import public_event
 from memstream.topics.schemas import MemoryChange

@@ -9,7 +9,7 @@ same changes in the same order. Its fields are a contract (``docs/consuming.md``
 they do not know.
 
 With a master key, ``before``, ``after`` and ``reason`` travel sealed with the user's data
-key, the same key that seals the change event (:mod:`memory.crypto.envelope`): a forget-me shreds
+key, the same key that seals the change event (:mod:`sealing.envelope`): a forget-me shreds
 it, and every copy of the user's content on both topics stops opening at once.
 
 Part of the wire contract (the ``memstream-client`` distribution: :mod:`memstream.consumer`
@@ -140,3 +140,13 @@ class MemoryEvent(Event):
                                                           "were erased")
     sealed: str | None = Field(None, description="With a master key: before, after and reason, "
                                                  "sealed with the user's data key")
+
+
+# The topics a downstream reader reads, named under the deployment's ``topic_prefix``.
+MEMORY_EVENTS_TOPIC = "memory-events"  # these events
+USER_KEYS_TOPIC = "user-keys"  # the users' data keys that open sealed ones (compacted)
+
+
+def topic_name(prefix: str, name: str) -> str:
+    """The full name of one of memstream's topics (``<prefix>.<name>``)."""
+    return f"{prefix}.{name}"

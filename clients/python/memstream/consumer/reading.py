@@ -75,9 +75,10 @@ async def topic_partitions(source: object, topic: str) -> list[TopicPartition]:
     return []
 
 
-def _reader(source: object) -> AIOKafkaConsumer:
+def _reader(source: object, *, committed: bool = True) -> AIOKafkaConsumer:
     return consumer(source, group_id=None, enable_auto_commit=False,
-                    auto_offset_reset="earliest", isolation_level="read_committed",
+                    auto_offset_reset="earliest",
+                    isolation_level="read_committed" if committed else "read_uncommitted",
                     max_partition_fetch_bytes=FETCH_BYTES, fetch_max_bytes=4 * FETCH_BYTES)
 
 
@@ -117,5 +118,41 @@ async def read_ranges(source: object, tps: Iterable[TopicPartition],
                 if inside:
                     handle(tp, inside)
                     read += len(inside)
+    finally:
+        await stopped(reader)
+
+
+async def follow(source: object, topic: str, handle: Callable[[list[Record]], object], *,
+                 positions: dict[TopicPartition, int],
+                 caught_up: Callable[[], object], poll_s: float = 0.5) -> None:
+    """Hand every record of ``topic`` (read uncommitted: a compacted topic of plain writes)
+    to ``handle`` until cancelled, from ``positions`` (a partition it lacks: from the
+    beginning), kept at the offset after each handled batch so a caller that follows again
+    after an error resumes there; ``caught_up()`` once, when the ends seen at the start are
+    reached. Returns at once while the topic does not exist."""
+    tps = await topic_partitions(source, topic)
+    if not tps:
+        return
+    reader = await started(_reader(source, committed=False))
+    try:
+        reader.assign(tps)
+        for tp in tps:
+            if tp in positions:
+                reader.seek(tp, positions[tp])
+            else:
+                await reader.seek_to_beginning(tp)
+        ends = await reader.end_offsets(tps)
+        behind: set[TopicPartition] | None = set(ends)
+        while True:
+            if behind is not None:
+                behind = {tp for tp in behind if await reader.position(tp) < ends[tp]}
+                if not behind:
+                    caught_up()
+                    behind = None
+            batch = await reader.getmany(timeout_ms=int(poll_s * 1000))
+            for tp, records in batch.items():
+                if records:
+                    handle(records)
+                    positions[tp] = records[-1].offset + 1
     finally:
         await stopped(reader)
