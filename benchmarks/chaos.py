@@ -96,8 +96,8 @@ from memstream.memory.rules import extract_text
 from memstream.memory.store.partitioned import partition_of_key
 from memstream.memory.trigger_rules import is_trivial
 from memstream.ops.status import serves_what_it_owns
-from memstream.topics.events import PRIVATE_OPS
 from memstream.topics.layout import prepare
+from memstream.topics.publishing import PRIVATE_OPS
 from memstream.topics.registry import (
     Topics,
     all_topic_names,
@@ -540,7 +540,7 @@ def event_stats(changes: Sequence[Any], events: Sequence[Any]) -> dict[str, int]
     """The public memory events against the changelog, both read committed, per partition:
     a change without its event, an event without its change, and a partition whose two
     sequences of change ids differ (each change's event is in its transaction; a
-    ``restate`` change has none: topics.events.MemoryEvent.is_public)."""
+    ``restate`` change has none: topics.publishing.is_public)."""
     def ids(records: Sequence[Any]) -> dict[int, list[str]]:
         out: dict[int, list[str]] = defaultdict(list)
         for r in records:

@@ -7,7 +7,8 @@ One synthetic change log (benchmarks/changegen.py: the real decision code, 512-d
 vectors, ~25% updates, ~7% deletes), measured side by side in one run:
 
 - ``bytes``: the changelog event (``MemoryChange``) against the public ``MemoryEvent`` made
-  of it (``MemoryEvent.of``), plain and sealed (``memory.crypto.envelope``), for adds and updates:
+  of it (``topics.publishing.public_event``), plain and sealed (``sealing.envelope``),
+  for adds and updates:
   median bytes of ``--micro`` changes each, event / change;
 - ``produce``: per change, what the apply stage serialises: the changelog event alone
   (sealed: ``seal_change``) against the changelog event and its public event (built,
@@ -47,13 +48,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 from benchmarks import smoke
 from benchmarks.changegen import changes
 from memstream.consumer import MemoryChanges
+from memstream.contract.events import MemoryEvent
 from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
-from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto import change_sealing
 from memstream.memory.crypto.user_keys import UserKeys
-from memstream.topics.events import MemoryEvent
+from memstream.sealing import envelope as crypto
 from memstream.topics.layout import create_topics
+from memstream.topics.publishing import public_event
 from memstream.topics.registry import delete_topics, registry
 from memstream.topics.schemas import MemoryChange
 
@@ -76,9 +79,10 @@ def sizes(log: Sequence[MemoryChange], key: bytes, micro: int) -> dict[str, dict
     for op in ("add", "update"):
         some = [c for c in log if c.op == op][:micro]
         forms = {"change_plain": [len(c.dumps()) for c in some],
-                 "change_sealed": [len(crypto.seal_change(c, KID, key).dumps()) for c in some],
-                 "event_plain": [len(MemoryEvent.of(c).dumps()) for c in some],
-                 "event_sealed": [len(crypto.seal_event(MemoryEvent.of(c), KID, key).dumps())
+                 "change_sealed": [len(change_sealing.seal_change(c, KID, key).dumps())
+                                   for c in some],
+                 "event_plain": [len(public_event(c).dumps()) for c in some],
+                 "event_sealed": [len(crypto.seal_event(public_event(c), KID, key).dumps())
                                   for c in some]}
         row: dict[str, Any] = {k: round(statistics.median(v)) for k, v in forms.items()}
         row["ratio_plain"] = round(row["event_plain"] / row["change_plain"], 3)
@@ -91,13 +95,13 @@ def produce_cost(log: Sequence[MemoryChange], key: bytes, repeats: int) -> dict[
     """µs per change: the changelog event alone, and with its public event."""
     def alone(sealed: bool) -> None:
         for c in log:
-            (crypto.seal_change(c, KID, key) if sealed else c).dumps()
+            (change_sealing.seal_change(c, KID, key) if sealed else c).dumps()
 
     def both(sealed: bool) -> None:
         for c in log:
-            e = MemoryEvent.of(c)
+            e = public_event(c)
             if sealed:
-                c, e = crypto.seal_change(c, KID, key), crypto.seal_event(e, KID, key)
+                c, e = change_sealing.seal_change(c, KID, key), crypto.seal_event(e, KID, key)
             c.dumps()
             e.dumps()
 
@@ -207,7 +211,7 @@ async def read_side(bootstrap: str, log: Sequence[MemoryChange], repeats: int
             if not await keys.wait_ready(60.0):
                 raise TimeoutError("user-keys topic not read")
             for c in log:
-                k, e = c.key().encode(), MemoryEvent.of(c)
+                k, e = c.key().encode(), public_event(c)
                 key_id, data_key = await keys.key_for_write(c.tenant_id, c.user_id)
                 await producer.send(tp.memory_changes.name, c.dumps(), key=k)
                 await producer.send(tp.memory_events.name, e.dumps(), key=k)

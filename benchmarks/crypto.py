@@ -26,9 +26,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 from benchmarks import smoke
 from memstream.memory.applying import apply_change
-from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto import change_sealing
 from memstream.memory.model import Memory, MemoryType, Source
 from memstream.memory.store.edge import EdgeStore
+from memstream.sealing import envelope as crypto
 from memstream.topics.schemas import Lineage, MemoryChange
 
 DIM = 512
@@ -71,15 +72,15 @@ def main() -> None:
     items = changes(n, random.Random(7))
     key = crypto.new_data_key()
     plain_wire = [c.dumps() for c in items]
-    sealed_wire = [crypto.seal_change(c, "k1", key).dumps() for c in items]
+    sealed_wire = [change_sealing.seal_change(c, "k1", key).dumps() for c in items]
     f: dict[str, float] = {
         "publish_plain_us": per_item_us(lambda: [c.dumps() for c in items], n, r),
         "publish_sealed_us": per_item_us(
-            lambda: [crypto.seal_change(c, "k1", key).dumps() for c in items], n, r),
+            lambda: [change_sealing.seal_change(c, "k1", key).dumps() for c in items], n, r),
         "read_plain_us": per_item_us(
             lambda: [MemoryChange.model_validate_json(w) for w in plain_wire], n, r),
         "read_sealed_us": per_item_us(
-            lambda: [crypto.open_change(MemoryChange.model_validate_json(w), {"k1": key})
+            lambda: [change_sealing.open_change(MemoryChange.model_validate_json(w), {"k1": key})
                      for w in sealed_wire], n, r),
     }
     with tempfile.TemporaryDirectory() as tmp:

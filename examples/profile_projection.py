@@ -31,8 +31,7 @@ import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
-from memstream.consumer import MemoryChanges, Received
-from memstream.core.settings import Settings
+from memstream.consumer import ConsumerSettings, MemoryChanges, Received
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS memories (
@@ -124,7 +123,7 @@ class Projection:
         self.db.close()
 
 
-async def run(settings: Settings, db: Path, group: str, idle: float | None) -> int:
+async def run(settings: ConsumerSettings, db: Path, group: str, idle: float | None) -> int:
     projection = Projection(db)
     applied = 0
     try:
@@ -156,7 +155,7 @@ def main() -> None:
                 print(f"  {memory_id} v{version}: {content}")
         p.close()
         return
-    asyncio.run(run(Settings(), args.db, args.group, args.idle))
+    asyncio.run(run(ConsumerSettings.from_env(), args.db, args.group, args.idle))
 
 
 if __name__ == "__main__":

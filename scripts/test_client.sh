@@ -3,7 +3,9 @@
 #   1. `pip install ./clients/python` into a fresh venv pulls at most 10 packages in all
 #      (every package `pip list` shows but pip/setuptools/wheel, the client itself included);
 #   2. there, the client imports without aiokafka and no part of the server is importable;
-#   3. with pytest and the kafka extra added, clients/python/tests pass.
+#   3. with the kafka extra (aiokafka, cryptography: Kafka writes and memstream.consumer)
+#      added, the count is reported, memstream.consumer imports without the server, and with
+#      pytest added, clients/python/tests pass (the consumer's unit tests among them).
 # The venv is kept (MEMSTREAM_CLIENT_VENV, default ~/.cache/memstream/client-venv) and made
 # again from scratch whenever clients/python or VERSION changes.
 set -euo pipefail
@@ -46,6 +48,8 @@ import memstream.client
 import memstream.contract.http_api.api  # noqa: F401
 
 assert "aiokafka" not in sys.modules, "the base install imported aiokafka"
+for extra in ("aiokafka", "cryptography"):
+    assert importlib.util.find_spec(extra) is None, f"the base install pulled {extra}"
 assert not hasattr(sys.modules["memstream"], "__file__") or \
     sys.modules["memstream"].__file__ is None, "memstream must be a namespace package here"
 for server in ("memstream.web", "memstream.core", "memstream.topics", "memstream.worker"):
@@ -59,7 +63,21 @@ else:
 print(f"memstream-client {memstream.client.__version__}: no server importable")
 EOF
   )
-  "$venv/bin/python" -m pip install -q pytest "$src/python[kafka]"
+  "$venv/bin/python" -m pip install -q "$src/python[kafka]"
+  mapfile -t pulled < <("$venv/bin/python" -m pip list --format=freeze \
+    | grep -viE '^(pip|setuptools|wheel)==')
+  echo "pip install './clients/python[kafka]' pulled ${#pulled[@]} packages: ${pulled[*]}" >&2
+  (cd "$src" && "$venv/bin/python" - <<'EOF'
+import importlib.util
+
+import memstream.consumer
+
+for server in ("memstream.core", "memstream.topics", "memstream.memory", "memstream.web"):
+    assert importlib.util.find_spec(server) is None, f"{server} is importable"
+print(f"memstream.consumer ({len(memstream.consumer.__all__)} names): no server importable")
+EOF
+  )
+  "$venv/bin/python" -m pip install -q pytest pytest-asyncio
   echo "$stamp" >"$venv/.stamp"
 fi
 # from outside the repository: only the installed client is importable

@@ -18,13 +18,15 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from memstream.contract.events import MemoryEvent
 from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
-from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto import change_sealing
 from memstream.memory.model import Memory
+from memstream.sealing import envelope as crypto
 from memstream.streams import lifecycle
 from memstream.streams.pipeline import Pipeline
-from memstream.topics.events import MemoryEvent
+from memstream.topics.publishing import is_public, public_event
 from memstream.topics.schemas import MemoryChange
 
 log = logging.getLogger(__name__)
@@ -56,10 +58,10 @@ def register(p: Pipeline) -> None:
 
 async def seal_all(p: Pipeline, changes: Sequence[MemoryChange]
                    ) -> list[tuple[MemoryChange, MemoryEvent | None]]:
-    """The change events as published, each with its public event (``topics.events``; None:
+    """The change events as published, each with its public event (``topics.publishing``; None:
     not a public one), both sealed with the user's data key (a forget-me's erase record
     stays plain: it holds no content)."""
-    events = [(c, MemoryEvent.of(c) if MemoryEvent.is_public(c) else None) for c in changes]
+    events = [(c, public_event(c) if is_public(c) else None) for c in changes]
     if p.user_keys is None:
         return events
     if not p.user_keys.ready and not await p.user_keys.wait_ready(READY_S):
@@ -71,7 +73,7 @@ async def seal_all(p: Pipeline, changes: Sequence[MemoryChange]
             out.append((c, e))
             continue
         key_id, key = await p.user_keys.key_for_write(c.tenant_id, c.user_id)
-        out.append((crypto.seal_change(c, key_id, key),
+        out.append((change_sealing.seal_change(c, key_id, key),
                     None if e is None else crypto.seal_event(e, key_id, key)))
     return out
 

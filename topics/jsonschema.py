@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from memstream.topics.events import MemoryEvent
+from memstream.contract.events import MemoryEvent
 from memstream.topics.schemas import ChatMessage, DeadLetter, SessionEvent
 
 BASE_URI = "urn:memstream:schema:"  # names, not addresses: the files are in docs/schemas

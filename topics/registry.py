@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 
 from pydantic import BaseModel
 
+from memstream.contract.events import MEMORY_EVENTS_TOPIC, USER_KEYS_TOPIC, MemoryEvent
 from memstream.core.settings import Settings
-from memstream.topics.events import MemoryEvent
 from memstream.topics.schemas import (
     AccessEvent,
     ChatMessage,
@@ -152,7 +152,7 @@ def registry(settings: Settings) -> Topics:
                 "the store's source of truth (kept forever, replayable).",
         ),
         memory_events=TopicSpec(
-            settings.topic("memory-events"), MemoryEvent, n,
+            settings.topic(MEMORY_EVENTS_TOPIC), MemoryEvent, n,
             -1 if settings.events_retention_days is None
             else settings.events_retention_days * DAY_MS,
             doc="For downstream services: every applied change as a slim, versioned public "
@@ -176,7 +176,7 @@ def registry(settings: Settings) -> Topics:
             doc="API keys of the HTTP API, keyed by key id: SHA-256 only, and revocations "
                 "(the last record of a key id is its state)."),
         user_keys=TopicSpec(
-            settings.topic("user-keys"), UserKeyRecord, 1, -1, cleanup_policy="compact",
+            settings.topic(USER_KEYS_TOPIC), UserKeyRecord, 1, -1, cleanup_policy="compact",
             co_partitioned=False, extra_config=compaction_within(settings.erasure_bound_s),
             doc="Per-user data keys wrapped by the master key, keyed tenant/user/key-id, and "
                 "forget-me markers (tenant/user/!forgotten): forgetting tombstones the keys.",

@@ -342,7 +342,7 @@ class MemoryChange(Event):
 
     change_id: str  # the deterministic op id: downstream consumers deduplicate on it
     # erase: a forget-me (memory_id "*"); restate: a live version restamped by a newer
-    # statement of it (same version; not a public event: topics.events.MemoryEvent.is_public);
+    # statement of it (same version; not a public event: topics.publishing.is_public);
     # archive: a turn kept in the episodic archive (memory.archive; not a public event either)
     op: Literal["add", "update", "delete", "erase", "restate", "archive"]
     tenant_id: str
@@ -360,7 +360,7 @@ class MemoryChange(Event):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     decided_at: datetime
-    # the content fields above sealed with the user's data key (memory.crypto.envelope); None: plain
+    # the content fields above sealed with the user's data key (sealing.envelope); None: plain
     sealed: str | None = None
 
 
@@ -394,7 +394,7 @@ class JobDecision(JobRange):
 
 
 class UserKeyRecord(BaseModel):
-    """One record of the user-keys topic (layouts: memstream.memory.crypto.key_records): a
+    """One record of the user-keys topic (layouts: memstream.sealing.key_records): a
     tenant's key-encryption key wrapped under a master key version (``tenant/!kek/<id>``:
     ``wrapped``, ``master``), a user's data key wrapped under a tenant KEK
     (``tenant/user/<key id>``: ``wrapped``, ``kek``), or the signed forget-me marker

@@ -1,6 +1,6 @@
 """Per-user data keys on the compacted ``<prefix>.user-keys`` topic (forget-me, SPEC §7).
 
-Records (layout, signatures: :mod:`memstream.memory.crypto.key_records`): tenant KEKs
+Records (layout, signatures: :mod:`memstream.sealing.key_records`): tenant KEKs
 (``tenant/!kek/<id>``, wrapped by a version of the master key), the users' data keys
 (``tenant/user/<key id>``, wrapped by a tenant KEK) and forget markers
 (``tenant/user/!forgotten``, signed with a key derived from the master key, which workers
@@ -26,6 +26,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
@@ -35,10 +37,12 @@ from memstream.core.errors import InvalidRecord
 from memstream.core.retry import set_within
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import Record, end_offsets, follow, read_range
-from memstream.memory.crypto import envelope as crypto
-from memstream.memory.crypto import key_records as rec
-from memstream.memory.crypto.key_records import FORGOTTEN, ROLL, Keyring
-from memstream.memory.crypto.key_view import KeyView, Rotation, Sent, data_key_record, kek_record
+from memstream.memory.crypto import change_sealing
+from memstream.sealing import envelope as crypto
+from memstream.sealing import key_records as rec
+from memstream.sealing.key_records import FORGOTTEN, ROLL, Keyring
+from memstream.sealing.key_view import KeyView, Rotation, Sent, data_key_record, kek_record
+from memstream.topics.codec import dead_letter
 
 __all__ = ["FORGOTTEN", "ROLL", "Rotation", "UserKeys"]
 log = logging.getLogger(__name__)
@@ -55,6 +59,8 @@ class UserKeys(KeyView):
         super().__init__(ring, topic, on_reject)
         self._settings = settings
         self._dead_topic = dead_letters
+        self.dead_letters = False  # keep dead letters of set-aside records (a writer's)
+        self.dead: list[tuple[bytes | None, bytes]] = []  # (key, dead letter) not yet sent
         self._producer: AIOKafkaProducer | None = None
         self._task: asyncio.Task[None] | None = None
         self._positions: dict[TopicPartition, int] = {}
@@ -62,6 +68,19 @@ class UserKeys(KeyView):
         self._lock = asyncio.Lock()
         self._roll_every = settings.erasure_bound_s / 2
         self._rolled = 0.0
+
+    def set_aside(self, exc: InvalidRecord, key: bytes | None, value: bytes | None,
+                  where: Any) -> None:
+        if self.dead_letters:
+            letter = dead_letter(exc, topic=self.topic, partition=getattr(where, "partition", 0),
+                                 offset=getattr(where, "offset", -1), key=key, value=value,
+                                 now=datetime.now(UTC))
+            letter = letter.model_copy(update={"value_b64": "", "truncated": True})
+            self.dead.append((key, letter.dumps()))  # no key material: its sha256 only
+
+    def opener(self) -> Callable[[Any], Any]:
+        """For readers: change (or public event) -> opened, or None when its key is gone."""
+        return change_sealing.opener(self)
 
     # --- the follower ------------------------------------------------------------------
 

@@ -189,7 +189,7 @@ def rebuild(store: MemoryStore, changes: Iterable[MemoryChange],
             accesses: Iterable[AccessEvent] = (),
             opener: Opener | None = None, *, reembed: Reembed | None = None,
             select: Callable[[str, str], bool] | None = None, batch: int = 4096) -> Rebuilt:
-    """``opener`` opens sealed change events (:mod:`memory.crypto.envelope`); one it cannot open
+    """``opener`` opens sealed change events (:mod:`sealing.envelope`); one it cannot open
     (its user was forgotten: the key is shredded) is skipped, so a rebuild never
     resurrects a forgotten user. ``store`` must be empty."""
     fold = Fold(store, opener, reembed, batch, select)

@@ -20,9 +20,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from memstream.contract.events import MemoryEvent
 from memstream.core.settings import Settings
 from memstream.core.topic_reader import Record, end_offsets, read_range
-from memstream.topics.events import MemoryEvent
 from memstream.topics.registry import all_topic_names, registry
 from memstream.topics.schemas import MemoryChange
 

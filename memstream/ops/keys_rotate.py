@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 from memstream.core.errors import ConfigError
 from memstream.core.settings import Settings
-from memstream.memory.crypto import key_records as rec
 from memstream.memory.crypto.user_keys import UserKeys
+from memstream.sealing import key_records as rec
 from memstream.topics.layout import create_topics
 from memstream.topics.registry import registry
 from memstream.topics.schemas import ID_PATTERN

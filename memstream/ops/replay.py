@@ -30,8 +30,6 @@ from memstream.memory import fencing
 from memstream.memory import reextraction as pure
 from memstream.memory.applying import apply_decision, build_decision
 from memstream.memory.archive import archive_changes
-from memstream.memory.crypto.key_records import FORGOTTEN, Keyring, parse_key
-from memstream.memory.crypto.key_view import KeyView
 from memstream.memory.decisions import Candidate
 from memstream.memory.extraction import Extractor, Insight, MemoryModel, Usage
 from memstream.memory.llm.recorded import Mode as RecordMode
@@ -39,6 +37,8 @@ from memstream.memory.llm.recorded import Recorder
 from memstream.memory.model import Memory
 from memstream.memory.services import build_embedder, build_model
 from memstream.memory.store import MemoryStore, Scope
+from memstream.sealing.key_records import FORGOTTEN, Keyring, parse_key
+from memstream.sealing.key_view import KeyView
 from memstream.topics.codec import check_message, decode
 from memstream.topics.registry import registry
 from memstream.topics.schemas import ChatMessage, ExtractionJob, JobMessage, JobStatus, SessionEvent

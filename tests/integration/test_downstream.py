@@ -22,9 +22,9 @@ import pytest_asyncio
 
 from memstream.client import AsyncMemoryClient
 from memstream.consumer import MemoryChanges
+from memstream.contract.events import MemoryEvent
 from memstream.core.kafka_io import TopicReader
 from memstream.dev.process import settings_env
-from memstream.topics.events import MemoryEvent
 from tests.integration.conftest import (
     covered_messages,
     end,

@@ -15,12 +15,12 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from memstream.consumer.opening import Opener
+from memstream.contract.events import EventLineage, MemoryEvent, MemoryState
 from memstream.core.settings import Settings
-from memstream.memory.crypto import envelope as crypto
-from memstream.memory.crypto import key_records as rec
 from memstream.memory.crypto.user_keys import UserKeys
 from memstream.ops.keys_rotate import read_key, rotate_master
-from memstream.topics.events import EventLineage, MemoryEvent, MemoryState
+from memstream.sealing import envelope as crypto
+from memstream.sealing import key_records as rec
 from memstream.topics.layout import create_topics
 from memstream.topics.registry import registry
 from tests.integration.conftest import until

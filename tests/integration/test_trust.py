@@ -32,6 +32,7 @@ from aiohttp import web
 from pydantic import SecretStr
 
 from memstream.consumer.opening import Opener
+from memstream.contract.events import MemoryEvent
 from memstream.core import kafka
 from memstream.core.kafka_io import TopicReader
 from memstream.core.settings import Settings
@@ -41,7 +42,6 @@ from memstream.ops.keys_rotate import read_key, rotate_master
 from memstream.ops.status import serves_what_it_owns
 from memstream.streams.cluster import Worker, assignor_for
 from memstream.streams.cluster_trust import Trust
-from memstream.topics.events import MemoryEvent
 from memstream.topics.schemas import MemoryChange
 from memstream.web.keys_topic import create_key
 from tests.integration.conftest import Harness, chat, end, free_port, until, wait_covered

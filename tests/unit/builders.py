@@ -298,7 +298,7 @@ def live(store, user="u1"):
     return sorted(m.content for m in store.list(Scope("t1", user)))
 
 
-# --- a change event with a canary in it (memory.crypto.envelope, web.audit) -----------------
+# --- a change event with a canary in it (sealing.envelope, web.audit) -----------------
 
 CANARY = "canary-7f3a Lives in Reykjavik"
 

@@ -1,4 +1,4 @@
-"""Sealing the public memory event (memory.crypto.envelope.seal_event / open_event): the content
+"""Sealing the public memory event (sealing.envelope.seal_event / open_event): the content
 travels sealed with the user's data key, bound to its tenant, user, change id and topic."""
 
 from __future__ import annotations
@@ -7,11 +7,12 @@ from datetime import UTC, datetime
 
 import pytest
 
+from memstream.contract.events import EventLineage, MemoryEvent, MemoryState
 from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
-from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto import change_sealing
 from memstream.memory.crypto.user_keys import UserKeys
-from memstream.topics.events import EventLineage, MemoryEvent, MemoryState
+from memstream.sealing import envelope as crypto
 from tests.unit.builders import CANARY, change
 
 pytestmark = pytest.mark.unit
@@ -83,7 +84,7 @@ def test_a_blob_moved_into_another_event_does_not_open(moved):
 
 def test_a_changelog_blob_never_opens_as_an_event_nor_the_reverse():
     key = crypto.new_data_key()
-    sealed_change = crypto.seal_change(change("u1", "c1"), "k1", key)
+    sealed_change = change_sealing.seal_change(change("u1", "c1"), "k1", key)
     as_event = event().model_copy(update={"before": None, "after": None, "reason": "",
                                           "sealed": sealed_change.sealed})
     with pytest.raises(InvalidRecord):
@@ -91,7 +92,7 @@ def test_a_changelog_blob_never_opens_as_an_event_nor_the_reverse():
     sealed_event = crypto.seal_event(event(), "k1", key)
     as_change = sealed_change.model_copy(update={"sealed": sealed_event.sealed})
     with pytest.raises(InvalidRecord):
-        crypto.open_change(as_change, {"k1": key})
+        change_sealing.open_change(as_change, {"k1": key})
 
 
 @pytest.mark.parametrize("blob", ["garbage", "v1:k1", "v9:k1:AAAA", "v1:k1:not base64!",
@@ -108,7 +109,7 @@ def test_the_user_keys_opener_opens_events_and_changes_alike(monkeypatch):
     monkeypatch.setattr(keys, "keys_of", lambda tenant, user: {"k1": key})
     open_one = keys.opener()
     assert open_one(crypto.seal_event(event(), "k1", key)) == event()
-    assert open_one(crypto.seal_change(change(), "k1", key)) == change()
+    assert open_one(change_sealing.seal_change(change(), "k1", key)) == change()
 
 
 def test_content_that_opens_yet_is_not_an_events_is_an_invalid_record():

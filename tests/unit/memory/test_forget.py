@@ -11,12 +11,13 @@ import pytest
 
 from memstream.memory.applying import apply_change, apply_decision, build_decision
 from memstream.memory.coalescing import on_result, on_tool
-from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto import change_sealing
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, RulesModel
 from memstream.memory.fencing import Verdict
 from memstream.memory.store import Scope
 from memstream.memory.store.rebuild_fold import rebuild
+from memstream.sealing import envelope as crypto
 from memstream.topics.schemas import JobResult, JobStatus
 from tests.unit.builders import P, feed, forget_request, fresh, make_store, memory, tool_request
 
@@ -79,13 +80,13 @@ def test_a_rebuild_never_resurrects_a_forgotten_user(store, tmp_path):
         step = on_tool(state, tool_request(text, rid=f"t-{i}"), float(i), P)
         [job] = step.jobs
         _, applied = decide_and_apply(ex, job, float(i))
-        log += [crypto.seal_change(c, "k1", key) for c in applied.publish]
+        log += [change_sealing.seal_change(c, "k1", key) for c in applied.publish]
         state = on_result(step.state, JobResult.for_job(
             job, applied.status, datetime.fromtimestamp(i, UTC)), float(i), P).state
     assert len(store.list(Scope("t1", "u1"))) == 2
     # before the forget-me, the sealed log rebuilds the user
     replica = make_store("server", tmp_path, ex.embedder.dim)
-    done = rebuild(replica, log, opener=lambda c: crypto.open_change(c, {"k1": key}))
+    done = rebuild(replica, log, opener=lambda c: change_sealing.open_change(c, {"k1": key}))
     assert (done.changes, done.unreadable) == (2, 0)
     assert len(replica.list(Scope("t1", "u1"))) == 2
     replica.close()
@@ -94,12 +95,12 @@ def test_a_rebuild_never_resurrects_a_forgotten_user(store, tmp_path):
     _, applied = decide_and_apply(ex, step.jobs[0], 5.0)
     log += applied.publish
     replica = make_store("server", tmp_path, ex.embedder.dim)
-    done = rebuild(replica, log, opener=lambda c: crypto.open_change(c, {}))
+    done = rebuild(replica, log, opener=lambda c: change_sealing.open_change(c, {}))
     assert (done.changes, done.unreadable) == (1, 2)
     assert replica.list(Scope("t1", "u1"), statuses=None) == []
     # and a plain log (no master key) is still erased by the replayed audit record
     plain = make_store("server", tmp_path, ex.embedder.dim)
-    opened = [crypto.open_change(c, {"k1": key}) for c in log]
+    opened = [change_sealing.open_change(c, {"k1": key}) for c in log]
     assert all(apply_change(plain, c) for c in opened if c is not None)
     assert plain.list(Scope("t1", "u1"), statuses=None) == []
     replica.close()

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from memstream.core.settings import Settings
-from memstream.memory.crypto import key_records as rec
 from memstream.memory.crypto.user_keys import UserKeys
+from memstream.sealing import key_records as rec
 from tests.unit.memory.test_user_keys import TOPIC, V1, V2, opens, reader, replay, sealed, writer
 
 pytestmark = pytest.mark.unit
@@ -128,7 +128,7 @@ async def test_unverified_records_leave_no_state():
 async def test_a_readers_keys_under_tenant_keys_it_lacks_are_bounded(monkeypatch):
     """A reader cannot check a key under a tenant KEK its read key lacks (it keeps it as
     "locked"): those are bounded, so a flood of them grows no state past the bound."""
-    from memstream.memory.crypto import key_view
+    from memstream.sealing import key_view
 
     monkeypatch.setattr(key_view, "LOCKED_MAX", 3)
     log: list = []

@@ -10,9 +10,10 @@ import pytest
 
 from memstream.core.errors import ConfigError
 from memstream.core.settings import Settings
-from memstream.memory.crypto import envelope as crypto
-from memstream.memory.crypto import key_records as rec
+from memstream.memory.crypto import change_sealing
 from memstream.memory.crypto.user_keys import UserKeys
+from memstream.sealing import envelope as crypto
+from memstream.sealing import key_records as rec
 from memstream.topics.schemas import MemoryChange
 from tests.unit.builders import CANARY, change
 
@@ -62,7 +63,7 @@ def reader(log: list, **kw) -> UserKeys:
 
 def sealed(keys: UserKeys, key: tuple[str, bytes], user: str = "u1", tenant: str = "t1"
            ) -> MemoryChange:
-    return crypto.seal_change(change(user).model_copy(update={"tenant_id": tenant}), *key)
+    return change_sealing.seal_change(change(user).model_copy(update={"tenant_id": tenant}), *key)
 
 
 def opens(keys: UserKeys, event: MemoryChange) -> bool:

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from memstream.cli import main
 from memstream.consumer import Received
+from memstream.contract.events import EventLineage, MemoryState
 from memstream.ops.changes_cli import line
-from memstream.topics.events import EventLineage, MemoryState
 from memstream.topics.jsonschema import SCHEMAS
 
 pytestmark = pytest.mark.unit

@@ -288,9 +288,9 @@ def test_forget_me_markers_are_read_when_they_verify_and_never_deleted():
     from pydantic import SecretStr
 
     from memstream.core.settings import Settings
-    from memstream.memory.crypto import key_records as rec
-    from memstream.memory.crypto.key_view import kek_record
     from memstream.ops.replay import _forgotten
+    from memstream.sealing import key_records as rec
+    from memstream.sealing.key_view import kek_record
 
     settings = Settings(master_key=SecretStr("master-key-of-the-replay-test"))
     ring = rec.Keyring.of(settings)

@@ -55,20 +55,23 @@ def test_every_import_of_the_client_is_declared_and_aiokafka_only_when_used():
     meta = project(CLIENT)
     base = declared(meta["dependencies"])
     extras = set().union(*(declared(v) for v in meta["optional-dependencies"].values()))
-    assert base == {"pydantic", "urllib3"} and extras == {"aiokafka"}
+    assert base == {"pydantic", "urllib3"} and extras == {"aiokafka", "cryptography"}
+    own = ("memstream.client", "memstream.contract", "memstream.consumer", "memstream.sealing")
     seen: set[str] = set()
     for path in (CLIENT / "memstream").rglob("*.py"):
+        # memstream.consumer and memstream.sealing are the kafka extra's own packages
+        of_extra = path.parent.name in ("consumer", "sealing")
         for module, at_top in imports(ast.parse(path.read_text())):
             name = module.split(".")[0]
             seen.add(name)
             if name == "memstream":
-                assert module.startswith(("memstream.client", "memstream.contract")), (path,
-                                                                                        module)
+                assert module.startswith(own), (path, module)
+                assert of_extra or not module.startswith(own[2:]), (path, module)
             elif name not in sys.stdlib_module_names and name != "__future__":
                 assert name in base | extras, (path, module)
                 # an extra is imported where it is used, so the base install imports
-                assert name in base or not at_top, (path, module)
-    assert {"pydantic", "urllib3"} <= seen
+                assert name in base or of_extra or not at_top, (path, module)
+    assert {"pydantic", "urllib3", "aiokafka", "cryptography"} <= seen
 
 
 def test_the_servers_settings_are_a_client_connection_field_for_field():

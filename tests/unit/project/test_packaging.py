@@ -78,7 +78,7 @@ def test_wheel_metadata_has_the_version_and_the_license(wheel: Path, tmp_path: P
     assert where.startswith(str(tmp_path / "site")) and got == version
 
 
-def test_the_client_wheel_holds_the_client_and_the_contract_only(tmp_path: Path) -> None:
+def test_the_client_wheel_holds_the_client_distributions_packages_only(tmp_path: Path) -> None:
     """memstream-client: ``memstream`` is a namespace there (no ``__init__.py``), so the
     server's wheel installs its own ``memstream/__init__.py`` beside it."""
     src = copy_of_the_repository(tmp_path) / "clients" / "python"
@@ -87,17 +87,19 @@ def test_the_client_wheel_holds_the_client_and_the_contract_only(tmp_path: Path)
     names = zipfile.ZipFile(client_wheel).namelist()
     code = {n for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert "memstream/__init__.py" not in code
-    assert {n.split("/")[1] for n in code} == {"client", "contract"}
+    assert {n.split("/")[1] for n in code} == {"client", "contract", "consumer", "sealing"}
     for sub in ("client/__init__.py", "client/_http.py", "contract/records.py",
-                "contract/http_api/api.py", "contract/http_api/paths.py"):
+                "contract/http_api/api.py", "contract/http_api/paths.py",
+                "contract/events.py", "consumer/changes.py", "sealing/envelope.py"):
         assert f"memstream/{sub}" in code
     [meta] = [n for n in names if n.endswith(".dist-info/METADATA")]
     text = zipfile.ZipFile(client_wheel).read(meta).decode()
     requires = sorted(line.split(": ", 1)[1] for line in text.splitlines()
                       if line.startswith("Requires-Dist: "))
-    assert [re.split(r"[\[<>=; ]", r)[0] for r in requires] == ["aiokafka", "pydantic",
-                                                                 "urllib3"]
-    assert any("extra == \"kafka\"" in r for r in requires if r.startswith("aiokafka"))
+    assert [re.split(r"[\[<>=; ]", r)[0] for r in requires] == ["aiokafka", "cryptography",
+                                                                 "pydantic", "urllib3"]
+    for extra in ("aiokafka", "cryptography"):  # the consumer's: never the base install's
+        assert all("extra == \"kafka\"" in r for r in requires if r.startswith(extra))
     headers = text.split("\n\n")[0].splitlines()
     assert f"Version: {version}" in headers and "License-Expression: Apache-2.0" in headers
 

@@ -10,7 +10,7 @@ import pytest
 
 from examples.profile_projection import Projection
 from memstream.consumer import Received
-from memstream.topics.events import EventLineage, MemoryState
+from memstream.contract.events import EventLineage, MemoryState
 
 pytestmark = pytest.mark.unit
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

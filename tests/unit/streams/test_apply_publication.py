@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from memstream.contract.events import MemoryEvent
 from memstream.memory.applying import apply_decision, build_decision
 from memstream.memory.coalescing import on_tool
 from memstream.memory.embedding import HashingEmbedder
@@ -24,7 +25,7 @@ from memstream.streams.apply import publish
 from memstream.streams.counters import Counters
 from memstream.streams.extract import failed_decision, skip_decided
 from memstream.streams.stage import Work
-from memstream.topics.events import MemoryEvent
+from memstream.topics.publishing import public_event
 from memstream.topics.schemas import JobResult, JobStatus, MemoryChange
 from tests.unit.builders import P, forget_request, fresh, job, live, make_store
 
@@ -176,7 +177,7 @@ async def test_the_extract_skip_of_the_applied_job_republishes_then_sends_the_re
     # each change event followed by its public event, the same change, same transaction
     events = [MemoryEvent.model_validate_json(v) for t, _, v in work.out[1:-1:2] if t == "events"]
     assert [e.change_id for e in events] == [c.change_id for c in first.publish]
-    assert events == [MemoryEvent.of(c) for c in first.publish]
+    assert events == [public_event(c) for c in first.publish]
     topic, _, value = work.out[-1]
     assert topic == "results" and JobResult.model_validate_json(value).status == JobStatus.DONE
     assert p.counters.decisions_duplicate == 0  # counted once the transaction is committed

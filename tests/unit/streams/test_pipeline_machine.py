@@ -70,6 +70,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from memstream.contract.events import MemoryEvent
 from memstream.memory.applying import apply_change, apply_decision, build_decision
 from memstream.memory.coalescing import (
     next_deadline,
@@ -88,7 +89,7 @@ from memstream.streams.apply import publish
 from memstream.streams.counters import Counters
 from memstream.streams.extract import decide_with_retries, failed_decision, skip_decided
 from memstream.streams.stage import Work
-from memstream.topics.events import MemoryEvent
+from memstream.topics.publishing import is_public, public_event
 from memstream.topics.schemas import (
     ChatMessage,
     ExtractionJob,
@@ -325,7 +326,7 @@ class PipelineMachine(RuleBasedStateMachine):
                 self.topic.append(value)
             elif topic == "events":  # downstream's copy: right after its change event
                 public = MemoryEvent.model_validate_json(value)
-                assert public == MemoryEvent.of(MemoryChange.model_validate_json(self.topic[-1]))
+                assert public == public_event(MemoryChange.model_validate_json(self.topic[-1]))
                 self.events.append(public)
             else:
                 self.results.append(JobResult.model_validate_json(value))
@@ -571,7 +572,7 @@ class PipelineMachine(RuleBasedStateMachine):
         # (a restatement is not a public event)
         assert [e.change_id for e in self.events] == [
             c.change_id for c in map(MemoryChange.model_validate_json, self.topic)
-            if MemoryEvent.is_public(c)]
+            if is_public(c)]
 
         # the live values: the plain model (production rules), and I4 where promised
         live = self.check_slots(user)

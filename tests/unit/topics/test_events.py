@@ -1,6 +1,6 @@
-"""The public memory event (topics.events): built from real change events (add, update,
-delete, erase), slim on the wire, and valid against the JSON Schema files generated from
-the models (topics.jsonschema, docs/schemas/)."""
+"""The public memory event (contract.events, topics.publishing): built from real change
+events (add, update, delete, erase), slim on the wire, and valid against the JSON Schema
+files generated from the models (topics.jsonschema, docs/schemas/)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from memstream.contract.events import MemoryEvent
 from memstream.memory.applying import apply_decision, build_decision
 from memstream.memory.coalescing import on_tool
-from memstream.memory.crypto import envelope as crypto
 from memstream.memory.embedding import HashingEmbedder
 from memstream.memory.extraction import Extractor, RulesModel
-from memstream.topics.events import MemoryEvent
+from memstream.sealing import envelope as crypto
 from memstream.topics.jsonschema import SCHEMAS, render, schema_of, stale
+from memstream.topics.publishing import public_event
 from memstream.topics.schemas import MemoryChange
 from tests.unit.builders import P, forget_request, fresh, job, make_store, msg
 
@@ -55,11 +56,11 @@ def validator(name: str) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
 
 
-# --- MemoryEvent.of ---------------------------------------------------------------------
+# --- public_event ------------------------------------------------------------------------
 
 def test_an_add_maps_ids_version_content_and_lineage(changes):
     c = changes["add"]
-    e = MemoryEvent.of(c)
+    e = public_event(c)
     assert (e.change_id, e.op, e.tenant_id, e.user_id, e.memory_id, e.version) == (
         c.change_id, "add", "t1", "u1", c.memory_id, 1)
     assert e.before is None and e.after is not None and e.erased_versions is None
@@ -79,7 +80,7 @@ def test_an_add_maps_ids_version_content_and_lineage(changes):
 
 
 def test_an_update_carries_the_version_it_replaces_and_the_one_it_opens(changes):
-    e = MemoryEvent.of(changes["update"])
+    e = public_event(changes["update"])
     assert e.op == "update" and e.version == 2 and e.memory_id == changes["add"].memory_id
     assert e.before is not None and e.after is not None
     assert (e.before.version, e.before.content) == (1, "Lives in Oslo")
@@ -89,7 +90,7 @@ def test_an_update_carries_the_version_it_replaces_and_the_one_it_opens(changes)
 
 
 def test_a_delete_closes_its_version(changes):
-    e = MemoryEvent.of(changes["delete"])
+    e = public_event(changes["delete"])
     assert e.op == "delete" and e.version == 2  # the version it closes
     assert e.before is not None and e.after is not None
     assert (e.before.status, e.after.status) == ("active", "deleted")
@@ -98,19 +99,19 @@ def test_a_delete_closes_its_version(changes):
 
 def test_an_erase_carries_how_many_records_and_no_content(changes):
     c = changes["erase"]
-    e = MemoryEvent.of(c)
+    e = public_event(c)
     assert (e.op, e.memory_id, e.version, e.before, e.after) == ("erase", "*", 0, None, None)
     assert e.erased_versions == c.after["version_records"] == 2  # v1 and v2
     assert e.lineage.kind == "forget" and e.lineage.message_ids == ["forget-1"]
     asked = c.model_copy(update={"reason": "forget-me: ticket #4711, Jane Roe"})
-    assert e.reason == MemoryEvent.of(asked).reason == "forget-me"  # the words stay in the
+    assert e.reason == public_event(asked).reason == "forget-me"  # the words stay in the
     # audit (memory-changes): downstream learns that the user asked, not why
 
 
 @pytest.mark.parametrize("op", ["add", "update", "delete", "erase"])
 def test_the_wire_form_is_slim_and_parses_back_to_the_same_bytes(changes, op):
     c = changes[op]
-    e = MemoryEvent.of(c)
+    e = public_event(c)
     wire = e.dumps()
     body = json.loads(wire)
     for field in ("records", "vector", "prompt_tokens", "completion_tokens", "source", "extra"):
@@ -122,10 +123,10 @@ def test_the_wire_form_is_slim_and_parses_back_to_the_same_bytes(changes, op):
 
 
 def test_a_reader_ignores_fields_it_does_not_know(changes):
-    body = json.loads(MemoryEvent.of(changes["update"]).dumps())
+    body = json.loads(public_event(changes["update"]).dumps())
     body["priority"] = "high"
     body["after"]["embedding_model"] = "x"
-    assert MemoryEvent.model_validate(body) == MemoryEvent.of(changes["update"])
+    assert MemoryEvent.model_validate(body) == public_event(changes["update"])
 
 
 # --- JSON Schema ------------------------------------------------------------------------
@@ -141,7 +142,7 @@ def test_real_events_plain_sealed_and_erase_validate(changes):
     v = validator("memory-event.v1.json")
     key = crypto.new_data_key()
     for c in changes.values():
-        e = MemoryEvent.of(c)
+        e = public_event(c)
         v.validate(json.loads(e.dumps()))
         v.validate(json.loads(crypto.seal_event(e, "k1", key).dumps()))
 
@@ -165,7 +166,7 @@ def test_a_chat_message_validates_against_its_schema():
         "lineage-no-job"])
 def test_a_broken_event_is_rejected_by_the_schema(changes, broken):
     v = validator("memory-event.v1.json")
-    body = json.loads(MemoryEvent.of(changes["update"]).dumps())
+    body = json.loads(public_event(changes["update"]).dumps())
     assert v.is_valid(body)
     broken(body)
     assert not v.is_valid(body)

@@ -15,7 +15,8 @@ from array import array
 import pytest
 
 from memstream.core.errors import InvalidRecord
-from memstream.memory.crypto import envelope as crypto
+from memstream.memory.crypto import change_sealing
+from memstream.sealing import envelope as crypto
 from memstream.topics.codec import decode, decode_own
 from memstream.topics.schemas import (
     JobDecision,
@@ -138,8 +139,8 @@ def test_decode_own_refuses_what_is_not_a_change_event():
 def test_a_sealed_change_still_opens_to_the_same_vector():
     c = with_vector(embedding())
     key = crypto.new_data_key()
-    sealed = decode_own(MemoryChange, crypto.seal_change(c, "k1", key).dumps())
+    sealed = decode_own(MemoryChange, change_sealing.seal_change(c, "k1", key).dumps())
     assert sealed.vector is None and sealed.sealed
-    opened = crypto.open_change(sealed, {"k1": key})
+    opened = change_sealing.open_change(sealed, {"k1": key})
     assert opened is not None and opened.vector == c.vector
     assert opened.dumps() == c.dumps()

@@ -1,7 +1,7 @@
 """The records of the ``<prefix>.user-keys`` topic, their signatures, and who opens them.
 
 Pure: parsing, encoding, signing and verifying; no I/O, no clock. The follower that keeps a
-worker's (or a downstream reader's) view is :mod:`memstream.memory.crypto.user_keys`.
+worker's (or a downstream reader's) view is :mod:`memstream.sealing.user_keys`.
 
 Record layout (keys are UTF-8, values JSON)::
 
@@ -42,14 +42,13 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from memstream.core.errors import ConfigError, InvalidRecord
-from memstream.core.settings import Settings
-from memstream.memory.crypto import envelope as crypto
-from memstream.topics.schemas import ID_PATTERN
+from memstream.contract.exceptions import ConfigError, InvalidRecord
+from memstream.contract.records import ID_PATTERN
+from memstream.sealing import envelope as crypto
 
 FORGOTTEN = "!forgotten"
 KEK = "!kek"
@@ -239,14 +238,20 @@ class Keyring:
     legacy_markers: bool = False  # workers accept markers without msig (the upgrade)
 
     @classmethod
-    def of(cls, settings: Settings) -> Keyring:
+    def of(cls, settings: Any) -> Keyring:
+        """From the server's ``Settings`` or any object with its key fields (``master_key``,
+        ``master_key_version``, ``master_key_previous``, ``forget_markers_legacy``,
+        ``read_keys``; one it lacks: unset)."""
         ring = cls()
         masters: dict[int, str] = {}
-        if settings.master_key is not None:
-            ring.version = settings.master_key_version
-            masters[settings.master_key_version] = settings.master_key.get_secret_value()
-        if settings.master_key_previous is not None:
-            for n, entry in enumerate(settings.master_key_previous.get_secret_value()
+        master_key = getattr(settings, "master_key", None)
+        previous = getattr(settings, "master_key_previous", None)
+        read_keys = getattr(settings, "read_keys", None)
+        if master_key is not None:
+            ring.version = int(getattr(settings, "master_key_version", 1))
+            masters[ring.version] = master_key.get_secret_value()
+        if previous is not None:
+            for n, entry in enumerate(previous.get_secret_value()
                                       .split(",")):
                 version, sep, key = entry.strip().partition(":")
                 if not sep or not version.isdigit() or int(version) < 1:
@@ -258,10 +263,10 @@ class Keyring:
                 masters.setdefault(int(version), key)
         ring.wrapping = {v: crypto.master_wrapping_key(k, v) for v, k in masters.items()}
         ring.signing = {v: crypto.marker_signing_key(k, v) for v, k in masters.items()}
-        ring.legacy_markers = settings.forget_markers_legacy
+        ring.legacy_markers = bool(getattr(settings, "forget_markers_legacy", False))
         ring.legacy = [crypto.kek_from(k) for k in masters.values()]
-        if settings.read_keys is not None:
-            ring.read = decode_read_keys(settings.read_keys.get_secret_value())
+        if read_keys is not None:
+            ring.read = decode_read_keys(read_keys.get_secret_value())
         return ring
 
     @property

@@ -9,9 +9,12 @@ same changes in the same order. Its fields are a contract (``docs/consuming.md``
 they do not know.
 
 With a master key, ``before``, ``after`` and ``reason`` travel sealed with the user's data
-key, the same key that seals the change event (:mod:`memory.crypto.envelope`): a forget-me shreds
+key, the same key that seals the change event (:mod:`sealing.envelope`): a forget-me shreds
 it, and every copy of the user's content on both topics stops opening at once.
 
+Part of the wire contract (the ``memstream-client`` distribution: :mod:`memstream.consumer`
+reads these); the server builds them from its change events
+(:mod:`memstream.topics.publishing`).
 Pure: no I/O.
 """
 
@@ -22,11 +25,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from memstream.topics.schemas import Event, MemoryChange, Timestamp
+from memstream.contract.records import Event, Timestamp
 
 EventOp = Literal["add", "update", "delete", "erase"]
-# changelog ops that are no public event (MemoryEvent.is_public)
-PRIVATE_OPS = frozenset({"restate", "archive"})
 
 
 def _time(value: Any) -> datetime | None:
@@ -140,29 +141,12 @@ class MemoryEvent(Event):
     sealed: str | None = Field(None, description="With a master key: before, after and reason, "
                                                  "sealed with the user's data key")
 
-    @staticmethod
-    def is_public(change: MemoryChange) -> bool:
-        """Whether ``change`` is an event downstream sees. A restatement is not: it changes
-        nothing a reader sees but a later version's ``stated_time`` (the memory-change topic
-        carries it for rebuilds), and the v1 contract's ops are closed."""
-        return change.op not in PRIVATE_OPS
 
-    @classmethod
-    def of(cls, change: MemoryChange) -> MemoryEvent:
-        """The public event of a change event (plain, before any sealing)."""
-        erase = change.op == "erase"
-        lin = change.lineage
-        return cls(
-            change_id=change.change_id, op=change.op, tenant_id=change.tenant_id,
-            user_id=change.user_id, memory_id=change.memory_id, version=change.version,
-            before=MemoryState.of(change.before), after=MemoryState.of(change.after),
-            reason="forget-me" if erase else change.reason,  # the request's words stay in
-            # the audit (memory-changes): downstream learns that, not why
-            lineage=EventLineage(kind=lin.kind, session_id=lin.session_id,
-                                 from_seq=lin.from_seq, to_seq=lin.to_seq,
-                                 message_ids=list(lin.message_ids), job_id=lin.job_id,
-                                 job_seq=lin.seq, actor=lin.actor),
-            model=change.model, prompt_version=change.prompt_version,
-            decided_at=change.decided_at,
-            erased_versions=int(change.after.get("version_records", 0)) if erase else None,
-        )
+# The topics a downstream reader reads, named under the deployment's ``topic_prefix``.
+MEMORY_EVENTS_TOPIC = "memory-events"  # these events
+USER_KEYS_TOPIC = "user-keys"  # the users' data keys that open sealed ones (compacted)
+
+
+def topic_name(prefix: str, name: str) -> str:
+    """The full name of one of memstream's topics (``<prefix>.<name>``)."""
+    return f"{prefix}.{name}"

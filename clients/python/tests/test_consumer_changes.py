@@ -14,22 +14,27 @@ import pytest
 from aiokafka.structs import TopicPartition
 
 from memstream.consumer import (
+    ConsumerSettings,
     ContentUnavailable,
     MemoryChanges,
     MemoryChangesSync,
     opening,
     placing,
+    reading,
 )
 from memstream.consumer.changes import _Listener
 from memstream.consumer.opening import Opener
-from memstream.core import kafka
-from memstream.core.settings import Settings
-from memstream.memory.crypto import envelope as crypto
-from memstream.topics.events import EventLineage, MemoryEvent, MemoryState
-from memstream.topics.registry import registry
+from memstream.contract.events import (
+    MEMORY_EVENTS_TOPIC,
+    EventLineage,
+    MemoryEvent,
+    MemoryState,
+    topic_name,
+)
+from memstream.sealing import envelope as crypto
 
 pytestmark = pytest.mark.unit
-TOPIC = registry(Settings()).memory_events.name
+TOPIC = topic_name("memstream", MEMORY_EVENTS_TOPIC)
 TP0, TP1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -95,7 +100,7 @@ class FakeConsumer:
         return out
 
     async def read_ranges(self, settings, tps, take, *, start, end, idle_timeout_s) -> None:
-        """memstream.core.topic_reader.read_ranges over this log."""
+        """memstream.consumer.reading.read_ranges over this log."""
         self.read_backs.append((list(tps), start, end))
         for tp in tps:
             take(tp, [self.record(tp, o) for o in range(start[tp], end[tp])])
@@ -111,10 +116,10 @@ class FakeConsumer:
 
 
 def patched(monkeypatch, log, stored=None) -> FakeConsumer:
-    """kafka.consumer, read_ranges and topic_partitions on the fake's log."""
+    """reading.consumer, read_ranges and topic_partitions on the fake's log."""
     fake = FakeConsumer(log)
     fake.stored = dict(stored or {})
-    monkeypatch.setattr(kafka, "consumer", lambda _s, **c: fake.config.update(c) or fake)
+    monkeypatch.setattr(reading, "consumer", lambda _s, **c: fake.config.update(c) or fake)
     monkeypatch.setattr(placing, "read_ranges", fake.read_ranges)
     monkeypatch.setattr(placing, "topic_partitions", fake.partitions)
     return fake
@@ -123,7 +128,7 @@ def patched(monkeypatch, log, stored=None) -> FakeConsumer:
 async def started(monkeypatch, log, stored=None, **kw) -> tuple[MemoryChanges, FakeConsumer]:
     fake = patched(monkeypatch, log, stored)
     kw = {"group_id": "g", "commit_interval_s": 0.0, "idle_timeout_s": 0.0, **kw}
-    reader = await MemoryChanges(Settings(), **kw).start()
+    reader = await MemoryChanges(ConsumerSettings(), **kw).start()
     if reader.group_id is not None:
         await fake.rebalance(set(), set(fake.log))
     return reader, fake
@@ -162,7 +167,7 @@ async def test_stop_commits_the_event_the_caller_finished_last(monkeypatch):
 async def test_a_handler_that_raises_leaves_its_event_uncommitted(monkeypatch):
     fake = patched(monkeypatch, {0: [ev("a"), ev("b"), ev("c")]})
     with pytest.raises(RuntimeError):
-        async with MemoryChanges(Settings(), group_id="g", commit_interval_s=60) as reader:
+        async with MemoryChanges(ConsumerSettings(), group_id="g", commit_interval_s=60) as reader:
             await fake.rebalance(set(), {TP0})
             async for e in reader:
                 if e.change_id == "b":
@@ -213,7 +218,7 @@ async def test_other_tenants_and_users_are_skipped_but_passed(monkeypatch):
     assert await ids(reader) == [(0, 0, "a"), (0, 3, "d")]
     assert reader.stats.filtered == 2 and fake.stored == {TP0: 4}
     with pytest.raises(ValueError):
-        MemoryChanges(Settings(), group_id="g", user="u1")
+        MemoryChanges(ConsumerSettings(), group_id="g", user="u1")
 
 
 async def test_an_invalid_record_is_logged_counted_and_passed(monkeypatch, caplog):
@@ -271,7 +276,7 @@ async def test_sealed_events_without_a_master_key_arrive_with_ids_only(monkeypat
 
 def test_the_sync_reader_without_a_group_reads_every_partition(monkeypatch):
     fake = patched(monkeypatch, {0: [ev("a")], 1: [ev("b"), ev("a")]})
-    with MemoryChangesSync(Settings(), group_id=None, idle_timeout_s=0.0) as changes:
+    with MemoryChangesSync(ConsumerSettings(), group_id=None, idle_timeout_s=0.0) as changes:
         got = [(e.partition, e.change_id) for e in changes]
         assert changes.stats.delivered == 3
     assert got == [(0, "a"), (1, "b"), (1, "a")] and fake.commits == [] and fake.stopped
@@ -304,7 +309,7 @@ class FakeKeys:
 
 
 def opener(keys: FakeKeys | None = None, require: bool = False) -> Opener:
-    o = Opener(Settings(), "keys", require_content=require)
+    o = Opener(ConsumerSettings(), "keys", require_content=require)
     o._keys = keys  # type: ignore[assignment]
     return o
 
@@ -382,7 +387,7 @@ async def test_an_opener_error_keeps_the_event_for_the_next_call(monkeypatch):
 
 async def test_a_partition_whose_placing_failed_is_placed_at_the_next_call(monkeypatch):
     fake = patched(monkeypatch, {0: [ev("a")]})
-    reader = await MemoryChanges(Settings(), group_id="g", idle_timeout_s=0.0).start()
+    reader = await MemoryChanges(ConsumerSettings(), group_id="g", idle_timeout_s=0.0).start()
     real, failures = fake.committed, [ConnectionError("coordinator away")]
 
     async def committed(tp):

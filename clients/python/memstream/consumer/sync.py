@@ -19,7 +19,6 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from memstream.consumer.changes import MemoryChanges, Received
-from memstream.core.settings import Settings
 
 T = TypeVar("T")
 
@@ -28,7 +27,7 @@ class MemoryChangesSync:
     """Blocking iterator of :class:`Received` events; takes :class:`MemoryChanges`'s
     arguments."""
 
-    def __init__(self, settings: Settings, **kwargs: Any) -> None:
+    def __init__(self, settings: Any, **kwargs: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever,
                                         name="memstream-changes", daemon=True)
@@ -77,5 +76,5 @@ class MemoryChangesSync:
         return self.reader.stats
 
 
-async def _make(settings: Settings, kwargs: dict[str, Any]) -> MemoryChanges:
+async def _make(settings: Any, kwargs: dict[str, Any]) -> MemoryChanges:
     return MemoryChanges(settings, **kwargs)  # built on the reader's loop

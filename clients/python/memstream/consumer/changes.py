@@ -34,15 +34,17 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 from pydantic import ValidationError
 
-from memstream.consumer import placing
+from memstream.consumer import placing, reading
 from memstream.consumer.dedup import RecentIds
 from memstream.consumer.opening import Content, Opener
-from memstream.core import kafka
-from memstream.core.errors import InvalidRecord
-from memstream.core.settings import Settings
-from memstream.core.topic_reader import Record
-from memstream.topics.events import MemoryEvent
-from memstream.topics.registry import registry
+from memstream.consumer.reading import Record
+from memstream.contract.events import (
+    MEMORY_EVENTS_TOPIC,
+    USER_KEYS_TOPIC,
+    MemoryEvent,
+    topic_name,
+)
+from memstream.contract.exceptions import InvalidRecord
 
 log = logging.getLogger(__name__)
 COMMIT_TIMEOUT_S = 10.0
@@ -71,9 +73,14 @@ class Stats:
 
 
 class MemoryChanges:
-    """Async iterator of :class:`Received` events (see the module docstring)."""
+    """Async iterator of :class:`Received` events (see the module docstring).
 
-    def __init__(self, settings: Settings, *, group_id: str | None,
+    ``settings``: the server's ``Settings``, a :class:`memstream.client.KafkaConnection`
+    or any object with the Kafka connection's fields, ``topic_prefix`` (default
+    ``memstream``) and, for sealed content, ``master_key`` or ``read_keys``
+    (:class:`memstream.consumer.ConsumerSettings` reads them from ``MEMSTREAM_*``)."""
+
+    def __init__(self, settings: Any, *, group_id: str | None,
                  tenant: str | None = None, user: str | None = None,
                  from_beginning: bool = True, dedup_window: int = 20_000,
                  commit_interval_s: float = 1.0, require_content: bool = False,
@@ -81,9 +88,9 @@ class MemoryChanges:
                  idle_timeout_s: float | None = None) -> None:
         if user is not None and tenant is None:
             raise ValueError("a user filter needs its tenant")
-        topics = registry(settings)
+        prefix = getattr(settings, "topic_prefix", "memstream")
         self.settings = settings
-        self.topic = topics.memory_events.name
+        self.topic = topic_name(prefix, MEMORY_EVENTS_TOPIC)
         self.group_id = group_id
         self.tenant, self.user = tenant, user
         self.from_beginning = from_beginning
@@ -92,7 +99,8 @@ class MemoryChanges:
         self.idle_timeout_s = idle_timeout_s
         self.stats = Stats()
         self._recent = RecentIds(dedup_window)
-        self._opener = Opener(settings, topics.user_keys.name, require_content=require_content)
+        self._opener = Opener(settings, topic_name(prefix, USER_KEYS_TOPIC),
+                              require_content=require_content)
         self._consumer: AIOKafkaConsumer | None = None
         self._buffer: collections.deque[Record] = collections.deque()
         self._warm: set[TopicPartition] = set()  # assigned, not read back and placed yet
@@ -107,11 +115,11 @@ class MemoryChanges:
     async def start(self) -> MemoryChanges:
         try:
             await self._opener.start()
-            self._consumer = kafka.consumer(
+            self._consumer = reading.consumer(
                 self.settings, group_id=self.group_id, enable_auto_commit=False,
                 isolation_level="read_committed",
                 auto_offset_reset="earliest" if self.from_beginning else "latest")
-            await kafka.started(self._consumer)
+            await reading.started(self._consumer)
             if self.group_id is not None:
                 self._consumer.subscribe([self.topic], listener=_Listener(self))
             else:
@@ -139,7 +147,7 @@ class MemoryChanges:
     async def _close(self) -> None:
         try:
             if self._consumer is not None:
-                await kafka.stopped(self._consumer)
+                await reading.stopped(self._consumer)
         finally:
             self._consumer = None
             await self._opener.stop()

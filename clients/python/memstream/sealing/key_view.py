@@ -1,6 +1,6 @@
 """A process's view of the user-keys topic: pure, no I/O (the follower that feeds it and
-writes through it is :mod:`memstream.memory.crypto.user_keys`; the records are
-:mod:`memstream.memory.crypto.key_records`).
+writes through it is the server's ``memstream.memory.crypto.user_keys``, a downstream
+reader's ``memstream.consumer.reader_keys``; the records are :mod:`memstream.sealing.key_records`).
 
 What a producer without the keys can do is bounded here: a record that does not parse,
 unwrap or verify is set aside (``rejected``, a log line with its offset, and a dead letter
@@ -8,7 +8,7 @@ without its value), leaves no entry in the view (state is made only for what ope
 verified: a flood of forged records grows nothing but counters; a reader's keys under
 tenant KEKs it lacks, which it cannot check, are bounded by ``LOCKED_MAX``) and the view
 goes on; a forget marker is taken by a worker only by its master-derived ``msig``, by a
-reader by its KEK-derived ``sig`` (:mod:`memstream.memory.crypto.key_records`); a later
+reader by its KEK-derived ``sig`` (:mod:`memstream.sealing.key_records`); a later
 record of a key id replaces the earlier only if it unwraps to the same key; a marker that
 does not verify is ignored; a tombstone is honoured only for a key id a verified marker
 lists (:meth:`KeyView.repairs` writes the key back otherwise, so compaction cannot lose
@@ -25,15 +25,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
-from memstream.core.errors import InvalidRecord, describe
-from memstream.memory.crypto import envelope as crypto
-from memstream.memory.crypto import key_records as rec
-from memstream.memory.crypto.key_records import FORGOTTEN, KEK, ROLL, Keyring
-from memstream.topics.codec import dead_letter
-from memstream.topics.events import MemoryEvent
+from memstream.contract.exceptions import InvalidRecord, describe
+from memstream.sealing import envelope as crypto
+from memstream.sealing import key_records as rec
+from memstream.sealing.key_records import FORGOTTEN, KEK, ROLL, Keyring
 
 log = logging.getLogger("memstream.memory.crypto.user_keys")
 _LOGGED = 50  # rejections logged at warning level; later ones at debug
@@ -120,8 +117,6 @@ class KeyView:
         self._plain: dict[tuple[str, str, str], bytes] = {}  # (tenant, user, key id) -> key
         self._locked = 0  # key ids locked to this reader, all users
         self.rejected_kinds: dict[str, int] = {}  # records set aside, by InvalidRecord.kind
-        self.dead_letters = False  # keep dead letters of set-aside records (a writer's)
-        self.dead: list[tuple[bytes | None, bytes]] = []  # (key, dead letter) not yet sent
         self.settled = False  # the first read reached the end (settle)
         self._waiting: dict[str, list[tuple[bytes | None, bytes | None, Any]]] = {}
         self._unopened: dict[bytes | None, tuple[bytes | None, Any, InvalidRecord]] = {}
@@ -210,13 +205,13 @@ class KeyView:
                 name, offset, describe(exc))
         if self._on_reject is not None:
             self._on_reject(exc)
-        if self.dead_letters:
-            letter = dead_letter(exc, topic=self.topic, partition=getattr(where, "partition", 0),
-                                 offset=offset, key=key, value=value, now=datetime.now(UTC))
-            letter = letter.model_copy(update={"value_b64": "", "truncated": True})
-            self.dead.append((key, letter.dumps()))  # no key material: its sha256 only
+        self.set_aside(exc, key, value, where)
         with contextlib.suppress(InvalidRecord):  # a key that names no record: nothing kept
             self._keep(*rec.parse_key(key))
+
+    def set_aside(self, exc: InvalidRecord, key: bytes | None, value: bytes | None,
+                  where: Any) -> None:
+        """A record set aside: a writer keeps its dead letter (the workers' view)."""
 
     def _apply(self, key: bytes | None, value: bytes | None) -> None:
         if key == ROLL.encode():
@@ -371,15 +366,6 @@ class KeyView:
     def keks_of(self, tenant: str) -> dict[str, bytes]:
         t = self._tenants.get(tenant)
         return dict(t.keks) if t else {}
-
-    def opener(self) -> Any:
-        """For readers: change (or public event) -> opened, or None when its key is gone."""
-        def open_one(change: Any) -> Any:
-            keys = self.keys_of(change.tenant_id, change.user_id)
-            if isinstance(change, MemoryEvent):
-                return crypto.open_event(change, keys)
-            return crypto.open_change(change, keys)
-        return open_one
 
     def rotation(self) -> Rotation:
         """The records that move this view under the current master version: tenant KEKs

@@ -16,11 +16,10 @@ import logging
 import time
 from typing import Literal
 
-from memstream.core.errors import MemstreamError
-from memstream.core.settings import Settings
-from memstream.memory.crypto import envelope as crypto
-from memstream.memory.crypto.user_keys import UserKeys
-from memstream.topics.events import MemoryEvent
+from memstream.consumer.reader_keys import ReaderKeys
+from memstream.contract.events import MemoryEvent
+from memstream.contract.exceptions import MemstreamError
+from memstream.sealing import envelope as crypto
 
 log = logging.getLogger(__name__)
 Content = Literal["plain", "opened", "sealed", "shredded"]
@@ -35,21 +34,23 @@ class ContentUnavailable(MemstreamError):
 
 class Opener:
     """Opens events with the user keys a master key or read keys unwrap
-    (:class:`UserKeys`)."""
+    (:class:`ReaderKeys`); ``settings``: the server's ``Settings`` or any object with
+    ``master_key`` / ``read_keys`` (and the Kafka connection's fields)."""
 
-    def __init__(self, settings: Settings, keys_topic: str, *, require_content: bool) -> None:
+    def __init__(self, settings: object, keys_topic: str, *, require_content: bool) -> None:
         self._settings = settings
         self._topic = keys_topic
         self._require = require_content
-        self._keys: UserKeys | None = None
+        self._keys: ReaderKeys | None = None
         self._warned = False
         self._foreign: set[str] = set()  # tenants told about: no read key here
 
     async def start(self) -> None:
-        if self._settings.master_key is None and self._settings.read_keys is None:
+        if getattr(self._settings, "master_key", None) is None and \
+                getattr(self._settings, "read_keys", None) is None:
             return
-        self._keys = UserKeys(self._settings, self._topic)
-        await self._keys.start(write=False)
+        self._keys = ReaderKeys(self._settings, self._topic)
+        await self._keys.start()
 
     async def stop(self) -> None:
         if self._keys is not None:

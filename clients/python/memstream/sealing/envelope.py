@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import os
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -27,16 +27,15 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from pydantic import BaseModel, ValidationError
 
-from memstream.core.errors import ConfigError, InvalidRecord
-from memstream.topics.events import MemoryEvent, MemoryState
-from memstream.topics.schemas import WIRE, MemoryChange, Vector
+from memstream.contract.events import MemoryEvent, MemoryState
+from memstream.contract.exceptions import ConfigError, InvalidRecord
+from memstream.contract.records import WIRE
 
 _C = TypeVar("_C", bound=BaseModel)
 VERSION = "v1"
 NONCE_BYTES = 12
-# what sealing moves into the blob, and the values those fields are left with
-SEALED_FIELDS: dict[str, Any] = {"before": None, "after": {}, "records": [], "vector": None,
-                                 "reason": ""}
+# what sealing moves into the blob, and the values those fields are left with (a change
+# event's: memstream.memory.crypto.change_sealing)
 EVENT_SEALED_FIELDS: dict[str, Any] = {"before": None, "after": None, "reason": ""}  # public
 
 
@@ -143,15 +142,6 @@ def unwrap(kek: bytes, wrapped: str, tenant: str, user: str, key_id: str) -> byt
     return _dec(kek, wrapped, f"key\x1f{tenant}\x1f{user}\x1f{key_id}")
 
 
-def _aad(change: MemoryChange) -> str:
-    return f"change\x1f{change.tenant_id}\x1f{change.user_id}\x1f{change.change_id}"
-
-
-def seal_change(change: MemoryChange, key_id: str, data_key: bytes) -> MemoryChange:
-    """The change with its content sealed (``sealed`` = "v1:<key id>:<nonce+ciphertext>")."""
-    return _sealed(change, key_id, data_key, _aad(change), SEALED_FIELDS)
-
-
 def _event_aad(event: MemoryEvent) -> str:
     return f"event\x1f{event.tenant_id}\x1f{event.user_id}\x1f{event.change_id}"
 
@@ -160,16 +150,29 @@ def seal_event(event: MemoryEvent, key_id: str, data_key: bytes) -> MemoryEvent:
     """The public event with its content sealed, with the key that seals its change event
     (a forget-me shreds both at once); the associated data differs, so a blob of one topic
     never opens as the other's."""
-    return _sealed(event, key_id, data_key, _event_aad(event), EVENT_SEALED_FIELDS)
+    return sealed(event, key_id, data_key, _event_aad(event), EVENT_SEALED_FIELDS)
 
 
 def open_event(event: MemoryEvent, keys: Mapping[str, bytes]) -> MemoryEvent | None:
     """The public event with its content back; unsealed ones as they are; None when its
     data key is gone (the user was forgotten)."""
-    return _opened(event, keys, _event_aad(event), _EventContent)
+    return opened(event, keys, _event_aad(event), _EventContent)
 
 
-def sealed_key_id(change: MemoryChange | MemoryEvent) -> str | None:
+class Sealable(Protocol):
+    """A record whose content can travel sealed: a public event, or a change event."""
+
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def user_id(self) -> str: ...
+    @property
+    def change_id(self) -> str: ...
+    @property
+    def sealed(self) -> str | None: ...
+
+
+def sealed_key_id(change: Sealable) -> str | None:
     if not change.sealed:
         return None
     parts = change.sealed.split(":", 2)
@@ -181,47 +184,33 @@ def sealed_key_id(change: MemoryChange | MemoryEvent) -> str | None:
     return key_id
 
 
-def open_change(change: MemoryChange, keys: Mapping[str, bytes]) -> MemoryChange | None:
-    """The change with its content back; unsealed ones as they are; None when its data key
-    is gone (the user was forgotten)."""
-    return _opened(change, keys, _aad(change), _Content)
+_E = TypeVar("_E", bound=BaseModel)
 
 
-_E = TypeVar("_E", MemoryChange, MemoryEvent)
-
-
-def _sealed(plain: _E, key_id: str, data_key: bytes, aad: str,
+def sealed(plain: _E, key_id: str, data_key: bytes, aad: str,
             emptied: Mapping[str, Any]) -> _E:
-    """``plain`` with the fields of ``emptied`` sealed into ``sealed`` and set to those
-    values. pydantic-core dumps them, a vector packed as on the wire (a float list is ~4x
-    the bytes; the content models read both forms, so blobs sealed before 2026-12-02 still
-    open)."""
+    """``plain`` (a record with tenant, user and change ids) with the fields of ``emptied``
+    sealed into ``sealed`` and set to those values. pydantic-core dumps them, a vector
+    packed as on the wire (a float list is ~4x the bytes; the content models read both
+    forms, so blobs sealed before 2026-12-02 still open)."""
     content = plain.model_dump_json(include=set(emptied), context=WIRE).encode()
     token = _enc(data_key, content, aad)
     return plain.model_copy(update={**emptied, "sealed": f"{VERSION}:{key_id}:{token}"})
 
 
-def _opened(sealed: _E, keys: Mapping[str, bytes], aad: str,
-            content: type[BaseModel]) -> _E | None:
-    key_id = sealed_key_id(sealed)
-    if key_id is None:
-        return sealed
+def opened(closed: _E, keys: Mapping[str, bytes], aad: str,
+           content: type[BaseModel]) -> _E | None:
+    """``closed`` with the fields of ``content`` back from its ``sealed`` blob; as it is
+    when plain; None when its key is not in ``keys``."""
+    blob: str | None = getattr(closed, "sealed", None)
+    key_id = sealed_key_id(closed)  # type: ignore[arg-type]
+    if key_id is None or blob is None:
+        return closed
     key = keys.get(key_id)
     if key is None:
         return None
-    assert sealed.sealed is not None
-    found = _parsed(content, _dec(key, sealed.sealed.split(":", 2)[2], aad))
-    return sealed.model_copy(update={**found.__dict__, "sealed": None})
-
-
-class _Content(BaseModel):
-    """The sealed part of a change event (parsed by pydantic-core: vectors are long)."""
-
-    before: dict[str, Any] | None = None
-    after: dict[str, Any]
-    records: list[dict[str, Any]]
-    vector: Vector = None
-    reason: str = ""
+    found = _parsed(content, _dec(key, blob.split(":", 2)[2], aad))
+    return closed.model_copy(update={**found.__dict__, "sealed": None})
 
 
 class _EventContent(BaseModel):

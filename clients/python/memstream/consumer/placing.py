@@ -11,7 +11,7 @@ next call tries again.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.partitioner import DefaultPartitioner
@@ -19,9 +19,8 @@ from aiokafka.structs import TopicPartition
 from pydantic import BaseModel
 
 from memstream.consumer.dedup import RecentIds
-from memstream.core.settings import Settings
-from memstream.core.topic_reader import Record, read_ranges, topic_partitions
-from memstream.topics.schemas import user_key
+from memstream.consumer.reading import Record, read_ranges, topic_partitions
+from memstream.contract.records import user_key
 
 READ_BACK_IDLE_S = 60.0
 
@@ -29,7 +28,7 @@ READ_BACK_IDLE_S = 60.0
 class Reader(Protocol):
     """What placing uses of :class:`memstream.consumer.changes.MemoryChanges`."""
 
-    settings: Settings
+    settings: Any
     group_id: str | None
     from_beginning: bool
     start_at: Callable[[int], int | None] | None
@@ -41,7 +40,7 @@ class Reader(Protocol):
     _committed: dict[TopicPartition, int]
 
 
-async def wanted(settings: Settings, topic: str, tenant: str | None,
+async def wanted(settings: Any, topic: str, tenant: str | None,
                  user: str | None) -> list[TopicPartition]:
     """Without a group: every partition, or only the user's."""
     tps = await topic_partitions(settings, topic)
