@@ -1,8 +1,8 @@
 """The governance metrics of SPEC §8 as pure functions over plain numbers (no Prometheus,
-no Kafka): what the worker's ``/v1/metrics/summary`` answers and what the README's PromQL
-rules compute from the exported counters.
+no Kafka): what the worker's ``/v1/metrics/summary`` answers and what the PromQL rules of
+docs/operations.md compute from the exported counters.
 
-Definitions (the README lists them with their alerts):
+Definitions (docs/operations.md, "Metrics", lists them with their alerts):
 
 - **write volume**: memory changes applied per day (every op of every lineage kind);
 - **hit rate**: retrievals whose best returned memory has a relevance (cosine) at or above

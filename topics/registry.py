@@ -260,7 +260,7 @@ def compaction_within(bound_s: float) -> dict[str, str]:
 
 TABLES = ("ingest-state", "session-window", "maintenance")  # the worker's changelog-backed tables
 # A snapshot carries the user's unscanned messages: while an LLM outage keeps jobs failing
-# it grows, so the ingest state's changelog takes large records (README, known limits).
+# it grows, so the ingest state's changelog takes large records (docs/limits.md).
 SNAPSHOT_MAX_BYTES = 16 * 1024 * 1024
 
 

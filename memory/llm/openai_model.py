@@ -108,7 +108,7 @@ def retry_policy(settings: Settings) -> RetryPolicy:
 
 class OpenAIModel:
     """``two_step``: extract once per job, decide once per candidate (1 + n calls).
-    ``combined``: one call per job that extracts and decides together (see the README for
+    ``combined``: one call per job that extracts and decides together (see docs/benchmarks.md for
     the measured difference).
 
     ``clock`` is the clock of the deadlines (the pipeline's, ``time.time``); ``sleep`` and

@@ -1,4 +1,4 @@
-"""``memstream replay``: the command around :mod:`memstream.ops.replay` (README: "Replay")."""
+"""``memstream replay``: the command around :mod:`memstream.ops.replay` (docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ metrics of SPEC §8 computed over this worker's counters since it started, and t
 numbers they come from (definitions: :mod:`memstream.memory.governance_metrics`).
 
 Counters are per worker process and restart at zero: for a fleet or a time window, use the
-Prometheus counters of ``/metrics`` and the README's PromQL instead.
+Prometheus counters of ``/metrics`` and the PromQL of docs/operations.md instead.
 """
 
 from __future__ import annotations
