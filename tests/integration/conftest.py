@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 import pytest_asyncio
 from qdrant_client import QdrantClient
@@ -45,6 +46,7 @@ from memstream.topics.schemas import (
     MemoryChange,
     SessionEvent,
 )
+from memstream.web.keys_topic import create_key
 
 TEST_PORT = int(os.environ.get("MEMSTREAM_TEST_KAFKA_PORT", "19092"))
 
@@ -271,6 +273,24 @@ async def until(probe: Callable[[], Awaitable[T | None]], what: str,
 
 
 # --- conversations, barriers and the change log, shared by the end-to-end modules ------------
+
+async def answering(base: str, key: str, path: str, what: str, timeout: float = 60.0) -> None:
+    """Until the worker at ``base`` answers ``GET path`` with 200 for ``key`` (a barrier: the
+    API is up, or a key just created has reached the worker's key view)."""
+    async with httpx.AsyncClient(base_url=base) as web:
+        async def ok() -> bool | None:
+            r = await web.get(path, headers={"Authorization": f"Bearer {key}"})
+            return True if r.status_code == 200 else None
+
+        await until(ok, what, timeout=timeout)
+
+
+async def tenant_key(h: Harness, base: str, tenant: str, path: str) -> str:
+    """A new key of ``tenant``, once the worker at ``base`` takes it (``GET path``)."""
+    key, _ = await create_key(h.settings, tenant)
+    await answering(base, key, path, "the worker to know the new key")
+    return key
+
 
 def turns(user: str, session: str, texts: list[str], tenant: str = "acme"):
     out = []

@@ -13,8 +13,14 @@ import pytest_asyncio
 from memstream.client import AsyncMemoryClient
 from memstream.contract.http_api import paths
 from memstream.contract.http_api.intake import MessagesAccepted, SessionEndAccepted
-from memstream.web.keys_topic import create_key
-from tests.integration.conftest import free_port, running, until, wait_covered
+from tests.integration.conftest import (
+    answering,
+    free_port,
+    running,
+    tenant_key,
+    until,
+    wait_covered,
+)
 
 pytestmark = pytest.mark.integration
 ADMIN = "admin-key-47-0123456789abcdef0123456789"
@@ -27,25 +33,13 @@ async def api(kafka_bootstrap, tmp_path_factory):
     async with running(kafka_bootstrap, tmp_path_factory.mktemp("http-ingest"),
                        extract_enabled=True, web_enabled=True, web_port=PORT,
                        admin_key=ADMIN) as h:
-        async with httpx.AsyncClient(base_url=BASE) as web:
-            async def healthy() -> bool | None:
-                r = await web.get(paths.TOOLS, headers={"X-API-Key": ADMIN})
-                return True if r.status_code == 200 else None
-
-            await until(healthy, "the API to answer", timeout=120)
+        await answering(BASE, ADMIN, paths.TOOLS, "the API to answer", timeout=120)
         yield h
 
 
 async def key_of(h, tenant: str) -> str:
     """A new key of ``tenant``, once the worker takes it."""
-    key, _ = await create_key(h.settings, tenant)
-    async with httpx.AsyncClient(base_url=BASE) as web:
-        async def taken() -> bool | None:
-            r = await web.get(paths.TOOLS, headers={"Authorization": f"Bearer {key}"})
-            return True if r.status_code == 200 else None
-
-        await until(taken, "the worker to know the new key")
-    return key
+    return await tenant_key(h, BASE, tenant, paths.TOOLS)
 
 
 async def live_contents(web: httpx.AsyncClient, tenant: str, user: str, key: str) -> list[str]:

@@ -29,9 +29,8 @@ from mcp.shared.exceptions import MCPError
 
 from memstream.contract.http_api import paths
 from memstream.core.settings import Settings
-from memstream.web.keys_topic import create_key
 from memstream.web.mcp_http import MCP_PATH
-from tests.integration.conftest import free_port, running, until
+from tests.integration.conftest import answering, free_port, running, tenant_key, until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,25 +46,13 @@ async def api(kafka_bootstrap, tmp_path_factory):
     async with running(kafka_bootstrap, tmp_path_factory.mktemp("mcp"),
                        extract_enabled=True, web_enabled=True, web_port=PORT,
                        admin_key=ADMIN) as h:
-        async with httpx.AsyncClient(base_url=BASE) as web:
-            async def healthy() -> bool | None:
-                r = await web.get(paths.TOOLS, headers={"X-API-Key": ADMIN})
-                return True if r.status_code == 200 else None
-
-            await until(healthy, "the API to answer", timeout=120)
+        await answering(BASE, ADMIN, paths.TOOLS, "the API to answer", timeout=120)
         yield h
 
 
 async def key_of(h, tenant: str) -> str:
     """A new key of ``tenant``, once the worker takes it."""
-    key, _ = await create_key(h.settings, tenant)
-    async with httpx.AsyncClient(base_url=BASE) as web:
-        async def taken() -> bool | None:
-            r = await web.get(paths.WHOAMI, headers={"Authorization": f"Bearer {key}"})
-            return True if r.status_code == 200 else None
-
-        await until(taken, "the worker to know the new key")
-    return key
+    return await tenant_key(h, BASE, tenant, paths.WHOAMI)
 
 
 @asynccontextmanager
