@@ -274,6 +274,19 @@ async def until(probe: Callable[[], Awaitable[T | None]], what: str,
 
 # --- conversations, barriers and the change log, shared by the end-to-end modules ------------
 
+@pytest.fixture
+def cleanup() -> Iterator[Callable[[Settings], None]]:
+    """Give it each topic set a test makes (its Settings); they are deleted after the test."""
+    made: list[Settings] = []
+    yield made.append
+
+    async def drop() -> None:
+        for s in made:
+            await delete_topics(s, all_topic_names(s))
+
+    asyncio.run(drop())
+
+
 async def answering(base: str, key: str, path: str, what: str, timeout: float = 60.0) -> None:
     """Until the worker at ``base`` answers ``GET path`` with 200 for ``key`` (a barrier: the
     API is up, or a key just created has reached the worker's key view)."""

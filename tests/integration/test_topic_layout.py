@@ -17,7 +17,7 @@ from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.dev.process import settings_env
 from memstream.topics.layout import create_topics, prepare
-from memstream.topics.registry import all_topic_names, changelog_name, delete_topics
+from memstream.topics.registry import changelog_name
 
 pytestmark = pytest.mark.integration
 REFUSED = 78
@@ -37,19 +37,6 @@ def run(settings: Settings, *command: str) -> subprocess.CompletedProcess[str]:
 
 def refusals(done: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in done.stderr.splitlines() if "refuses to start" in line]
-
-
-@pytest.fixture
-def cleanup():
-    made: list[Settings] = []
-    yield made.append
-    import asyncio
-
-    async def drop() -> None:
-        for s in made:
-            await delete_topics(s, all_topic_names(s))
-
-    asyncio.run(drop())
 
 
 async def test_another_partition_count_is_refused_by_the_worker_and_topics_create(

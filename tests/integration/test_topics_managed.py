@@ -24,7 +24,6 @@ from memstream.contract.http_api import paths
 from memstream.core import kafka
 from memstream.core.settings import Settings
 from memstream.dev.process import WorkerProcess, settings_env
-from memstream.topics.registry import all_topic_names, delete_topics
 from tests.integration.conftest import free_port, until
 
 pytestmark = pytest.mark.integration
@@ -66,19 +65,6 @@ async def create_as_declared(settings: Settings, manifest: str) -> list[str]:
     finally:
         await admin.close()
     return [t.name for t in new]
-
-
-@pytest.fixture
-def cleanup():
-    made: list[Settings] = []
-    yield made.append
-    import asyncio
-
-    async def drop() -> None:
-        for s in made:
-            await delete_topics(s, all_topic_names(s))
-
-    asyncio.run(drop())
 
 
 async def test_a_worker_that_may_not_create_topics_checks_them(kafka_bootstrap, tmp_path,
