@@ -30,7 +30,6 @@ from memstream.core.settings import Settings
 from memstream.memory.store.rebuild_fold import fold_access
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.ingest_tables import LoopTable
-from memstream.streams.owned_loop import run_with_app
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import StageBase, Work, until_handled
 from memstream.topics.codec import decode
@@ -164,8 +163,3 @@ class AccessStage(StageBase):
                 return work
             p.counters.access_events_folded += len(events)
         return work
-
-
-def register(p: Pipeline) -> None:
-    """Run the access fold's loop in the worker."""
-    run_with_app(p, AccessStage(p))

@@ -1,5 +1,7 @@
 """What the stages share (:class:`Pipeline`): the Faust app, the topics, the loops' tables,
-the backends, the policy and the clock. Built once by :func:`streams.app.build_app`.
+the backends, the policy and the clock, and the worker's declared parts (the cluster map,
+the user keys, the store shards, the loops, the HTTP API). Built once by
+:func:`streams.app.build_app`, the composition root.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import faust
 from pydantic import BaseModel
@@ -21,6 +23,12 @@ from memstream.streams.counters import Counters
 from memstream.streams.ingest_tables import LoopTable
 from memstream.streams.waiters import Waiters
 from memstream.topics.registry import Topics
+
+if TYPE_CHECKING:  # the parts' own modules (not imported at run time for them)
+    from memstream.memory.crypto.user_keys import UserKeys
+    from memstream.streams.cluster import Cluster
+    from memstream.streams.shards import ShardKeeper
+    from memstream.streams.standby import GlobalCopy, Standbys
 
 
 def policy_from(settings: Settings) -> Policy:
@@ -66,9 +74,34 @@ class RestoredStates:
         self._items.pop(key, None)
 
 
+class StageLoop(Protocol):
+    """What the worker reads of a stage's loop (:class:`streams.owned_loop.OwnedLoop`, which
+    imports this module: described here, not imported): readiness, routing and metrics."""
+
+    @property
+    def owned(self) -> set[int]: ...  # the partitions it owns
+
+    @property
+    def taking(self) -> set[int]: ...  # owned, still being taken (tables, shard, positions)
+
+    @property
+    def assignments(self) -> int: ...  # the assignments it had (0: not joined yet)
+
+    def lags(self) -> dict[tuple[str, int], int]: ...  # (topic, partition) -> not handled
+
+
+class HttpApi(Protocol):
+    """The HTTP API this worker serves (:class:`web.backend.WorkerBackend`, added by
+    :func:`web.serve.register`: the web layer sits above this one)."""
+
+    started: bool  # serving requests (its keys read, its port open)
+
+
 @dataclass
 class Pipeline:
-    """What the stages share: the app, the topics, the loops' tables, policy and clock."""
+    """What the stages share: the app, the topics, the loops' tables, policy and clock; and
+    the worker's parts, each built once by the composition root (:mod:`streams.app`; the
+    API by :mod:`memstream.worker`), None where this worker runs without it."""
 
     settings: Settings
     app: faust.App
@@ -82,17 +115,19 @@ class Pipeline:
     counters: Counters = field(default_factory=Counters)
     restored: RestoredStates = field(default_factory=RestoredStates)
     waiters: Waiters = field(default_factory=Waiters)  # API callers waiting for tool jobs
-    api: Any = None  # the HTTP API's backend when web_enabled (web.backend.WorkerBackend)
-    # per-user data keys when MEMSTREAM_MASTER_KEY is set (memstream.memory.crypto.user_keys)
-    user_keys: Any = None
-    # the cluster map of each stage's group (streams.cluster); the shards' keeper and
-    # standbys with store_partitioned (streams.shards, streams.standby)
-    cluster: Any = None
-    shards: Any = None
-    standbys: Any = None
-    global_copy: Any = None  # the global memories' shard (streams.standby.GlobalCopy)
-    # the owned loops that run here (streams.owned_loop): their lag, their stop
-    loops: list[Any] = field(default_factory=list)
+    # the cluster map each stage's group fills, which the API routes with (streams.cluster)
+    cluster: Cluster | None = None
+    # the per-user data keys, followed from their topic, with MEMSTREAM_MASTER_KEY (when
+    # this worker seals changes or serves the API: memstream.memory.crypto.user_keys)
+    user_keys: UserKeys | None = None
+    # with store_partitioned: the owned shards' keeper, the standby copies, the copy of the
+    # global memories (streams.shards, streams.standby)
+    shards: ShardKeeper | None = None
+    standbys: Standbys | None = None
+    global_copy: GlobalCopy | None = None
+    # the stages' loops that run here, in start order (streams.owned_loop.run_with_app)
+    loops: list[StageLoop] = field(default_factory=list)
+    api: HttpApi | None = None  # the HTTP API when web_enabled (web.serve.register)
 
     @cached_property
     def input_models(self) -> dict[str, type[BaseModel]]:

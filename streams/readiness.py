@@ -46,7 +46,7 @@ def readiness(p: Pipeline) -> Readiness:
     waiting = []
     if p.user_keys is not None and not p.user_keys.ready:
         waiting.append("user-keys")
-    if p.standbys is not None and not getattr(p.global_copy, "caught_up", True):
+    if p.global_copy is not None and not p.global_copy.caught_up:
         waiting.append("global-shard")
     joined = all(loop.assignments > 0 for loop in p.loops)
     return Readiness(joined, tuple(sorted(owned)), tuple(sorted(restoring)), tuple(waiting))

@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 CLOSE_AFTER_S = 5.0  # a read that started on a store (milliseconds) finishes before it closes
 
 
-def register(p: Pipeline) -> None:
+def run_swaps(p: Pipeline) -> None:
+    """The rebuild requests' timer as a part of the app (background), when the store can
+    be swapped."""
     store = p.services.store
     if not isinstance(store, SwappableStore):
         return

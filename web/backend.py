@@ -40,8 +40,7 @@ from memstream.contract.http_api.intake import (
     SessionEndAccepted,
     SessionEndRequest,
 )
-from memstream.memory import retrieval
-from memstream.memory import short_term as windows
+from memstream.memory import retrieval, short_term
 from memstream.memory.coalescing import tool_job_id
 from memstream.memory.prompt_block import stale_mark
 from memstream.memory.store import Scope, held_records
@@ -133,7 +132,7 @@ class WorkerBackend(ReadBackend):
                         (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
                         for t in (args.since, args.until))
         rows = [r for r in rows if _within(r[4], since, until)]
-        hits = windows.search(rows, args.query, limit)
+        hits = short_term.search(rows, args.query, limit)
         found = await self.archive_search(tenant, user, args.query, limit,
                                           session, since, until)
         turns = [(i.turn, i.replaced) for i in found if i.turn is not None]

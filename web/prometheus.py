@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -39,6 +39,9 @@ from memstream.contract.http_api.metrics import (
 from memstream.memory import governance_metrics as m
 from memstream.streams.counters import Counters
 from memstream.web.http_base import DEPS
+
+if TYPE_CHECKING:  # the worker's pipeline (its declared parts), not imported at run time
+    from memstream.streams.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 COUNT_TIMEOUT_S = 10.0
@@ -263,7 +266,7 @@ def registry_for(collector: PipelineCollector) -> CollectorRegistry:
     return registry
 
 
-def attach(app: web.Application, p: Any,
+def attach(app: web.Application, p: Pipeline,
            api_key_records: Mapping[str, int] | None = None) -> MetricsDeps:
     """Serve the pipeline's metrics on ``app`` (built by ``web.http.build_http_app``)."""
     # looked up at each count: follows a store the worker switched to (a rebuild)

@@ -34,7 +34,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -59,6 +59,9 @@ from memstream.web.forwarding import (
 from memstream.web.http_base import DEPS, ApiError
 from memstream.web.http_checks import FORWARDED_BY, identified, read_body
 from memstream.web.http_ingest import LOCAL
+
+if TYPE_CHECKING:  # the worker's pipeline (its declared parts), not imported at run time
+    from memstream.streams.pipeline import Pipeline
 
 __all__ = ["FORWARDED", "SERVED_BY", "STANDBY", "STANDBY_READ", "Router", "cluster_status"]
 
@@ -234,7 +237,7 @@ class Router:
             return None
 
 
-def cluster_status(p: Any, router: Router | None) -> dict[str, Any]:
+def cluster_status(p: Pipeline, router: Router | None) -> dict[str, Any]:
     """``GET /v1/cluster``: the map this worker routes with, its shards and its loops' lag."""
     cluster: Cluster | None = p.cluster
     the_map = cluster.routing() if cluster is not None else None
