@@ -62,8 +62,7 @@ def build_app(settings: Settings, clock: Callable[[], float] = time.time,
                     "the records it exchanges with the other part are signed with the secret "
                     "of its data_dir, which a worker with another data_dir does not hold "
                     "(its records are refused): set MEMSTREAM_CLUSTER_SECRET on both")
-    app = faust_setup.App(settings.app_id, **faust_setup.faust_kwargs(settings))
-    app.broker_wait_s = settings.broker_wait_s
+    app = faust_setup.make_app(settings)
     topics = registry(settings)
     services = services or build_services(
         settings, windowed=WindowedWork(JobSettings.from_settings(settings)))

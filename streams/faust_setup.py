@@ -1,43 +1,39 @@
-"""Faust as memstream runs it: the app's lifecycle, only our own views, quiet client logs.
+"""Faust as memstream runs it: the app's lifecycle and quiet client logs, through Faust's
+public API only.
 
-Faust reads no topic of the pipeline and holds no table: every
-stage runs in its own transactional loop (:mod:`memstream.streams.owned_loop`), a part the
-app starts and stops (:mod:`memstream.streams.lifecycle`). Two things stock faust-streaming
-0.15 does that memstream cannot live with:
+Faust reads no topic of the pipeline, holds no table, serves no view and starts no Kafka
+client: every stage runs in its own transactional loop (:mod:`memstream.streams.owned_loop`)
+with its own consumer and producers, a part the app starts and stops
+(:mod:`memstream.streams.lifecycle`). :func:`make_app` builds a plain ``faust.App`` whose
+boot strategy (Faust's public ``BootStrategy(app, enable_kafka=False, enable_web=False)``,
+set as ``app.boot_strategy``) starts only its sensors and its (empty) agent manager: no
+consumer and so no group ``{app_id}``, no leader assignor or its topic, no producer, no
+table or changelog topic, no web server (memstream's API is its own aiohttp app,
+``web/http.py``, ``web/serve.py``). A broker that is away at start is waited for by those
+clients of our own (the loop's consumer start, the partitions' producers:
+:mod:`streams.task_manager`), nothing of Faust's.
 
-- **Web.** Faust serves ``/router``, ``/table`` (table contents), ``/`` and, depending on
-  settings, ``/stats`` ``/graph`` ``/performance`` without any authentication. Faust's web
-  server stays off (settings); should it be turned on, :class:`App` serves none of those.
-  memstream's API is its own aiohttp app (``web/http.py``, ``web/serve.py``).
+Why Faust's idle clients once seemed to make ingest faster (and why they no longer do):
+docs/faust.md.
+
 - **Logs.** With the broker unreachable, aiokafka's reconnect loops log ~70 lines a second.
   :class:`ThrottleFilter` lets the first of each repeated client message through and then one
   per interval, with the count of those it held back.
-- **A broker away at start.** Faust's own producer and consumer bootstrap once as the app
-  starts, and one failure ends the worker; the broker can go away between the worker's
-  topic check (which waits ``broker_wait_s``) and that moment (a rolling restart). Their
-  starts, and Faust's declaration of its leader topic, wait for it too, each up to
-  ``broker_wait_s`` (:class:`PatientTransport`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import faust
-from faust.transport.drivers import aiokafka as driver
-from faust.web.drivers.aiohttp import Web as AiohttpWeb
+from faust.app.base import BootStrategy
 
 from memstream.core import json_log
-from memstream.core.errors import MemstreamError, describe
-from memstream.core.kafka import faust_credentials, stopped
-from memstream.core.retry import RetryPolicy, retry_async
 from memstream.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -46,126 +42,11 @@ log = logging.getLogger(__name__)
 THROTTLED_LOGGERS = ("aiokafka", "faust.transport")
 
 
-# --- web -------------------------------------------------------------------------------
-
-
-class OwnViewsWeb(AiohttpWeb):
-    """Faust's aiohttp web server without any of Faust's built-in blueprints (``/``,
-    ``/router``, ``/table``, ``/stats``, ``/graph``, ``/performance``): only what the app
-    registers with ``app.page`` is served."""
-
-    def _enabled_blueprints(self) -> list[tuple[str, Any]]:
-        return []
-
-
-class App(faust.App):
-    """``faust.App`` that serves only memstream's own views and whose own Kafka clients wait
-    ``broker_wait_s`` for a broker that is away as they start (the pipeline's clients: see
-    :mod:`streams.lifecycle`)."""
-
-    broker_wait_s = 60.0  # Settings.broker_wait_s, set by streams.app
-
-    def _new_web(self) -> OwnViewsWeb:
-        return OwnViewsWeb(self)
-
-    def _new_transport(self) -> PatientTransport:
-        # the app's producer and consumer both come from it (App._new_producer/_new_consumer)
-        return PatientTransport(self.conf.broker_consumer, self)
-
-
-# --- Kafka clients ------------------------------------------------------------------------
-
-
-class StartAbandoned(MemstreamError):
-    """A client's start given up because its service is stopping (a SIGTERM while the
-    broker is away)."""
-
-
-async def patiently(start: Callable[[], Awaitable[None]], what: str, wait_s: float,
-                    undo: Callable[[], Awaitable[None]], *,
-                    stopping: Callable[[], bool] = lambda: False,
-                    clock: Callable[[], float] = time.monotonic,
-                    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
-    """``start()`` again after a transient failure (the broker away: a connection refused, a
-    timeout) for at most ``wait_s``; ``undo()`` drops what a failed attempt left. A
-    permanent error, or no time left, is raised as it is (the worker stops, as before);
-    so is :class:`StartAbandoned` once ``stopping()`` (``sleep`` should end early then)."""
-
-    async def attempt() -> None:
-        if stopping():
-            raise StartAbandoned(f"{what}: not started, the worker is stopping")
-        try:
-            await start()
-        except BaseException:  # cancelled too: nothing half-started is left open
-            with contextlib.suppress(Exception):
-                await undo()
-            raise
-
-    def logged(n: int, exc: BaseException, delay: float) -> None:
-        log.warning("%s: the broker is not reachable (%s); trying again in %.1fs (attempt %d)",
-                    what, describe(exc)[:200], delay, n)
-
-    await retry_async(attempt, policy=RetryPolicy(first_delay_s=0.5, max_delay_s=2.0),
-                      deadline=clock() + wait_s, clock=clock, sleep=sleep, on_retry=logged)
-
-
-def _wait_s(transport: Any) -> float:
-    return float(getattr(transport.app, "broker_wait_s", App.broker_wait_s))
-
-
-async def _nothing() -> None:
-    return None
-
-
-class PatientProducer(driver.Producer):
-    """Faust's producer whose connect waits for the broker, as does a topic it declares
-    (Faust's leader topic, declared right after the consumer starts)."""
-
-    async def on_start(self) -> None:
-        await super(driver.Producer, self).on_start()  # the base's part (its buffer), once
-        await patiently(self._connect, "Faust's producer", _wait_s(self.transport),
-                        self._drop, stopping=lambda: self.should_stop, sleep=self.sleep)
-
-    async def _connect(self) -> None:
-        """``driver.Producer.on_start`` without its base's part (checked against Faust's by
-        tests/unit/streams/test_faust_contract.py)."""
-        producer = self._producer = self._new_producer()
-        self.beacon.add(producer)
-        await producer.start()
-
-    async def _drop(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            self.beacon.discard(producer)
-            await producer.stop()
-
-    async def create_topic(self, *args: Any, **kwargs: Any) -> None:
-        await patiently(lambda: super(PatientProducer, self).create_topic(*args, **kwargs),
-                        "Faust's topic declaration", _wait_s(self.transport), _nothing,
-                        stopping=lambda: self.should_stop, sleep=self.sleep)
-
-
-class PatientConsumerThread(driver.AIOKafkaConsumerThread):
-    async def on_start(self) -> None:
-        await patiently(super().on_start, "Faust's consumer", _wait_s(self.transport),
-                        self._drop, stopping=lambda: self.should_stop, sleep=self.sleep)
-
-    async def _drop(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            await stopped(consumer)  # aiokafka can raise CancelledError from a bare stop()
-
-
-class PatientConsumer(driver.Consumer):
-    def _new_consumer_thread(self) -> PatientConsumerThread:
-        return PatientConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-
-class PatientTransport(driver.Transport):
-    """Faust's aiokafka transport with :class:`PatientProducer` and :class:`PatientConsumer`."""
-
-    Producer = PatientProducer
-    Consumer = PatientConsumer
+def make_app(settings: Settings) -> faust.App:
+    """The worker's ``faust.App``: its lifecycle only (see the module docstring)."""
+    app = faust.App(settings.app_id, **faust_kwargs(settings))
+    app.boot_strategy = BootStrategy(app, enable_kafka=False, enable_web=False)
+    return app
 
 
 # --- logs --------------------------------------------------------------------------------
@@ -251,37 +132,12 @@ class Worker(faust.Worker):
 
 
 def faust_kwargs(settings: Settings) -> dict[str, Any]:
-    """Keyword arguments for ``faust.App``."""
-    instance = settings.instance_id()
+    """Keyword arguments for ``faust.App``: public settings only. Faust connects to no
+    broker (:func:`make_app`), so no connection, group or topic setting is given."""
     return {
-        # Static membership: a restart rejoins under the same id and gets its partitions
-        # back without waiting out the dead member's session (SIGTERM does not leave the
-        # group either: a worker stopped for good hands its partitions on after
-        # session_timeout_s).
-        "consumer_group_instance_id": instance or None,
-        # Faust's own views (/router, /table, /stats, ...) have no authentication; only
-        # memstream's views (web/http.py, behind X-API-Key) are served.
-        "web_router_enabled": False,
-        "web_tables_enabled": False,
-        "web_stats_enabled": False,
-        "web_graph_enabled": False,
-        "web_metrics_enabled": False,
-        "broker": [f"kafka://{host}" for host in settings.bootstrap_servers.split(",")],
-        "broker_credentials": faust_credentials(settings),
-        "store": "memory://",
-        "topic_partitions": settings.partitions,
-        # the layout's replication (topics.layout resolves it at start), as every topic's
-        "topic_replication_factor": settings.replication_factor or 1,
-        # Faust reads no topic of the pipeline: every stage runs in its own transactional
-        # loop (streams.owned_loop); Faust's consumer only takes part in its group.
-        "processing_guarantee": "at_least_once",
-        "datadir": str(settings.data_dir / "faust"),
-        # Faust's own web server stays off: the API is memstream's (web.serve).
+        # Faust's own web server stays off (its views /router, /table, /stats, ... have no
+        # authentication): the API is memstream's (web.serve).
         "web_enabled": False,
-        "table_standby_replicas": 0,
-        "broker_session_timeout": settings.session_timeout_s,
-        "broker_heartbeat_interval": settings.heartbeat_interval_s,
-        "producer_max_request_size": 16 * 1024 * 1024,
-        "broker_commit_interval": 1.0,
-        "stream_wait_empty": False,
+        "store": "memory://",
+        "datadir": str(settings.data_dir / "faust"),
     }

@@ -8,13 +8,11 @@ own ``on_stop``: so the API (added last) stops serving first, then the loops fin
 batches, and the store shards (added first) close last, with nothing of theirs open.
 
 Every stage runs in its own transactional loop with its own consumer and producers
-(:mod:`streams.owned_loop`); Faust's own consumer (group ``{app_id}``, no subscription,
-its leader assignor's topic) and producer still start. Faust allows leaving them out (its
-boot strategy's documented ``enable_kafka``), and that was tried: on this project's
-benchmark machine (2 shared cores) the ingest loop then drained 0.65-0.8x as fast and its
-p99 latency rose 4-5x (``benchmarks/ingest.py --compare``, run side by side; Faust's
-producer alone or a plain extra thread did not bring it back), for a cause not found yet.
-So they stay until it is.
+(:mod:`streams.owned_loop`); Faust starts no Kafka client of its own (no consumer, group,
+leader assignor or its topic, no producer: :func:`streams.faust_setup.make_app`). Faust's
+"Ready" line therefore comes as soon as the parts' ``start`` returned, before the loops
+joined their groups and took their partitions: readiness is the loops' (``web/probes.py``),
+not that line's (docs/faust.md).
 """
 
 from __future__ import annotations

@@ -288,11 +288,11 @@ def table_changelogs(settings: Settings) -> list[TopicSpec]:
 
 
 def all_topic_names(settings: Settings) -> list[str]:
-    """Every topic a deployment of ``settings`` owns: the registry, the tables' changelogs
-    and Faust's assignor topic (what a test or a benchmark deletes when it is done)."""
-    app = settings.app_id
+    """Every topic a deployment of ``settings`` owns: the registry and the tables'
+    changelogs (what a test or a benchmark deletes when it is done). Faust makes none: it
+    starts no Kafka client (streams.faust_setup)."""
     return [t.name for t in registry(settings).all()] + [
-        changelog_name(settings, table) for table in TABLES] + [f"{app}-__assignor-__leader"]
+        changelog_name(settings, table) for table in TABLES]
 
 
 async def delete_topics(settings: Settings, names: list[str]) -> None:

@@ -1,6 +1,6 @@
 """The one Kafka client factory: every producer, consumer and admin client memstream
-builds (the stages' loops, the API, the CLI, the demo, tests and benchmarks) and Faust's
-own get the connection settings from here.
+builds (the stages' loops, the API, the CLI, the demo, tests and benchmarks) gets the
+connection settings from here (Faust connects to no broker: streams/faust_setup.py).
 
 A production cluster wants ``SASL_PLAINTEXT`` or ``SASL_SSL`` (PLAIN or SCRAM) and maybe
 mutual TLS: one place applies ``kafka_security_protocol``, ``kafka_sasl_*`` and
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -21,9 +21,6 @@ from aiokafka.helpers import create_ssl_context
 
 from memstream.core import record_auth, record_keys
 from memstream.core.settings import Settings
-
-if TYPE_CHECKING:
-    from faust.types.auth import CredentialsT
 
 
 class _InTheClearOnce(logging.Filter):
@@ -152,19 +149,3 @@ def leave_on_stop(client: AIOKafkaConsumer) -> bool:
 def admin(settings: Settings, **kwargs: Any) -> AIOKafkaAdminClient:
     """An admin client (not started) on the configured connection."""
     return AIOKafkaAdminClient(**connection(settings), **kwargs)
-
-
-def faust_credentials(settings: Settings) -> CredentialsT | None:
-    """The same connection for the Faust app (its consumer and producer)."""
-    import faust
-
-    context = _ssl_context(settings)
-    if settings.kafka_security_protocol.startswith("SASL"):
-        assert settings.kafka_sasl_password is not None
-        return faust.SASLCredentials(
-            username=settings.kafka_sasl_username,
-            password=settings.kafka_sasl_password.get_secret_value(),
-            mechanism=settings.kafka_sasl_mechanism, ssl_context=context)
-    if context is not None:
-        return faust.SSLCredentials(context)
-    return None

@@ -1,9 +1,10 @@
-"""A worker started while the broker is away waits for it (``broker_wait_s``) in every
-client it starts, Faust's own included: the broker can go between the worker's topic check
-and the moment Faust's producer and consumer bootstrap (a rolling restart; a chaos run
-caught a worker that exited there). Here Faust's clients start against a port where no
-broker answers yet; once one attempt was refused, a forwarder to the real broker opens
-there, and both starts complete."""
+"""A worker started while the broker is away waits for it in the clients it starts: the
+stage loops' own consumer and partition producers (Faust starts no Kafka client:
+streams/faust_setup.py). The broker can go between the worker's topic check and the loops'
+bootstrap (a rolling restart; a chaos run caught a worker that exited there). Here a
+loop's consumer starts against a port where no broker answers yet; once one attempt was
+refused, a forwarder to the real broker opens there, and the loop takes its partition
+(its transactional producer started) and handles a record."""
 
 from __future__ import annotations
 
@@ -11,11 +12,17 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from pathlib import Path
+from typing import Any
 
 import pytest
+from aiokafka.admin import NewTopic
 
-from memstream.streams import faust_setup
-from tests.integration.conftest import free_port
+from memstream.core import kafka
+from memstream.core.settings import Settings
+from memstream.streams.owned_loop import OwnedLoop
+from memstream.streams.stage import StageBase, Work
+from tests.integration.conftest import free_port, until
 
 pytestmark = pytest.mark.integration
 
@@ -37,51 +44,79 @@ def forwarder(host: str, port: int):
 
 
 class Refusals(logging.Handler):
-    """Sets ``seen`` (from any thread) once a client logs a refused start."""
+    """Sets ``seen`` once the loop logs a refused consumer start."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self.loop, self.seen, self.lines = loop, asyncio.Event(), []
+        self.seen, self.lines = asyncio.Event(), []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if "the broker is not reachable" in record.getMessage():
+        if "consumer not started" in record.getMessage():
             self.lines.append(record.getMessage())
-            self.loop.call_soon_threadsafe(self.seen.set)
+            self.seen.set()
 
 
-@pytest.mark.parametrize("client", ["producer", "consumer"])
-async def test_faust_clients_start_once_the_broker_answers(kafka_bootstrap, client):
+class Echo(StageBase):
+    """Handles every record, writes nothing."""
+
+    name = "away"
+    tables = ()
+    max_records = 10
+
+    def __init__(self, topic: str) -> None:
+        self.inputs = [topic]
+        self.handled: list[Any] = []
+
+    async def handle(self, partition: int, records: list[Any]) -> Work:
+        self.handled.extend(records)
+        return Work()
+
+
+async def test_a_loop_starts_once_the_broker_answers(kafka_bootstrap: str, tmp_path: Path):
     host, port = kafka_bootstrap.split(",")[0].rsplit(":", 1)
     late = free_port()
-    app = faust_setup.App(f"late-{uuid.uuid4().hex[:8]}", broker=f"kafka://127.0.0.1:{late}")
-    app.broker_wait_s = 120.0
-    refusals = Refusals(asyncio.get_running_loop())
-    logger = logging.getLogger("memstream.streams.faust_setup")
+    name = f"late-{uuid.uuid4().hex[:8]}"
+    real = Settings(bootstrap_servers=kafka_bootstrap, app_id=name, topic_prefix=name,
+                    data_dir=tmp_path)
+    settings = real.model_copy(update={"bootstrap_servers": f"127.0.0.1:{late}",
+                                       "broker_wait_s": 120.0})
+    topic = f"{name}.in"
+    admin = kafka.admin(real)
+    await admin.start()
+    await admin.create_topics([NewTopic(topic, 1, 1)])
+    fatal: list[str] = []
+    stage = Echo(topic)
+    loop = OwnedLoop(settings, stage, on_fatal=lambda reason, code=0: fatal.append(reason))
+    refusals = Refusals()
+    logger = logging.getLogger("memstream.streams.owned_loop")
     logger.addHandler(refusals)
-    service = app.producer if client == "producer" else app.consumer
-    proxy, refused, starting = None, None, None
+    proxy = None
     try:
-        starting = asyncio.ensure_future(service.start())
-        refused = asyncio.ensure_future(refusals.seen.wait())
-        await asyncio.wait({starting, refused}, timeout=60,
-                           return_when=asyncio.FIRST_COMPLETED)  # an attempt was refused ...
-        assert refused.done() and not starting.done(), "the start gave up instead of waiting"
-        # ... and the client keeps trying: the broker appears at the address it was given
+        await loop.start()
+        await asyncio.wait_for(refusals.seen.wait(), 60)  # an attempt was refused ...
+        assert not loop.owned and not fatal, "the loop gave up instead of waiting"
+        # ... and the loop keeps trying: the broker appears at the address it was given
         proxy = await asyncio.start_server(forwarder(host, int(port)), "127.0.0.1", late)
-        await asyncio.wait_for(starting, 90)
-        assert f"Faust's {client}: the broker is not reachable" in refusals.lines[0]
-        if client == "producer":
-            assert service._producer is not None and service._producer.client.cluster.brokers()
-        else:
-            thread = service._thread
-            assert thread._consumer is not None and thread._consumer._client.cluster.brokers()
+        await until(lambda: _true(loop.owned == {0}), "the loop took its partition",
+                    timeout=90)
+        producer = kafka.producer(real)
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic, b"v", key=b"k")
+        finally:
+            await producer.stop()
+        await until(lambda: _true(bool(stage.handled)), "the record handled", timeout=60)
+        assert not fatal
     finally:
         logger.removeHandler(refusals)
-        for task in (refused, starting):
-            if task is not None and not task.done():
-                task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(service.stop(), 30)
+        await asyncio.wait_for(loop.stop(), 60)
         if proxy is not None:
             proxy.close()
             await proxy.wait_closed()
+        with contextlib.suppress(Exception):
+            await admin.delete_topics([topic])
+        await admin.close()
+
+
+async def _true(ok: bool) -> bool | None:
+    return True if ok else None

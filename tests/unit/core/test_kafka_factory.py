@@ -7,7 +7,6 @@ import asyncio
 import ssl
 from pathlib import Path
 
-import faust
 import pytest
 from pydantic import ValidationError
 
@@ -15,7 +14,6 @@ from memstream.core import kafka
 from memstream.core.errors import BrokerError
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
-from memstream.streams.faust_setup import faust_kwargs
 
 pytestmark = pytest.mark.unit
 LOGIN = {"kafka_security_protocol": "SASL_PLAINTEXT", "kafka_sasl_username": "svc",
@@ -25,7 +23,6 @@ LOGIN = {"kafka_security_protocol": "SASL_PLAINTEXT", "kafka_sasl_username": "sv
 def test_plaintext_is_the_default_and_carries_no_login():
     args = kafka.connection(Settings(bootstrap_servers="b:1"))
     assert args == {"bootstrap_servers": "b:1", "security_protocol": "PLAINTEXT"}
-    assert kafka.faust_credentials(Settings()) is None
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
@@ -39,10 +36,6 @@ async def test_sasl_reaches_every_client_kind(mechanism):
     assert producer.client._sasl_plain_password == "pw-123"
     assert consumer._client._sasl_mechanism == mechanism
     assert admin._client._security_protocol == "SASL_PLAINTEXT"
-    faust_login = kafka.faust_credentials(s)
-    assert isinstance(faust_login, faust.SASLCredentials)
-    assert (faust_login.username, faust_login.password) == ("svc", "pw-123")
-    assert faust_kwargs(Settings(**LOGIN))["broker_credentials"] is not None
     await admin.close()
     await producer.stop()
     await consumer.stop()
@@ -58,17 +51,15 @@ def test_the_password_is_never_printed():
     assert "pw-123" not in repr(s) and "pw-123" not in str(s.model_dump())
 
 
-def test_ssl_builds_one_context_for_kafka_and_faust(tmp_path: Path):
+def test_ssl_builds_one_context(tmp_path: Path):
     s = Settings(kafka_security_protocol="SSL")
     args = kafka.connection(s)
     assert isinstance(args["ssl_context"], ssl.SSLContext) and "sasl_mechanism" not in args
-    assert isinstance(kafka.faust_credentials(s), faust.SSLCredentials)
     missing = Settings(kafka_security_protocol="SSL", kafka_ssl_cafile=tmp_path / "no.pem")
     with pytest.raises(OSError):
         kafka.connection(missing)  # a CA file that is not there fails before any connection
-    both = Settings(**{**LOGIN, "kafka_security_protocol": "SASL_SSL"})
-    login = kafka.faust_credentials(both)
-    assert isinstance(login, faust.SASLCredentials) and login.ssl_context is not None
+    both = kafka.connection(Settings(**{**LOGIN, "kafka_security_protocol": "SASL_SSL"}))
+    assert isinstance(both["ssl_context"], ssl.SSLContext) and both["sasl_plain_username"]
 
 
 def test_the_local_broker_checks_its_login_before_writing_it(tmp_path: Path):

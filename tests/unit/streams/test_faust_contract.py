@@ -1,54 +1,47 @@
-"""The faust-streaming internals memstream overrides or reads are still there, as our code
-calls them: an upgrade of Faust must fail here, loudly, rather than silently bypass an
-override (a renamed private method is never called again; a renamed parameter breaks a
-caller at run time).
+"""The public faust-streaming / mode-streaming API memstream uses is still there, as our code
+calls it, and nothing in the project reaches past it: an upgrade of Faust that changes
+what we use must fail here, loudly.
 
-Faust reads no topic of the pipeline and holds no table (the stages run in their own loops,
-streams/owned_loop.py); what is left:
+What memstream uses (all public, no leading underscore):
 
-- ``streams/faust_setup.py`` overrides ``Web._enabled_blueprints``, ``App._new_web``,
-  ``Worker.on_setup_root_logger``, and, for clients that wait for a broker away at start,
-  ``App._new_transport``, the aiokafka driver's ``Transport.Producer`` / ``Consumer``,
-  ``Producer.on_start`` (whose body it restates) and ``create_topic``,
-  ``Consumer._new_consumer_thread`` and ``AIOKafkaConsumerThread.on_start``;
-- ``streams/lifecycle.py`` adds the worker's parts with ``Service.add_dependency`` (mode's
-  public API: started in order with the app, stopped in reverse);
-- ``memstream/cli.py`` builds ``Worker(app, **options)``.
+- ``faust.App(id, web_enabled=..., store=..., datadir=...)`` and its boot strategy,
+  ``faust.app.base.BootStrategy(app, enable_kafka=False, enable_web=False)`` set as
+  ``app.boot_strategy`` (streams/faust_setup.py ``make_app``): Faust starts no Kafka
+  client and no web server;
+- ``faust.Worker(app, **options)`` and its hook ``on_setup_root_logger(logger, level)``
+  (streams/faust_setup.py ``Worker``, memstream/cli.py);
+- ``mode.Service`` with ``add_dependency``, ``add_future`` and the hooks ``on_start`` /
+  ``on_stop`` (streams/lifecycle.py ``Part``).
 
-Every override was written against :data:`REVIEWED`. After an upgrade, re-read those files
-against the new Faust, then update the expectations here and the pin in pyproject.toml.
+No class of the project overrides an underscore method or attribute of a Faust or mode
+class: tests/unit/project/test_private_overrides.py.
+After an upgrade, re-read those files against the new versions, then update REVIEWED and
+the pin in pyproject.toml.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import re
+import socket
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import faust
-import faust.app.base
-import faust.transport.base
-import faust.transport.consumer
-import faust.web.base
-import mode.services
-import mode.worker
+import mode
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from faust.app.base import BootStrategy
-from faust.transport.consumer import Consumer
-from faust.transport.drivers import aiokafka as driver
-from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
 from memstream.core.settings import Settings
 from memstream.streams import faust_setup, lifecycle
 
 pytestmark = pytest.mark.unit
 
-REVIEWED = "0.15.3"  # the faust-streaming the overrides were written and checked against
-REVIEWED_MODE = "0.7.1"  # its mode-streaming (Service.add_dependency, add_future)
+REVIEWED = "0.15.3"  # the faust-streaming this module was written and checked against
+REVIEWED_MODE = "0.7.1"  # its mode-streaming
 
 
 def names(fn: Callable[..., Any]) -> list[str]:
@@ -61,69 +54,25 @@ def names(fn: Callable[..., Any]) -> list[str]:
     return [shown(p) for p in inspect.signature(fn, follow_wrapped=False).parameters.values()]
 
 
-def test_the_installed_mode_is_the_one_pinned_with_faust():
-    assert metadata.version("mode-streaming") == REVIEWED_MODE, (
-        "mode-streaming changed: re-read streams/lifecycle.py against it, then update "
-        "REVIEWED_MODE and the pin in pyproject.toml")
+def test_the_installed_faust_and_mode_are_the_reviewed_ones():
+    assert metadata.version("faust-streaming") == REVIEWED, (
+        "faust-streaming changed: re-read streams/faust_setup.py and streams/lifecycle.py "
+        "against it (this module's docstring lists what they use), then update REVIEWED and "
+        "the pin in pyproject.toml")
+    assert metadata.version("mode-streaming") == REVIEWED_MODE
 
 
-def test_the_installed_faust_is_the_one_the_overrides_were_reviewed_against():
-    installed = metadata.version("faust-streaming")
-    assert installed == REVIEWED, (
-        f"faust-streaming {installed} is installed, streams/faust_setup.py was checked "
-        f"against {REVIEWED}: re-read it against the new version (this module's docstring "
-        f"lists what it touches), then update REVIEWED and the pin in pyproject.toml")
-
-
-# --- faust_setup's overrides: the methods they replace, as Faust calls them ------------
-
-OVERRIDDEN = [
-    # (our class, Faust's class, method, parameters)
-    (faust_setup.OwnViewsWeb, AiohttpWeb, "_enabled_blueprints", ["self"]),
-    (faust_setup.App, faust.App, "_new_web", ["self"]),
-    (faust_setup.Worker, faust.Worker, "on_setup_root_logger", ["self", "logger", "level"]),
-    (faust_setup.App, faust.App, "_new_transport", ["self"]),
-    (faust_setup.PatientProducer, driver.Producer, "on_start", ["self"]),
-    (faust_setup.PatientConsumer, driver.Consumer, "_new_consumer_thread", ["self"]),
-    (faust_setup.PatientConsumerThread, driver.AIOKafkaConsumerThread, "on_start", ["self"]),
-]
-
-
-@pytest.mark.parametrize(("ours", "theirs", "name", "params"), OVERRIDDEN,
-                         ids=[f"{t.__name__}.{n}" for _, t, n, _ in OVERRIDDEN])
-def test_each_override_replaces_a_faust_method_of_the_same_signature(ours, theirs, name,
-                                                                    params):
-    assert name in vars(ours), f"{ours.__qualname__} no longer overrides {name}"
-    faust_method = getattr(theirs, name, None)
-    assert faust_method is not None, f"Faust's {theirs.__qualname__}.{name} is gone"
-    assert names(faust_method) == params, f"Faust's {theirs.__qualname__}.{name} changed"
-    assert names(getattr(ours, name)) == params
-
-
-@pytest.mark.parametrize(("module", "hook"), [
-    (faust.web.base, "_enabled_blueprints"),
-    (faust.app.base, "_new_web"),
-    (mode.worker, "on_setup_root_logger"),
-    (faust.app.base, "_new_transport"),
-    (faust.app.base, "transport.create_producer"),  # the app's producer, from _new_transport
-    (faust.app.base, "transport.create_consumer"),
-    (faust.transport.consumer, "_new_consumer_thread"),
-    (faust.transport.base, "Producer"),
-    (faust.transport.base, "Consumer"),
-])
-def test_faust_still_calls_the_overridden_methods(module, hook):
-    source = Path(module.__file__).read_text()
-    assert re.search(rf"\bself\.{hook}\b", source), (
-        f"{module.__name__} no longer calls self.{hook}: our override would never run")
-
-
-# --- the Faust methods we call -----------------------------------------------------------
+# --- the public API we call ---------------------------------------------------------------
 
 CALLED = [
-    (Consumer.assignment, ["self"]),  # web/prometheus.py
-    (Consumer.highwater, ["self", "tp"]),  # web/prometheus.py
-    (mode.Service.add_dependency, ["self", "service"]),  # streams/lifecycle.py
+    (BootStrategy.__init__, ["self", "app", "enable_web", "enable_kafka",
+                             "enable_kafka_producer", "enable_kafka_consumer",
+                             "enable_sensors"]),
+    (faust.Worker.on_setup_root_logger, ["self", "logger", "level"]),  # faust_setup.Worker
+    (mode.Service.add_dependency, ["self", "service"]),  # lifecycle.run
     (mode.Service.add_future, ["self", "coro"]),  # lifecycle.Part (background)
+    (mode.Service.on_start, ["self"]),  # lifecycle.Part
+    (mode.Service.on_stop, ["self"]),
 ]
 
 
@@ -132,58 +81,63 @@ def test_the_faust_functions_we_call_keep_their_parameters(fn, params):
     assert names(fn) == params
 
 
-def test_the_patient_transport_is_the_drivers_with_patient_clients():
-    assert issubclass(faust_setup.PatientTransport, driver.Transport)
-    assert faust.transport.by_url("kafka://x") is driver.Transport  # what it stands in for
-    app = faust_setup.App("contract", broker="kafka://127.0.0.1:1")
-    assert type(app.transport) is faust_setup.PatientTransport
-    assert type(app.producer) is faust_setup.PatientProducer
-    assert type(app.consumer) is faust_setup.PatientConsumer
-    assert type(app.consumer._thread) is faust_setup.PatientConsumerThread
-
-
-def test_the_patient_producer_restates_the_drivers_start():
-    """PatientProducer.on_start runs the base's part once and then retries the driver's own
-    lines: they must still be what the driver's on_start does."""
-    body = [line.strip() for line in inspect.getsource(driver.Producer.on_start).splitlines()
-            if line.strip() and not line.strip().startswith(('"""', "async def"))]
-    assert body == ["await super().on_start()",
-                    "producer = self._producer = self._new_producer()",
-                    "self.beacon.add(producer)", "await producer.start()"]
-    assert names(driver.Producer.create_topic)[:4] == ["self", "topic", "partitions",
-                                                      "replication"]
-
-
 def test_worker_takes_the_app_first_and_keyword_options():
     params = names(faust.Worker.__init__)
     assert params[:3] == ["self", "app", "*services"] and params[-1] == "**kwargs", params
 
 
-# --- state read at run time, on a worker's objects (no broker needed) --------------------
+def test_the_settings_we_give_are_faust_settings(tmp_path):
+    app = faust_setup.make_app(Settings(data_dir=tmp_path))
+    assert app.conf.web_enabled is False
+    assert str(app.conf.store) == "memory:"
+    assert Path(app.conf.datadir) == tmp_path / "faust"
 
 
-def make_app(tmp_path: Path) -> faust.App:
-    settings = Settings(data_dir=tmp_path)
-    return faust_setup.App(settings.app_id, **faust_setup.faust_kwargs(settings))
+def test_the_app_boots_only_its_agent_manager(tmp_path):
+    """No consumer (so no group, leader assignor or its topic), no producer, no conductor,
+    no table manager, no web server: the boot strategy's public switches."""
+    app = faust_setup.make_app(Settings(data_dir=tmp_path))
+    assert isinstance(app.boot_strategy, BootStrategy)
+    assert app.boot_strategy.app is app
+    assert [type(s).__name__ for s in app.boot_strategy.server()] == ["AgentManager"]
+    booted = {type(s).__name__ for s in app.on_init_dependencies()}
+    assert booted == {"Monitor", "AgentManager"}, booted
 
 
-def test_faust_reads_no_topic_and_holds_no_table(tmp_path):
-    """Faust's own consumer joins its group with nothing to read: no agent, no table (the
-    stages' loops read every topic; streams/lifecycle.py says why that consumer stays)."""
+def test_the_pipeline_gives_faust_no_agent_or_table(tmp_path):
     from memstream.streams.app import build_app
 
     p = build_app(Settings(data_dir=tmp_path, embedder="hashing"))
     assert not p.app.agents and not p.app.tables and p.loops
 
 
-class _NoKafka(BootStrategy):
-    enable_kafka = False  # (a unit test: no broker for Faust's own clients)
+async def test_the_app_starts_and_stops_without_a_kafka_client(tmp_path, monkeypatch):
+    """The app's whole lifecycle with every aiokafka client start failing: none is asked;
+    and no web server of Faust's listens."""
+    asked: list[str] = []
+
+    async def refuse(self: Any) -> None:
+        asked.append(type(self).__name__)
+        raise AssertionError("Faust started a Kafka client")
+
+    monkeypatch.setattr(AIOKafkaConsumer, "start", refuse)
+    monkeypatch.setattr(AIOKafkaProducer, "start", refuse)
+    app = faust_setup.make_app(Settings(data_dir=tmp_path))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app.conf.web_port, app.conf.web_bind = port, "127.0.0.1"
+    await asyncio.wait_for(app.start(), 30)
+    try:
+        with pytest.raises(OSError):  # refused: nothing listens
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        await asyncio.wait_for(app.stop(), 30)
+    assert asked == []
 
 
 async def test_the_parts_start_in_order_with_the_app_and_stop_in_reverse(tmp_path):
-    settings = Settings(data_dir=tmp_path)
-    app = type("App", (faust_setup.App,), {"BootStrategy": _NoKafka})(
-        settings.app_id, **faust_setup.faust_kwargs(settings))
+    app = faust_setup.make_app(Settings(data_dir=tmp_path))
     ran: list[str] = []
 
     def step(name: str) -> Callable[[], Any]:

@@ -1,4 +1,4 @@
-"""How the worker runs Faust (streams/faust_setup.py: faust_kwargs): the log
+"""How the worker runs Faust (streams/faust_setup.py): the log
 throttle, static membership ids, a web server that serves memstream's key-protected views
 and none of Faust's own, and the tables' changelogs created up front."""
 
@@ -9,11 +9,10 @@ import logging
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
 from memstream.core.settings import Settings
-from memstream.streams.faust_setup import ThrottleFilter, faust_kwargs, install_throttle
+from memstream.streams.faust_setup import ThrottleFilter, install_throttle
 from memstream.worker import build_worker as build_app
 
 pytestmark = pytest.mark.unit
@@ -97,16 +96,16 @@ def test_installed_on_every_handler_of_the_logger():
     assert seen == ["Unable to update metadata from [1]"] * 2 + ["ours"] * 2
 
 
-# --- settings for Faust ----------------------------------------------------------------
+# --- static membership (the loops' consumers: streams/owned_loop.py connect) -------------
 
 
 def test_static_membership_id_is_stable_per_data_dir_and_can_be_turned_off(tmp_path):
-    one = faust_kwargs(Settings(data_dir=tmp_path / "a"))["consumer_group_instance_id"]
-    again = faust_kwargs(Settings(data_dir=tmp_path / "a"))["consumer_group_instance_id"]
-    other = faust_kwargs(Settings(data_dir=tmp_path / "b"))["consumer_group_instance_id"]
+    one = Settings(data_dir=tmp_path / "a").instance_id()
+    again = Settings(data_dir=tmp_path / "a").instance_id()
+    other = Settings(data_dir=tmp_path / "b").instance_id()
     assert one == again and one != other and one
-    assert faust_kwargs(Settings(group_instance_id="w-7"))["consumer_group_instance_id"] == "w-7"
-    assert faust_kwargs(Settings(group_instance_id=""))["consumer_group_instance_id"] is None
+    assert Settings(group_instance_id="w-7").instance_id() == "w-7"
+    assert Settings(group_instance_id="").instance_id() == ""  # no static member
 
 
 def _pipeline(tmp_path: Path, **overrides: object):
@@ -118,22 +117,14 @@ def _pipeline(tmp_path: Path, **overrides: object):
 
 # --- the web server ----------------------------------------------------------------------
 
-BUILTIN = ["/", "/router/", "/router/topics", "/table/", "/table/ingest-state/",
-           "/table/ingest-state/acme%2Fu1/", "/stats/", "/assignment/", "/graph/",
-           "/performance/"]
-
-
-async def test_faust_serves_nothing_and_the_api_is_memstreams(tmp_path):
+def test_faust_serves_nothing_and_the_api_is_memstreams(tmp_path):
+    """Faust's web server (its views /router, /table, /stats, ... have no authentication)
+    never starts: off in its settings and in its boot strategy (the start itself:
+    tests/unit/streams/test_faust_contract.py)."""
     p = _pipeline(tmp_path)
-    assert p.app.conf.web_enabled is False  # Faust's own server never starts
+    assert p.app.conf.web_enabled is False
+    assert p.app.boot_strategy.enable_web is False
     assert p.api is not None  # web_enabled: memstream's API (streams.serve) is registered
-    web = p.app.web
-    web.init_server()
-    assert {r.canonical for r in web.web_app.router.resources()} == set()
-    async with TestClient(TestServer(web.web_app)) as client:
-        for path in BUILTIN:
-            response = await client.get(path)
-            assert response.status == 404, path
 
 
 def test_every_table_changelog_is_created_with_the_topics_before_the_worker_joins(tmp_path):
@@ -172,85 +163,3 @@ def test_every_loops_assignor_signs_with_the_cluster_secret_of_the_settings(tmp_
             assert verify(key_for(secret, MEMBER), raw["sig"], raw["worker"], raw["url"],
                           "1" if raw["single"] else "0", f"{raw['since']:.6f}",
                           f"{raw['at']:.6f}", raw["group"])
-
-
-# --- Faust's clients wait for a broker that is away at start ------------------------------
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
-async def test_a_client_start_waits_for_the_broker_and_drops_each_failed_attempt(caplog):
-    from aiokafka.errors import KafkaConnectionError
-
-    from memstream.streams.faust_setup import patiently
-
-    clock, calls = FakeClock(), []
-
-    async def start() -> None:
-        calls.append("start")
-        if calls.count("start") < 3:
-            raise KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 1)]")
-
-    async def undo() -> None:
-        calls.append("undo")
-
-    with caplog.at_level(logging.WARNING, logger="memstream.streams.faust_setup"):
-        await patiently(start, "Faust's producer", 60.0, undo, clock=clock, sleep=clock.sleep)
-    assert calls == ["start", "undo", "start", "undo", "start"]
-    assert 0 < clock.now < 5  # backed off, not the whole wait
-    assert "Faust's producer: the broker is not reachable" in caplog.text
-
-
-async def test_a_client_start_gives_up_after_the_wait_and_at_once_on_a_permanent_error():
-    from aiokafka.errors import KafkaConnectionError
-
-    from memstream.core.retry import RetriesExhausted
-    from memstream.streams.faust_setup import patiently
-
-    clock, undone = FakeClock(), []
-
-    async def away() -> None:
-        raise KafkaConnectionError("Unable to bootstrap")
-
-    async def undo() -> None:
-        undone.append(1)
-
-    with pytest.raises(RetriesExhausted):
-        await patiently(away, "Faust's consumer", 10.0, undo, clock=clock, sleep=clock.sleep)
-    assert clock.now <= 10.0 and len(undone) >= 3
-
-    async def refused() -> None:  # e.g. a bad credential: waiting does not mend it
-        raise ValueError("not a broker problem")
-
-    clock.now, undone[:] = 0.0, []
-    with pytest.raises(ValueError):
-        await patiently(refused, "Faust's consumer", 10.0, undo, clock=clock, sleep=clock.sleep)
-    assert clock.now == 0.0 and undone == [1]
-
-
-async def test_a_client_start_ends_when_the_worker_stops_while_it_waits():
-    from aiokafka.errors import KafkaConnectionError
-
-    from memstream.streams.faust_setup import StartAbandoned, patiently
-
-    clock, tries = FakeClock(), []
-
-    async def away() -> None:
-        tries.append(clock.now)
-        raise KafkaConnectionError("Unable to bootstrap")
-
-    async def undo() -> None:
-        return None
-
-    with pytest.raises(StartAbandoned, match="stopping"):  # a SIGTERM after the 2nd try
-        await patiently(away, "Faust's consumer", 60.0, undo, stopping=lambda: len(tries) >= 2,
-                        clock=clock, sleep=clock.sleep)
-    assert len(tries) == 2 and clock.now < 10
