@@ -33,8 +33,7 @@ from typing import Any, Protocol
 from memstream.core import tracing
 from memstream.core.errors import InvalidRecord, describe
 from memstream.core.retry import is_transient, retry_async
-from memstream.memory import archive, fencing
-from memstream.memory import governance_metrics as metrics
+from memstream.memory import archive, fencing, governance_metrics
 from memstream.memory.applying import Applied, apply_decision
 from memstream.memory.model import GLOBAL_USER
 from memstream.memory.store.partitioned import ShardNotHere
@@ -153,8 +152,9 @@ def count_applied(c: Counters, decision: JobDecision, changes: list[MemoryChange
     or duplicate decision is not counted again)."""
     c.consolidation_merges += decision.decisions.get("merged", 0)
     for change in changes:
-        add(c.changes, (metrics.bounded(change.op, metrics.CHANGE_OPS),
-                        metrics.bounded(change.lineage.kind, metrics.LINEAGE_KINDS)))
+        bounded = governance_metrics.bounded
+        add(c.changes, (bounded(change.op, governance_metrics.CHANGE_OPS),
+                        bounded(change.lineage.kind, governance_metrics.LINEAGE_KINDS)))
 
 
 def _summary(change: MemoryChange) -> dict[str, object]:

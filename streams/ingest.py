@@ -24,8 +24,7 @@ from pydantic import BaseModel
 
 from memstream.core import tracing
 from memstream.core.errors import InvalidRecord, describe, trace
-from memstream.memory import coalescing as machine
-from memstream.memory import governance_metrics as metrics
+from memstream.memory import coalescing, governance_metrics
 from memstream.memory.ingest_state import UserState, overdue, restore, snapshot
 from memstream.streams import placement, privacy, record_checks, window
 from memstream.streams.counters import add
@@ -45,25 +44,27 @@ from memstream.topics.schemas import (
 log = logging.getLogger(__name__)
 
 
-def step_for(p: Pipeline, state: machine.UserState, event: BaseModel, now: float) -> machine.Step:
+def step_for(p: Pipeline, state: coalescing.UserState, event: BaseModel,
+             now: float) -> coalescing.Step:
     """Route one decoded event to the machine (pure)."""
     c, policy = p.counters, p.policy
     if isinstance(event, ChatMessage):
         c.messages += 1
-        return machine.on_message(state, event, now, policy)
+        return coalescing.on_message(state, event, now, policy)
     if isinstance(event, ToolRequest):
         c.tool_requests += 1
-        step = machine.on_tool(state, event, now, policy)
+        step = coalescing.on_tool(state, event, now, policy)
         if step.duplicate:  # taken before (a retry), or the user's queue is full
             c.tool_requests_refused += 1
         return step
     if isinstance(event, SessionEvent):
         c.session_events += 1
-        return machine.on_session_end(state, event.session_id, now, policy,
+        return coalescing.on_session_end(state, event.session_id, now, policy,
                                       event.ts.timestamp())
     if isinstance(event, JobResult):
-        lag = metrics.extraction_lag(state, event)  # None unless the user's job in flight
-        step = machine.on_result(state, event, now, policy)
+        # None unless the user's job in flight
+        lag = governance_metrics.extraction_lag(state, event)
+        step = coalescing.on_result(state, event, now, policy)
         if lag is not None and not step.duplicate:
             c.extraction_lag.observe(lag)
         if step.duplicate:
@@ -134,11 +135,11 @@ def tick(p: Pipeline, batch: Batch, key: bytes, snap: dict[str, Any], now: float
     """A user whose deadline passed: the machine's timers (idle flush, retry, re-send)."""
     state = _user(p, batch, key, str(snap["tenant_id"]), str(snap["user_id"]))
     p.counters.ticks += 1
-    _took(p, batch, key, state, machine.on_tick(state, now, p.policy))
+    _took(p, batch, key, state, coalescing.on_tick(state, now, p.policy))
 
 
 def _took(p: Pipeline, batch: Batch, kbytes: bytes, state: UserState,
-          step: machine.Step, trigger: bool = False) -> None:
+          step: coalescing.Step, trigger: bool = False) -> None:
     """A step's new state, its sessions forgotten, its jobs and trivial results."""
     for sid in set(state.sessions) - set(step.state.sessions):
         window.forget(p.window, p.settings, state.tenant_id, state.user_id, sid)
@@ -148,7 +149,8 @@ def _took(p: Pipeline, batch: Batch, kbytes: bytes, state: UserState,
         if job.attempt > 1:
             p.counters.jobs_resent += 1
         else:  # jobs by trigger reason: first attempts (re-sends are counted above)
-            add(p.counters.jobs_by_trigger, metrics.bounded(job.reason.value, metrics.TRIGGERS))
+            add(p.counters.jobs_by_trigger,
+                governance_metrics.bounded(job.reason.value, governance_metrics.TRIGGERS))
         p.counters.jobs_emitted += 1
         record = (p.topics.jobs.name, kbytes, job.dumps())
         if batch.traces is not None:  # continues the message that made it (core.tracing)
@@ -220,7 +222,7 @@ def finish(p: Pipeline, batch: Batch) -> None:
                 p.restored.forget(key)
         elif state != first or raw is None:
             snap = snapshot(state)
-            snap["deadline"] = machine.next_deadline(state, p.policy)
+            snap["deadline"] = coalescing.next_deadline(state, p.policy)
             p.state[key] = snap
             p.restored.put(key, snap, state)
 

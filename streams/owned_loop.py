@@ -122,14 +122,14 @@ def halt(reason: str, code: int = EXIT_LOOP_FAILED) -> None:
 
 
 class _Listener(ConsumerRebalanceListener):
-    def __init__(self, tasks: TaskManager) -> None:
-        self.tasks = tasks
+    def __init__(self, task_manager: TaskManager) -> None:
+        self.task_manager = task_manager
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self.tasks.revoked()
+        await self.task_manager.revoked()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self.tasks.assigned(assigned)
+        await self.task_manager.assigned(assigned)
 
 
 class OwnedLoop:
@@ -155,19 +155,19 @@ class OwnedLoop:
         self.consumer: Any = None
         self.lock = asyncio.Lock()  # a batch, or a rebalance step: never both
         self.stopping = asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
-        self.tasks = TaskManager(settings, stage, clients or KafkaClients(settings),
+        self.runner: asyncio.Task[None] | None = None
+        self.task_manager = TaskManager(settings, stage, clients or KafkaClients(settings),
                                  self.group, self.lock, self.stopping, self._fatal)
         self.on_fatal = on_fatal
 
     @property
     def clients(self) -> LoopClients:
-        return self.tasks.clients
+        return self.task_manager.clients
 
     @clients.setter
     def clients(self, clients: LoopClients) -> None:
         """Other clients (before :meth:`connect`: the unit tests' fakes)."""
-        self.tasks.clients = clients
+        self.task_manager.clients = clients
 
     def _fatal(self, reason: str, code: int = EXIT_LOOP_FAILED) -> None:
         self.on_fatal(reason, code)
@@ -176,15 +176,15 @@ class OwnedLoop:
 
     @property
     def owned(self) -> set[int]:
-        return self.tasks.owned
+        return self.task_manager.owned
 
     @property
     def taking(self) -> set[int]:
-        return self.tasks.taking
+        return self.task_manager.taking
 
     @property
     def assignments(self) -> int:
-        return self.tasks.assignments
+        return self.task_manager.assignments
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -194,13 +194,13 @@ class OwnedLoop:
             instance = self.settings.instance_id()
             member = f"{instance}-{self.stage.name}" if instance else None
             self.consumer = self.clients.consumer(self.group, member, self.assignor)
-            self.consumer.subscribe(list(self.stage.inputs), listener=_Listener(self.tasks))
-            self.tasks.consumer = self.consumer
+            self.consumer.subscribe(list(self.stage.inputs), listener=_Listener(self.task_manager))
+            self.task_manager.consumer = self.consumer
         return self.consumer
 
     async def start(self) -> None:
         self.connect()  # its changelogs were created with the topics (memstream worker)
-        self.task = asyncio.create_task(self._connected_run(), name=f"{self.stage.name}-loop")
+        self.runner = asyncio.create_task(self._connected_run(), name=f"{self.stage.name}-loop")
 
     async def _connected_run(self) -> None:
         """The consumer started (a broker that is away is waited for: a worker started
@@ -222,17 +222,17 @@ class OwnedLoop:
         """After the batch in progress (at most ``STOP_WAIT_S``: a partition waiting for
         the broker is abandoned, its open transaction aborted by the next owner)."""
         self.stopping.set()
-        if self.task is not None:
-            done, _ = await asyncio.wait({self.task}, timeout=STOP_WAIT_S)
+        if self.runner is not None:
+            done, _ = await asyncio.wait({self.runner}, timeout=STOP_WAIT_S)
             if not done:
-                self.task.cancel()
-                await asyncio.gather(self.task, return_exceptions=True)
-        await self.tasks.stop_taking(STOP_WAIT_S)
+                self.runner.cancel()
+                await asyncio.gather(self.runner, return_exceptions=True)
+        await self.task_manager.stop_taking(STOP_WAIT_S)
         if self.consumer is not None:
             if self.settings.leave_group_on_stop:
                 kafka.leave_on_stop(self.consumer)
             await self.consumer.stop()
-        await self.tasks.close()
+        await self.task_manager.close()
 
     async def _run(self) -> None:
         try:
@@ -247,8 +247,8 @@ class OwnedLoop:
                     self.punctuated = time.monotonic()
                     async with self.lock:
                         await self.punctuate()
-                if self.tasks.fenced_here():
-                    await self.tasks.take_back()
+                if self.task_manager.fenced_here():
+                    await self.task_manager.take_back()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -278,7 +278,7 @@ class OwnedLoop:
         """Handle one poll's records, one transaction per partition (partitions at once)."""
         parts: dict[int, tuple[PartitionTask, list[list[Any]]]] = {}
         for tp, records in batch.items():
-            task = self.tasks.serving(tp.partition)
+            task = self.task_manager.serving_task(tp.partition)
             fresh = [] if task is None else task.fresh(tp, records)
             if task is not None and fresh:  # (else fetched before it served: read again)
                 parts.setdefault(tp.partition, (task, []))[1].append(fresh)
@@ -309,8 +309,8 @@ class OwnedLoop:
         restart holds the results of jobs in flight: their timeouts count once those are
         read)."""
         now = self.clock()
-        for n in sorted(self.tasks.ready):
-            task = self.tasks.serving(n)
+        for n in sorted(self.task_manager.ready):
+            task = self.task_manager.serving_task(n)
             at = None if task is None else await self._timer_time(task, now)
             if task is None or at is None:
                 continue
@@ -342,7 +342,7 @@ class OwnedLoop:
                     or not await self._landed(offsets)):
                 tracing.settle(work.spans, "aborted")  # read again: the same traces
                 task.discard()
-                self.tasks.seek(task)
+                self.task_manager.seek(task)
                 return False
             log.warning("%s partition %d: the transaction was committed after all",
                         self.stage.name, task.partition)
@@ -398,7 +398,7 @@ class OwnedLoop:
         if isinstance(exc, ProducerFenced):
             log.warning("%s partition %d is owned by another worker now (%s); letting it go "
                         "until the next assignment", self.stage.name, n, describe(exc))
-            await self.tasks.let_go(n)
+            await self.task_manager.let_go(n)
             return False
         if isinstance(exc, REFUSED):  # e.g. a dead letter its topic does not take
             self.on_fatal(f"partition {n}: transaction undeliverable ({describe(exc)})",
@@ -433,7 +433,7 @@ class OwnedLoop:
                  task.partition, describe(exc))
         task.discard()
         await asyncio.sleep(SHARD_WAIT_S)
-        self.tasks.seek(task)
+        self.task_manager.seek(task)
 
     # --- metrics -------------------------------------------------------------------------
 
@@ -441,7 +441,7 @@ class OwnedLoop:
         """A poll found nothing: the inputs whose position reached their highwater are
         done up to it (what lies between the next offset and it are transaction markers)."""
         assigned = self.consumer.assignment()
-        for task in list(self.tasks.tasks.values()):
+        for task in list(self.task_manager.by_partition.values()):
             found = {}
             for tp in [tp for tp in task.inputs() if tp in assigned]:
                 high = await self._read_to(tp)
@@ -472,7 +472,7 @@ class OwnedLoop:
         found: dict[tuple[str, int], int] = {}
         if self.consumer is None:
             return found
-        for task in list(self.tasks.tasks.values()):
+        for task in list(self.task_manager.by_partition.values()):
             highs = {tp: h for tp in task.inputs()
                      if (h := self._highwater(tp)) is not None}
             found.update({(tp.topic, tp.partition): lag
