@@ -27,14 +27,15 @@ owns what those depend on:
   is let go (producer, tables, the stage's state such as a store shard) and nothing of the
   batch is committed; the next assignment takes it again from scratch if it comes back.
 - **A task per partition** (:mod:`streams.partition_task`) holds its producer, positions,
-  table slice, time and state (taking, restoring, serving, letting go); the loop's
+  table slices, the stage's processor of it (:class:`~streams.stage.Processor`), time and
+  state (taking, restoring, serving, letting go); the loop's
   :class:`~streams.task_manager.TaskManager` holds the map of them. A new partition is
   paused and taken outside the rebalance callback: producer first (the fence), then the
   tables restored from their changelogs up to their ends and the stage's state (a store
   shard), then the consumer seeks to the committed offsets, fetched again after the fence,
   and resumes it. Records fetched before that are dropped (read again).
 - **Clients** come from one small protocol (:mod:`streams.loop_clients`), injected.
-- **Timers** (:meth:`Stage.punctuate`, every ``tick_interval_s``, between batches, under
+- **Timers** (:meth:`Processor.punctuate`, every ``tick_interval_s``, between batches, under
   the loop's lock): what a partition's due timers emit and write is one transaction of that
   partition, like a batch without input offsets.
 - **No record is skipped**: a record is handled only at or after the partition's next
@@ -72,7 +73,6 @@ from memstream.core import kafka, tracing
 from memstream.core.errors import describe, trace
 from memstream.core.retry import RetryPolicy, next_delay
 from memstream.core.settings import Settings
-from memstream.memory.store.partitioned import ShardNotHere
 from memstream.streams import lifecycle, undecodable
 from memstream.streams.cluster import assignor_for
 from memstream.streams.counters import Counters
@@ -80,7 +80,7 @@ from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
 from memstream.streams.loop_clients import KafkaClients, LoopClients, quietly
 from memstream.streams.partition_task import PartitionTask
 from memstream.streams.pipeline import Pipeline
-from memstream.streams.stage import Stage, Work
+from memstream.streams.stage import NotHere, Stage, Work
 from memstream.streams.task_manager import TaskManager
 from memstream.topics.registry import registry
 
@@ -287,10 +287,9 @@ class OwnedLoop:
 
     async def _partition(self, task: PartitionTask, records: list[Any]) -> None:
         while records:
-            try:
-                work = await self.stage.handle(task.partition, records)
-            except ShardNotHere as exc:
-                await self._not_here(task, exc)
+            work = await task.processor.process(records)
+            if isinstance(work, NotHere):
+                await self._not_here(task, work)
                 return
             taken = len(records) if work.handled is None else max(1, work.handled)
             done, records = records[:taken], records[taken:]
@@ -314,7 +313,7 @@ class OwnedLoop:
             at = None if task is None else await self._timer_time(task, now)
             if task is None or at is None:
                 continue
-            work = await self.stage.punctuate(n, at)
+            work = await task.processor.punctuate(at)
             if work is None or not (work.out or work.placed or task.dirty()):
                 task.discard()
                 continue
@@ -349,7 +348,7 @@ class OwnedLoop:
         tracing.settle(work.spans, "committed")
         task.committed(offsets, newest_s)
         if written:  # (the apply stage's shards follow what it wrote)
-            self.stage.committed(task.partition, written)
+            task.processor.committed(written)
         return True
 
     async def _landed(self, offsets: dict[TopicPartition, int]) -> bool:
@@ -424,13 +423,13 @@ class OwnedLoop:
                             n, type(err).__name__)
         return True
 
-    async def _not_here(self, task: PartitionTask, exc: ShardNotHere) -> None:
+    async def _not_here(self, task: PartitionTask, not_here: NotHere) -> None:
         """The partition's store shard is not served here (yet): the group of the apply
         stage has not given it to this worker, or is restoring it. Nothing of the batch is
         committed; it is read again after a pause (or by the next owner)."""
         self.shard_waits += 1
         log.info("%s partition %d: %s; reading the batch again", self.stage.name,
-                 task.partition, describe(exc))
+                 task.partition, not_here.why)
         task.discard()
         await asyncio.sleep(SHARD_WAIT_S)
         self.task_manager.seek(task)

@@ -41,10 +41,10 @@ from memstream.core.retry import (
 )
 from memstream.streams.loop_clients import LoopClients, quietly
 from memstream.streams.partition_task import PartitionTask, TaskState
+from memstream.streams.stage import Stage, TaskContext
 
 if TYPE_CHECKING:
     from memstream.core.settings import Settings
-    from memstream.streams.stage import Stage
 
 log = logging.getLogger(__name__)
 TAKES_AT_ONCE = 3  # a take waits on the broker (a consumer, fetches) as much as it folds
@@ -273,7 +273,7 @@ class TaskManager:
                 await self._position(task)
                 task.producer = producer
                 installed = True
-                task.move(TaskState.SERVING)
+                task.serve(self.stage.open(TaskContext(n, task.slices)))
                 if not self.rebalancing:
                     self.stage.assigned(self.ready)
         finally:

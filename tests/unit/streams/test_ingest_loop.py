@@ -18,11 +18,12 @@ from pydantic import SecretStr
 
 from memstream.core.retry import RetryPolicy
 from memstream.core.settings import Settings
-from memstream.streams import owned_loop
+from memstream.streams import owned_loop, window
 from memstream.streams.app import build_app
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
 from memstream.streams.ingest import ingest_loop
 from memstream.streams.ingest_tables import LoopTable
+from memstream.streams.stage import TaskContext
 from memstream.topics.schemas import (
     ChatMessage,
     ExtractionJob,
@@ -43,26 +44,52 @@ ADMIN = SecretStr("k-admin-0123456789abcdef0123456789")
 
 def test_pending_writes_are_read_at_once_and_kept_only_when_committed():
     t = LoopTable("x-changelog")
-    t.partition = 1
-    t[b"a"] = {"v": 1}
-    t[b"b"] = {"v": 2}
-    del t[b"b"]
-    t.partition = None
-    assert t.get(b"a") == {"v": 1} and t.get(b"b") is None and b"a" in t
-    assert sorted(t.changelog(1)) == [(b"a", b'{"v":1}'), (b"b", None)]
-    assert list(t.items()) == []  # nothing committed yet
-    t.discard(1)
-    assert t.get(b"a") is None and t.changelog(1) == []
-    t.partition = 1
-    t[b"a"] = {"v": 3}
-    t.partition = None
-    t.commit(1)
-    assert dict(t.items()) == {b"a": {"v": 3}} and t.changelog(1) == []
+    mine = t.slice(1)
+    mine[b"a"] = {"v": 1}
+    mine[b"b"] = {"v": 2}
+    del mine[b"b"]
+    assert mine.get(b"a") == {"v": 1} and mine.get(b"b") is None and b"a" in mine
+    assert sorted(mine.changelog()) == [(b"a", b'{"v":1}'), (b"b", None)]
+    assert list(t.items()) == [] and mine.items() == []  # nothing committed yet
+    mine.discard()
+    assert mine.get(b"a") is None and mine.changelog() == [] and not mine.dirty()
+    mine[b"a"] = {"v": 3}
+    mine.commit()
+    assert dict(t.items()) == {b"a": {"v": 3}} and mine.changelog() == []
+    assert mine.items() == [(b"a", {"v": 3})] and t.items_of(1) == [(b"a", {"v": 3})]
 
 
-def test_written_outside_a_batch_is_an_error():
-    with pytest.raises(RuntimeError):
-        LoopTable("x")[b"a"] = 1
+def test_a_task_sees_only_its_own_pending_writes():
+    """Two partitions' batches in flight at once (awaits between their writes): neither
+    sees, commits nor discards the other's pending writes (no shared "current partition")."""
+    t = LoopTable("x")
+    one, two = t.slice(1), t.slice(2)
+    one[b"u1"] = 1
+    two[b"u2"] = 2
+    assert one.get(b"u2") is None and two.get(b"u1") is None
+    two.discard()
+    one.commit()
+    assert dict(t.items()) == {b"u1": 1} and t.items_of(2) == [] and two.get(b"u1") == 1
+
+
+def test_the_api_reads_committed_state_only(tmp_path):
+    """The HTTP API reads the tables themselves (web.backend_reads, web.backend: the window,
+    the ingest state): a pending write of a batch in flight is not seen there (its
+    transaction may yet abort and the batch be read again); once committed it is."""
+    settings = Settings(data_dir=tmp_path, partitions=1, cluster_secret=CLUSTER_SECRET)
+    state, window_table = LoopTable("state"), LoopTable("window")
+    msg = ChatMessage(tenant_id="t", user_id="u", session_id="s", message_id="m1",
+                      role="user", content="I moved to Lisbon", ts=T0)
+    in_flight, writes = window_table.slice(0), state.slice(0)
+    window.record(in_flight, settings, msg, 0)
+    writes[b"t/u"] = {"tenant_id": "t"}
+    assert window.rows(in_flight, "t", "u", "s", 5)  # the batch itself reads its writes
+    assert window.rows(window_table, "t", "u", "s", 5) == []  # the API does not
+    assert state.committed(b"t/u") is None and state.get(b"t/u") is None
+    in_flight.commit()
+    writes.commit()
+    assert [r[1] for r in window.rows(window_table, "t", "u", "s", 5)] == ["m1"]
+    assert state.committed(b"t/u") == {"tenant_id": "t"}
 
 
 def test_restore_and_drop_follow_the_partition_that_holds_a_key():
@@ -289,8 +316,9 @@ async def test_a_job_in_flight_is_timed_from_the_takeover(tmp_path):
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
     timeout = p.settings.job_timeout_s
     p.clock = lambda: sent_at + timeout - 5  # a restart after a long outage: the job's
-    loop.stage.assigned(set())  # partition had left, and is taken over (its tables as
-    loop.stage.assigned({0})  # they were: a take restores them from their changelog)
+    task = loop.task_manager.by_partition[0]  # partition had left, and is taken over
+    task.processor.close()  # (its tables as they were: a take restores them from their
+    task.processor = loop.stage.open(TaskContext(0, task.slices))  # changelog)
 
     async def timers_at(at: float) -> None:
         p.clock = loop.clock = lambda: at

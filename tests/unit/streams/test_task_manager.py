@@ -16,7 +16,7 @@ from aiokafka.structs import TopicPartition
 from memstream.core.retry import RetryPolicy
 from memstream.core.settings import Settings
 from memstream.streams.owned_loop import OwnedLoop
-from memstream.streams.stage import StageBase, Work
+from memstream.streams.stage import ProcessorBase, StageBase, Work
 from tests.unit.builders import FakeClients, FakeConsumer
 
 pytestmark = pytest.mark.unit
@@ -61,7 +61,7 @@ class SlowStage(StageBase):
     def assigned(self, partitions: set[int]) -> None:
         self.seen_assigned.append(set(partitions))
 
-    async def handle(self, partition: int, records: list[Any]) -> Work:
+    async def handle(self, records: list[Any]) -> Work:
         return Work()
 
 
@@ -342,13 +342,19 @@ async def test_the_stage_learns_the_offsets_its_committed_transaction_wrote(tmp_
 
     stage = SlowStage()
     seen: list[tuple[int, dict[str, int]]] = []
-    stage.committed = lambda partition, offsets: seen.append((partition, offsets))  # type: ignore[attr-defined]
     outs = [("changes", b"k", b"1"), ("changes", b"k", b"2"), ("results", b"k", b"3")]
 
-    async def handle(partition: int, records: list[Any]) -> Work:
-        return Work(out=list(outs))
+    class Noting(ProcessorBase):
+        def __init__(self, partition: int) -> None:
+            self.partition = partition
 
-    stage.handle = handle  # type: ignore[method-assign]
+        async def process(self, records: list[Any]) -> Work:
+            return Work(out=list(outs))
+
+        def committed(self, offsets: dict[str, int]) -> None:
+            seen.append((self.partition, offsets))
+
+    stage.open = lambda context: Noting(context.partition)  # type: ignore[method-assign]
     loop, consumer, fatal, _ = make(tmp_path, stage)
     await assign(loop, consumer, 0)
     stage.gate(0).set()
@@ -373,3 +379,34 @@ async def test_a_long_take_does_not_hold_back_the_others(tmp_path):
     assert loop.taking == {0} and not fatal
     stage.gate(0).set()
     await until(lambda: loop.task_manager.ready == {0, 1})
+
+
+async def test_a_batch_whose_shard_is_not_here_is_a_value_and_read_again(tmp_path, monkeypatch):
+    """Shard ownership is a value: the store's ShardNotHere, raised by a store call of the
+    batch, comes back from the task's processor as NotHere; the loop commits nothing of the
+    batch and seeks the partition back to its next offset (read again after a pause)."""
+    from types import SimpleNamespace
+
+    from memstream.memory.store.partitioned import ShardNotHere
+    from memstream.streams import owned_loop
+    from memstream.streams.stage import NotHere, processor_of
+
+    monkeypatch.setattr(owned_loop, "SHARD_WAIT_S", 0.0)
+    stage = SlowStage()
+
+    async def handle(records: list[Any]) -> Work:
+        raise ShardNotHere(0)
+
+    stage.handle = handle  # type: ignore[method-assign]
+    got = await processor_of(stage, 0).process([])
+    assert isinstance(got, NotHere) and got.partition == 0 and "not owned here" in got.why
+    loop, consumer, fatal, _ = make(tmp_path, stage)
+    await assign(loop, consumer, 0)
+    stage.gate(0).set()
+    await until(lambda: loop.task_manager.ready == {0})
+    consumer.seeks.clear()
+    tp = TopicPartition(TOPICS[0], 0)
+    await loop.process({tp: [SimpleNamespace(topic=tp.topic, partition=0, offset=10,
+                                             key=b"k", value=b"v", timestamp=1)]})
+    assert loop.shard_waits == 1 and loop.task_manager.producer(0).committed == []
+    assert (tp, 10) in consumer.seeks and offsets(loop, 0)[tp] == 10 and not fatal
