@@ -39,6 +39,7 @@ from memstream.core.settings import Settings
 from memstream.streams.app import build_app
 from memstream.streams.extract import ExtractStage
 from memstream.streams.ingest import IngestStage
+from memstream.streams.stage import TaskContext, Work
 from memstream.topics.schemas import ChatMessage
 
 SMOKE = {"users": 10, "messages": 4, "runs": 1}
@@ -98,21 +99,23 @@ async def one_run(base: Settings, mode: str, users: int, per_user: int) -> dict[
     p = build_app(settings)
     try:
         ingest, extract = IngestStage(p), ExtractStage(p)
-        ingest.assigned({0})
+        slices = tuple(t.slice(0) for t in ingest.tables)
+        processor = ingest.open(TaskContext(0, slices))
         inputs = messages(settings, users, per_user)
         jobs: list[Any] = []
         started = time.perf_counter()
         for n in range(0, len(inputs), BATCH):
-            work = await ingest.handle(0, inputs[n:n + BATCH])
-            for table in ingest.tables:
-                table.commit(0)
+            work = await processor.process(inputs[n:n + BATCH])
+            assert isinstance(work, Work)
+            for piece in slices:
+                piece.commit()
             tracing.settle(work.spans, "committed")
             jobs += [r for r in work.out if r[0] == p.topics.jobs.name]
         ingest_s = time.perf_counter() - started
         records = as_records(settings, jobs)
         started = time.perf_counter()
         for n in range(0, len(records), extract.max_records):
-            work = await extract.handle(0, records[n:n + extract.max_records])
+            work = await extract.handle(records[n:n + extract.max_records])
             tracing.settle(work.spans, "committed")
         extract_s = time.perf_counter() - started
         return {"ingest_us": ingest_s / len(inputs) * 1e6,

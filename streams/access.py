@@ -142,7 +142,7 @@ class AccessStage(StageBase):
         self.tables: tuple[LoopTable, ...] = ()
         self.max_records = p.settings.ingest_batch_records
 
-    async def handle(self, partition: int, records: list[Any]) -> Work:
+    async def handle(self, records: list[Any]) -> Work:
         p, work = self.p, Work()
         decoded: list[Any] = []  # the records that decoded (the rest are dead letters now)
         events = []

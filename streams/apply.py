@@ -33,8 +33,7 @@ from typing import Any, Protocol
 from memstream.core import tracing
 from memstream.core.errors import InvalidRecord, describe
 from memstream.core.retry import is_transient, retry_async
-from memstream.memory import archive, fencing
-from memstream.memory import governance_metrics as metrics
+from memstream.memory import archive, fencing, governance_metrics
 from memstream.memory.applying import Applied, apply_decision
 from memstream.memory.model import GLOBAL_USER
 from memstream.memory.store.partitioned import ShardNotHere
@@ -42,10 +41,19 @@ from memstream.streams import privacy, record_checks
 from memstream.streams.counters import Counters, add
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.extract import store_policy
-from memstream.streams.ingest_tables import LoopTable
+from memstream.streams.ingest_tables import LoopTable, TableSlice
 from memstream.streams.owned_loop import run_with_app
 from memstream.streams.pipeline import Pipeline
-from memstream.streams.stage import Record, StageBase, Work, until_handled
+from memstream.streams.stage import (
+    NotHere,
+    ProcessorBase,
+    Record,
+    StageBase,
+    TaskContext,
+    Work,
+    here,
+    until_handled,
+)
 from memstream.streams.waiters import Outcome
 from memstream.topics.codec import decode
 from memstream.topics.schemas import JobDecision, JobResult, JobStatus, MemoryChange
@@ -53,16 +61,20 @@ from memstream.topics.schemas import JobDecision, JobResult, JobStatus, MemoryCh
 log = logging.getLogger(__name__)
 
 
+class TaskFold(Protocol):
+    """One task's fold of the windowed jobs' triggers (:class:`streams.jobs_fold.TaskFold`)."""
+
+    def fold(self, change: MemoryChange) -> list[Record]: ...
+
+    def punctuate(self, now: float) -> list[Record]: ...
+
+
 class Fold(Protocol):
     """The windowed jobs' triggers (:class:`streams.jobs_fold.MaintenanceFold`)."""
 
     table: LoopTable
 
-    def fold(self, change: MemoryChange) -> list[Record]: ...
-
-    def punctuate(self, partition: int, now: float) -> list[Record]: ...
-
-    def assigned(self) -> None: ...
+    def open(self, table: TableSlice) -> TaskFold: ...
 
 
 async def apply_with_retries(p: Pipeline, decision: JobDecision) -> Applied:
@@ -153,8 +165,9 @@ def count_applied(c: Counters, decision: JobDecision, changes: list[MemoryChange
     or duplicate decision is not counted again)."""
     c.consolidation_merges += decision.decisions.get("merged", 0)
     for change in changes:
-        add(c.changes, (metrics.bounded(change.op, metrics.CHANGE_OPS),
-                        metrics.bounded(change.lineage.kind, metrics.LINEAGE_KINDS)))
+        bounded = governance_metrics.bounded
+        add(c.changes, (bounded(change.op, governance_metrics.CHANGE_OPS),
+                        bounded(change.lineage.kind, governance_metrics.LINEAGE_KINDS)))
 
 
 def _summary(change: MemoryChange) -> dict[str, object]:
@@ -176,23 +189,16 @@ class ApplyStage(StageBase):
         self.inputs = [t.decisions.name if decisions else t.memory_changes.name]
         self.tables: tuple[LoopTable, ...] = (fold.table,) if fold is not None else ()
         self.max_records = p.settings.ingest_batch_records
-        self.rolls = privacy.RollSchedule(p.settings)
         self.next_sweep = 0.0  # archived turns past archive_days: swept at the first round
 
-    def assigned(self, partitions: set[int]) -> None:
-        if self.fold is not None:
-            self.fold.assigned()
+    def open(self, context: TaskContext) -> ApplyProcessor:
+        return ApplyProcessor(self, context)
 
     def take_order(self, partitions: set[int]) -> list[int]:
         keeper = self.p.shards
         if keeper is not None and self.decisions:
             return list(keeper.order(partitions))
         return sorted(partitions)
-
-    def committed(self, partition: int, offsets: dict[str, int]) -> None:
-        """A transaction of ``partition`` committed, its records up to ``offsets``."""
-        if self.p.shards is not None and self.decisions:
-            self.p.shards.wrote(partition, offsets)
 
     async def prepare(self, new: set[int], gone: set[int]) -> None:
         """Before any record of ``new`` is handled (after the fence): the store shards of
@@ -203,21 +209,9 @@ class ApplyStage(StageBase):
             await keeper.release(gone)
             await keeper.take(new)
 
-    async def punctuate(self, partition: int, now: float) -> Work | None:
-        """The windowed jobs due on ``partition`` (their tool requests), and the segment
-        roll of the maintenance table's changelog; every ``archive_sweep_s``, the archived
-        turns older than ``archive_days`` swept from the store."""
-        await self._sweep(now)
-        if self.fold is None:
-            return None
-        work = Work()
-        with self.fold.table.writing(partition):
-            work.out += self.fold.punctuate(partition, now)
-            if self.rolls.due(partition, now):  # compaction drops erased data
-                privacy.roll_tables(self.fold.table)
-        return work
-
-    async def _sweep(self, now: float) -> None:
+    async def sweep(self, now: float) -> None:
+        """Every ``archive_sweep_s``, the archived turns older than ``archive_days`` swept
+        from the store (the whole store's: once per loop, not per partition)."""
         s = self.p.settings
         oldest = archive.cutoff(now, s.archive_days)
         if oldest is None or not self.decisions or now < self.next_sweep:
@@ -230,7 +224,53 @@ class ApplyStage(StageBase):
             return
         self.p.counters.turns_swept += swept
 
-    async def handle(self, partition: int, records: list[Any]) -> Work:
+
+class ApplyProcessor(ProcessorBase):
+    """The apply stage's processor of one partition task: its fold of the windowed jobs
+    (its slice of the maintenance table, its due index) and its segment rolls."""
+
+    def __init__(self, stage: ApplyStage, context: TaskContext) -> None:
+        self.stage = stage
+        self.p = stage.p
+        self.partition = context.partition
+        self.decisions = stage.decisions
+        self.fold = None if stage.fold is None else stage.fold.open(context.tables[0])
+        self.table = context.tables[0] if context.tables else None
+        self.rolls = privacy.RollSchedule(stage.p.settings)
+
+    def committed(self, offsets: dict[str, int]) -> None:
+        """A transaction of the partition committed, its records up to ``offsets``."""
+        if self.p.shards is not None and self.decisions:
+            self.p.shards.wrote(self.partition, offsets)
+
+    async def punctuate(self, now: float) -> Work | None:
+        """The windowed jobs due on the partition (their tool requests), and the segment
+        roll of the maintenance table's changelog (and the loop's archive sweep)."""
+        await self.stage.sweep(now)
+        if self.fold is None or self.table is None:
+            return None
+        work = Work()
+        work.out += self.fold.punctuate(now)
+        if self.rolls.due(now):  # compaction drops erased data
+            privacy.roll_tables(self.table)
+        return work
+
+    def shard_here(self) -> NotHere | None:
+        """None when the partition's store shard is served here (store_partitioned: the
+        take restored it before the task served; it may have been closed since, as the
+        worker stops), else why not."""
+        keeper = self.p.shards
+        if keeper is None or not self.decisions or self.partition in keeper.store.owned:
+            return None
+        return NotHere(self.partition, f"the store shard of partition {self.partition} is "
+                       "not owned here")
+
+    async def process(self, records: list[Any]) -> Work | NotHere:
+        """The batch's work; :class:`NotHere` when the shard is not here, before the batch
+        or as a store call of it found (a value: nothing of the batch is committed)."""
+        return self.shard_here() or await here(self._handle(records))
+
+    async def _handle(self, records: list[Any]) -> Work:
         work, users = Work(), set()
         for n, record in enumerate(records):
             if record.topic == self.decisions:
@@ -248,7 +288,7 @@ class ApplyStage(StageBase):
                 del work.out[mark[0]:], work.after[mark[1]:]  # a failed attempt's part
                 tracing.settle(work.spans[mark[2]:], "retried")
                 del work.spans[mark[2]:]
-                await step(partition, work, r)
+                await step(work, r)
 
             got = await until_handled(record, attempt, counters=self.p.counters,
                                       fatal=(Unpublished,))
@@ -256,7 +296,7 @@ class ApplyStage(StageBase):
                 set_aside(self.p, work, got, record)
         return work
 
-    async def _decision(self, partition: int, work: Work, record: Any) -> None:
+    async def _decision(self, work: Work, record: Any) -> None:
         p = self.p
         if not record_checks.authentic(p, work, record):  # no valid MAC: changes nothing
             return
@@ -276,13 +316,13 @@ class ApplyStage(StageBase):
             # transaction (REPUBLISH: this one's transaction, fold included, was not)
             if self.fold is not None and applied.verdict != fencing.Verdict.DONE:
                 for change in applied.publish:
-                    self._fold(partition, work, change)
+                    work.out += self.fold.fold(change)
         except Exception as exc:
             if is_transient(exc):
                 raise  # tried again in place; the store answers with its kept events
             raise Unpublished(f"job {decision.job_id}: {describe(exc)}") from exc
 
-    async def _change(self, partition: int, work: Work, record: Any) -> None:
+    async def _change(self, work: Work, record: Any) -> None:
         """(The jobs-only process) a published change."""
         try:
             change = decode(MemoryChange, record.value, record.key,
@@ -290,12 +330,8 @@ class ApplyStage(StageBase):
         except InvalidRecord as exc:
             set_aside(self.p, work, exc, record)
             return
-        self._fold(partition, work, change)
-
-    def _fold(self, partition: int, work: Work, change: MemoryChange) -> None:
         assert self.fold is not None
-        with self.fold.table.writing(partition):
-            work.out += self.fold.fold(change)
+        work.out += self.fold.fold(change)
 
 
 def register(p: Pipeline, fold: Fold | None, *, decisions: bool = True) -> None:

@@ -123,7 +123,7 @@ class ExtractStage(StageBase):
         self.max_records = max(16, 4 * p.settings.extract_concurrency)
         self._slots: asyncio.Semaphore | None = None
 
-    async def handle(self, partition: int, records: list[Any]) -> Work:
+    async def handle(self, records: list[Any]) -> Work:
         work = Work()
         users: dict[str, list[tuple[Any, ExtractionJob]]] = {}
         for record in records:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,8 +24,7 @@ from pydantic import BaseModel
 
 from memstream.core import tracing
 from memstream.core.errors import InvalidRecord, describe, trace
-from memstream.memory import coalescing as machine
-from memstream.memory import governance_metrics as metrics
+from memstream.memory import coalescing, governance_metrics
 from memstream.memory.ingest_state import UserState, overdue, restore, snapshot
 from memstream.streams import placement, privacy, record_checks, window
 from memstream.streams.counters import add
@@ -33,7 +32,7 @@ from memstream.streams.dead_letters import decode_input, set_aside
 from memstream.streams.ingest_tables import LoopTable
 from memstream.streams.owned_loop import OwnedLoop, run_with_app
 from memstream.streams.pipeline import Pipeline
-from memstream.streams.stage import StageBase, Work
+from memstream.streams.stage import NotHere, ProcessorBase, StageBase, TaskContext, Work
 from memstream.topics.schemas import (
     ChatMessage,
     JobResult,
@@ -45,25 +44,27 @@ from memstream.topics.schemas import (
 log = logging.getLogger(__name__)
 
 
-def step_for(p: Pipeline, state: machine.UserState, event: BaseModel, now: float) -> machine.Step:
+def step_for(p: Pipeline, state: coalescing.UserState, event: BaseModel,
+             now: float) -> coalescing.Step:
     """Route one decoded event to the machine (pure)."""
     c, policy = p.counters, p.policy
     if isinstance(event, ChatMessage):
         c.messages += 1
-        return machine.on_message(state, event, now, policy)
+        return coalescing.on_message(state, event, now, policy)
     if isinstance(event, ToolRequest):
         c.tool_requests += 1
-        step = machine.on_tool(state, event, now, policy)
+        step = coalescing.on_tool(state, event, now, policy)
         if step.duplicate:  # taken before (a retry), or the user's queue is full
             c.tool_requests_refused += 1
         return step
     if isinstance(event, SessionEvent):
         c.session_events += 1
-        return machine.on_session_end(state, event.session_id, now, policy,
+        return coalescing.on_session_end(state, event.session_id, now, policy,
                                       event.ts.timestamp())
     if isinstance(event, JobResult):
-        lag = metrics.extraction_lag(state, event)  # None unless the user's job in flight
-        step = machine.on_result(state, event, now, policy)
+        # None unless the user's job in flight
+        lag = governance_metrics.extraction_lag(state, event)
+        step = coalescing.on_result(state, event, now, policy)
         if lag is not None and not step.duplicate:
             c.extraction_lag.observe(lag)
         if step.duplicate:
@@ -86,6 +87,9 @@ class Batch(Work):
     to the table once per batch, not once per record)."""
 
     users: dict[bytes, tuple[Any, UserState, UserState]] = field(default_factory=dict)
+    # the task's slices of the ingest state and the window (streams.ingest_tables)
+    state: Any = None
+    window: Any = None
     # when this worker took the partition: a job in flight is timed from then at the
     # earliest (see ``_user``)
     since: float = 0.0
@@ -98,7 +102,7 @@ class Batch(Work):
 def _user(p: Pipeline, batch: Batch, key: bytes, tenant: str, user: str) -> UserState:
     if key in batch.users:
         return batch.users[key][2]
-    raw = p.state.get(key)
+    raw = batch.state.get(key)
     state = p.restored.get(key, raw)
     if state is None:
         state = restore(raw) if raw else UserState(tenant, user)
@@ -123,7 +127,7 @@ def handle_event(p: Pipeline, batch: Batch, decoded: Any) -> None:
         p.counters.duplicates += 1
     elif isinstance(decoded, ChatMessage):
         seq = step.state.sessions[decoded.session_id].count - 1
-        window.record(p.window, p.settings, decoded, seq)
+        window.record(batch.window, p.settings, decoded, seq)
         if batch.traces is not None:
             batch.traces.seen(kbytes, batch.where, tracing.context_of(batch.span))
     _took(p, batch, kbytes, state, step, isinstance(decoded, (ChatMessage, SessionEvent,
@@ -134,21 +138,22 @@ def tick(p: Pipeline, batch: Batch, key: bytes, snap: dict[str, Any], now: float
     """A user whose deadline passed: the machine's timers (idle flush, retry, re-send)."""
     state = _user(p, batch, key, str(snap["tenant_id"]), str(snap["user_id"]))
     p.counters.ticks += 1
-    _took(p, batch, key, state, machine.on_tick(state, now, p.policy))
+    _took(p, batch, key, state, coalescing.on_tick(state, now, p.policy))
 
 
 def _took(p: Pipeline, batch: Batch, kbytes: bytes, state: UserState,
-          step: machine.Step, trigger: bool = False) -> None:
+          step: coalescing.Step, trigger: bool = False) -> None:
     """A step's new state, its sessions forgotten, its jobs and trivial results."""
     for sid in set(state.sessions) - set(step.state.sessions):
-        window.forget(p.window, p.settings, state.tenant_id, state.user_id, sid)
+        window.forget(batch.window, p.settings, state.tenant_id, state.user_id, sid)
     raw, first, _ = batch.users[kbytes]
     batch.users[kbytes] = (raw, first, step.state)
     for job in step.jobs:
         if job.attempt > 1:
             p.counters.jobs_resent += 1
         else:  # jobs by trigger reason: first attempts (re-sends are counted above)
-            add(p.counters.jobs_by_trigger, metrics.bounded(job.reason.value, metrics.TRIGGERS))
+            add(p.counters.jobs_by_trigger,
+                governance_metrics.bounded(job.reason.value, governance_metrics.TRIGGERS))
         p.counters.jobs_emitted += 1
         record = (p.topics.jobs.name, kbytes, job.dumps())
         if batch.traces is not None:  # continues the message that made it (core.tracing)
@@ -216,17 +221,18 @@ def finish(p: Pipeline, batch: Batch) -> None:
     for key, (raw, first, state) in batch.users.items():
         if state.idle:
             if raw is not None:
-                del p.state[key]
+                del batch.state[key]
                 p.restored.forget(key)
         elif state != first or raw is None:
             snap = snapshot(state)
-            snap["deadline"] = machine.next_deadline(state, p.policy)
-            p.state[key] = snap
+            snap["deadline"] = coalescing.next_deadline(state, p.policy)
+            batch.state[key] = snap
             p.restored.put(key, snap, state)
 
 
 class IngestStage(StageBase):
-    """The ingest stage as its loop (:class:`streams.owned_loop.OwnedLoop`) runs it."""
+    """The ingest stage as its loop (:class:`streams.owned_loop.OwnedLoop`) runs it: a
+    :class:`IngestProcessor` per partition task."""
 
     name = "ingest"
 
@@ -235,58 +241,68 @@ class IngestStage(StageBase):
         self.inputs = [t.name for t in p.topics.ingest_inputs()]
         self.tables: tuple[LoopTable, ...] = (p.state, p.window)
         self.max_records = p.settings.ingest_batch_records
-        self.taken_at: dict[int, float] = {}  # partition -> when this worker took it
-        self.overdue: dict[int, int] = {}  # partition -> messages overdue at its last round
-        self.rolls = privacy.RollSchedule(p.settings)
         self.traces = tracing.MessageTraces()
 
-    @contextmanager
-    def _batch(self, partition: int) -> Iterator[Batch]:
-        """A batch of ``partition``: the tables written there, each changed user's state
-        written once at the end. No await inside: no other partition's batch runs
-        meanwhile, so the tables' pending writes go to this one."""
-        batch = Batch(since=self.taken_at.get(partition, 0.0),
-                      traces=self.traces if tracing.enabled() else None)
-        with ExitStack() as writing:
-            for table in self.tables:
-                writing.enter_context(table.writing(partition))
-            yield batch
-            finish(self.p, batch)
+    def open(self, context: TaskContext) -> IngestProcessor:
+        return IngestProcessor(self.p, context, self.traces)
 
-    async def handle(self, partition: int, records: list[Any]) -> Work:
-        with self._batch(partition) as batch:
+    def assigned(self, partitions: set[int]) -> None:
+        log.info("ingest: %d users restored", len(self.p.state))
+
+
+class IngestProcessor(ProcessorBase):
+    """One partition task of the ingest stage: its slices of the state and window tables,
+    when this worker took it, its overdue messages and its segment rolls."""
+
+    def __init__(self, p: Pipeline, context: TaskContext,
+                 traces: tracing.MessageTraces) -> None:
+        self.p = p
+        self.state, self.window = context.tables
+        self.taken_at = p.clock()  # a job in flight is timed from here at the earliest
+        self.late = 0  # messages overdue at its last round (in counters.messages_overdue)
+        self.rolls = privacy.RollSchedule(p.settings)
+        self.traces = traces
+
+    @contextmanager
+    def _batch(self) -> Iterator[Batch]:
+        """A batch of the partition: each changed user's state written once at the end."""
+        batch = Batch(since=self.taken_at, state=self.state, window=self.window,
+                      traces=self.traces if tracing.enabled() else None)
+        yield batch
+        finish(self.p, batch)
+
+    async def process(self, records: list[Any]) -> Work | NotHere:
+        with self._batch() as batch:
             for record in records:
                 handle_record(self.p, batch, record)
         if batch.placed:
             batch.after.append(self._count_rerouted(len(batch.placed)))
         return batch
 
-    async def punctuate(self, partition: int, now: float) -> Work | None:
+    async def punctuate(self, now: float) -> Work | None:
         """Every user of the partition whose deadline (idle flush, retry, job timeout) has
         passed, ticked; the overdue messages counted on the way (the detector of a lost
         message); the tables' changelog segments rolled every half erasure bound."""
         p, late = self.p, 0
-        with self._batch(partition) as batch:
-            for key, snap in self.p.state.items_of(partition):
+        with self._batch() as batch:
+            for key, snap in self.state.items():
                 if snap.get("deadline") is not None and snap["deadline"] <= now:
                     tick(p, batch, key, snap, now)
                 late += overdue(snap, now, p.policy, p.settings.tick_interval_s)
-            if self.rolls.due(partition, now):  # compaction drops erased data
-                privacy.roll_tables(p.state, p.window)
-        self.overdue[partition] = late
-        p.counters.messages_overdue = sum(self.overdue.values())
+            if self.rolls.due(now):  # compaction drops erased data
+                privacy.roll_tables(self.state, self.window)
+        p.counters.messages_overdue += late - self.late
+        self.late = late
         return batch
+
+    def close(self) -> None:
+        self.p.counters.messages_overdue -= self.late
+        self.late = 0
 
     def _count_rerouted(self, n: int) -> Callable[[], Awaitable[None]]:
         async def count() -> None:  # once committed: an aborted batch is read again
             self.p.counters.misplaced_records += n
         return count
-
-    def assigned(self, partitions: set[int]) -> None:
-        now = self.p.clock()
-        self.taken_at = {n: self.taken_at.get(n, now) for n in partitions}
-        self.overdue = {n: v for n, v in self.overdue.items() if n in partitions}
-        log.info("ingest: %d users restored", len(self.p.state))
 
 
 def ingest_loop(p: Pipeline, **kwargs: Any) -> OwnedLoop:

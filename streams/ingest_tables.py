@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 from aiokafka.structs import TopicPartition
@@ -30,33 +29,30 @@ _GONE = object()  # a pending deletion
 
 
 class LoopTable:
-    """A changelog-backed mapping of the owned partitions (see the module docstring)."""
+    """A changelog-backed mapping of the owned partitions: what their transactions
+    committed (see the module docstring). Its reads never see a pending write: the HTTP
+    API reads it; a task reads and writes through its :class:`TableSlice`."""
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
         self._data: dict[bytes, Any] = {}
         self._owner: dict[bytes, int] = {}  # key -> the partition whose changelog holds it
         self._keys: dict[int, set[bytes]] = {}  # partition -> the keys its changelog holds
-        self._pending: dict[int, dict[bytes, Any]] = {}  # partition -> key -> value | _GONE
-        self.partition: int | None = None  # the partition being handled (writes go there)
 
-    # --- reading (the stages' code and the HTTP API) ---------------------------------
+    # --- reading what is committed (the HTTP API, and a slice under its pending writes) --
 
     def get(self, key: bytes, default: Any = None) -> Any:
-        for pending in self._pending.values():  # a key is pending in one partition at most
-            if key in pending:
-                value = pending[key]
-                return default if value is _GONE else value
+        """The committed value of ``key`` (a write of a batch whose transaction has not
+        committed is not seen: it may yet be taken back)."""
         return self._data.get(key, default)
 
+    committed = get  # (the name the readers outside the loops use)
+
     def __getitem__(self, key: bytes) -> Any:
-        value = self.get(key, _GONE)
-        if value is _GONE:
-            raise KeyError(key)
-        return value
+        return self._data[key]
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, bytes) and self.get(key, _GONE) is not _GONE
+        return key in self._data
 
     def items(self) -> Iterator[tuple[bytes, Any]]:
         """Committed entries (a snapshot: safe to hold across awaits)."""
@@ -70,46 +66,9 @@ class LoopTable:
     def __len__(self) -> int:
         return len(self._data)
 
-    # --- writing (inside a batch of ``self.partition``) -------------------------------
-
-    @contextmanager
-    def writing(self, partition: int) -> Iterator[None]:
-        """Writes in the block are pending in ``partition`` (keep the block free of awaits:
-        another partition's batch may run meanwhile)."""
-        self.partition = partition
-        try:
-            yield
-        finally:
-            self.partition = None
-
-    def _write(self, key: bytes, value: Any) -> None:
-        if self.partition is None:
-            raise RuntimeError(f"{self.topic}: written outside a batch")
-        self._pending.setdefault(self.partition, {})[key] = value
-
-    def __setitem__(self, key: bytes, value: Any) -> None:
-        self._write(key, value)
-
-    def __delitem__(self, key: bytes) -> None:
-        self._write(key, _GONE)
-
-    # --- the batch's transaction -------------------------------------------------------
-
-    def changelog(self, partition: int) -> list[tuple[bytes, bytes | None]]:
-        """The pending writes of ``partition`` as changelog records (key, JSON or None)."""
-        return [(k, None if v is _GONE else json.dumps(v, separators=(",", ":")).encode())
-                for k, v in self._pending.get(partition, {}).items()]
-
-    def commit(self, partition: int) -> None:
-        for key, value in self._pending.pop(partition, {}).items():
-            self._put(partition, key, None if value is _GONE else value)
-
-    def discard(self, partition: int) -> None:
-        self._pending.pop(partition, None)
-
-    def dirty(self, partition: int) -> bool:
-        """Whether ``partition`` has writes waiting for its transaction."""
-        return bool(self._pending.get(partition))
+    def slice(self, partition: int) -> TableSlice:
+        """The part of one partition's task: its reads and its pending writes."""
+        return TableSlice(self, partition)
 
     # --- ownership ---------------------------------------------------------------------
 
@@ -122,7 +81,6 @@ class LoopTable:
         for p in partitions:
             for key in self._keys.pop(p, ()):
                 del self._data[key], self._owner[key]
-            self._pending.pop(p, None)
 
     def _put(self, partition: int, key: bytes, value: Any) -> None:
         was = self._owner.pop(key, None)
@@ -134,6 +92,63 @@ class LoopTable:
             self._data[key] = value
             self._owner[key] = partition
             self._keys.setdefault(partition, set()).add(key)
+
+
+class TableSlice:
+    """One partition's part of a :class:`LoopTable`, held by that partition's task: its
+    writes are pending (read back by it at once) until the task's transaction commits
+    (:meth:`commit`) or not (:meth:`discard`). Each task writes its own slice: no other
+    partition's batch can see or take its pending writes, awaits or not."""
+
+    def __init__(self, table: LoopTable, partition: int) -> None:
+        self.table = table
+        self.topic = table.topic
+        self.partition = partition
+        self._pending: dict[bytes, Any] = {}  # key -> value | _GONE
+
+    def get(self, key: bytes, default: Any = None) -> Any:
+        if key in self._pending:
+            value = self._pending[key]
+            return default if value is _GONE else value
+        return self.table.get(key, default)
+
+    def __getitem__(self, key: bytes) -> Any:
+        value = self.get(key, _GONE)
+        if value is _GONE:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, bytes) and self.get(key, _GONE) is not _GONE
+
+    def items(self) -> list[tuple[bytes, Any]]:
+        """The partition's committed entries (a snapshot)."""
+        return self.table.items_of(self.partition)
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        self._pending[key] = value
+
+    def __delitem__(self, key: bytes) -> None:
+        self._pending[key] = _GONE
+
+    # --- the task's transaction --------------------------------------------------------
+
+    def changelog(self) -> list[tuple[bytes, bytes | None]]:
+        """The pending writes as changelog records (key, JSON or None)."""
+        return [(k, None if v is _GONE else json.dumps(v, separators=(",", ":")).encode())
+                for k, v in self._pending.items()]
+
+    def commit(self) -> None:
+        pending, self._pending = self._pending, {}
+        for key, value in pending.items():
+            self.table._put(self.partition, key, None if value is _GONE else value)
+
+    def discard(self) -> None:
+        self._pending = {}
+
+    def dirty(self) -> bool:
+        """Whether writes wait for the task's transaction."""
+        return bool(self._pending)
 
 
 async def restore(tables: Sequence[LoopTable], partitions: set[int], max_bytes: int,

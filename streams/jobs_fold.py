@@ -1,13 +1,14 @@
 """The windowed jobs' shell: a thin fold around :mod:`jobs.triggers`.
 
 The apply loop (:mod:`streams.apply`) folds each change it publishes, and in its timer
-round (``punctuate``) each due user of a partition, with :class:`MaintenanceFold`: one
+round (``punctuate``) each due user of a partition, with the :class:`TaskFold` of the
+partition's task (opened from the loop's :class:`MaintenanceFold`): one
 :class:`~jobs.triggers.UserJobs` per user in the changelog-backed ``maintenance`` table,
 and the commands the machine emits sent to the tool-requests topic, in the same
 transaction as the table write (exactly-once: a crash neither loses a due reflection nor
 sends it twice; the ingest stage also takes a request id once).
 
-Timers: the cost of a round must not grow with all users. A :class:`DueIndex` per partition
+Timers: the cost of a round must not grow with all users. A :class:`DueIndex` per task
 (a heap of next-due times, built from the table at the partition's first round, then kept
 up to date by the fold) names the due users; only they are ticked. Faust's windowed tables
 are not used: their expiry is unreliable after rebalances and restarts (faust-streaming
@@ -23,7 +24,7 @@ from typing import Any
 
 from memstream.core.settings import Settings
 from memstream.jobs import triggers
-from memstream.streams.ingest_tables import LoopTable
+from memstream.streams.ingest_tables import LoopTable, TableSlice
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import Record
 from memstream.topics.schemas import MemoryChange, ToolRequest, ToolWrite
@@ -75,39 +76,49 @@ def due_index(items: Iterable[tuple[bytes, Any]]) -> DueIndex:
 
 
 class MaintenanceFold:
-    """Changes and due times of the owned users folded into the ``maintenance`` table (a
-    :class:`~streams.ingest_tables.LoopTable` the apply loop owns: written inside its
-    batches and timer rounds, committed with them), and the commands that emits."""
+    """The windowed jobs' fold of a loop: the ``maintenance`` table (a
+    :class:`~streams.ingest_tables.LoopTable` the apply loop owns) and the policy; each
+    partition task's processor folds through a :class:`TaskFold` of its own."""
 
     def __init__(self, p: Pipeline) -> None:
         self.p = p
         self.table: LoopTable = p.maintenance
-        self.index: dict[int, DueIndex] = {}  # partition -> its users' next due times
         self.policy = policy_from(p.settings)
 
-    def assigned(self) -> None:
-        self.index = {}  # built again from the restored table at each partition's round
+    def open(self, table: TableSlice) -> TaskFold:
+        """The fold of one partition's task, writing its slice of the table."""
+        return TaskFold(self.p, self.policy, table)
+
+
+class TaskFold:
+    """Changes and due times of one partition's users folded into its slice of the
+    ``maintenance`` table (written inside the task's batches and timer rounds, committed
+    with them), the commands that emits, and the partition's :class:`DueIndex`."""
+
+    def __init__(self, p: Pipeline, policy: triggers.JobsPolicy, table: TableSlice) -> None:
+        self.p = p
+        self.policy = policy
+        self.table = table
+        self.index: DueIndex | None = None  # built from the table at its first round
 
     def _state(self, key: bytes, tenant: str, user: str) -> triggers.UserJobs:
         raw = self.table.get(key)
         return triggers.UserJobs.restore(raw) if raw else triggers.UserJobs(tenant, user)
 
     def fold(self, change: MemoryChange) -> list[Record]:
-        """One change of a user into the table (inside ``table.writing``); the tool
-        requests of the commands it emits, to send in the same transaction."""
+        """One change of a user into the table; the tool requests of the commands it emits,
+        to send in the same transaction."""
         key = change.key().encode()
         state = self._state(key, change.tenant_id, change.user_id)
         now = self.p.clock()
         return self._took(key, state, *triggers.on_change(state, change, now, self.policy), now)
 
-    def punctuate(self, partition: int, now: float) -> list[Record]:
-        """The users of ``partition`` whose next job is due by ``now``, ticked (inside
-        ``table.writing(partition)``)."""
-        index = self.index.get(partition)
-        if index is None:  # the table was restored, the heap was not
-            index = self.index[partition] = due_index(self.table.items_of(partition))
+    def punctuate(self, now: float) -> list[Record]:
+        """The partition's users whose next job is due by ``now``, ticked."""
+        if self.index is None:  # the table was restored, the heap was not
+            self.index = due_index(self.table.items())
         out: list[Record] = []
-        for key in index.pop_due(now):
+        for key in self.index.pop_due(now):
             tenant, _, user = key.decode().partition("/")
             state = self._state(key, tenant, user)
             out += self._took(key, state, *triggers.on_tick(state, now, self.policy), now)
@@ -118,9 +129,8 @@ class MaintenanceFold:
         p = self.p
         if new != state:
             self.table[key] = new.snapshot()
-        partition = self.table.partition
-        if partition is not None and partition in self.index:
-            self.index[partition].push(key, triggers.next_due(new))
+        if self.index is not None:
+            self.index.push(key, triggers.next_due(new))
         out: list[Record] = []
         for command in commands:
             p.counters.jobs_commands += 1

@@ -27,14 +27,15 @@ owns what those depend on:
   is let go (producer, tables, the stage's state such as a store shard) and nothing of the
   batch is committed; the next assignment takes it again from scratch if it comes back.
 - **A task per partition** (:mod:`streams.partition_task`) holds its producer, positions,
-  table slice, time and state (taking, restoring, serving, letting go); the loop's
+  table slices, the stage's processor of it (:class:`~streams.stage.Processor`), time and
+  state (taking, restoring, serving, letting go); the loop's
   :class:`~streams.task_manager.TaskManager` holds the map of them. A new partition is
   paused and taken outside the rebalance callback: producer first (the fence), then the
   tables restored from their changelogs up to their ends and the stage's state (a store
   shard), then the consumer seeks to the committed offsets, fetched again after the fence,
   and resumes it. Records fetched before that are dropped (read again).
 - **Clients** come from one small protocol (:mod:`streams.loop_clients`), injected.
-- **Timers** (:meth:`Stage.punctuate`, every ``tick_interval_s``, between batches, under
+- **Timers** (:meth:`Processor.punctuate`, every ``tick_interval_s``, between batches, under
   the loop's lock): what a partition's due timers emit and write is one transaction of that
   partition, like a batch without input offsets.
 - **No record is skipped**: a record is handled only at or after the partition's next
@@ -72,7 +73,6 @@ from memstream.core import kafka, tracing
 from memstream.core.errors import describe, trace
 from memstream.core.retry import RetryPolicy, next_delay
 from memstream.core.settings import Settings
-from memstream.memory.store.partitioned import ShardNotHere
 from memstream.streams import lifecycle, undecodable
 from memstream.streams.cluster import assignor_for
 from memstream.streams.counters import Counters
@@ -80,7 +80,7 @@ from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
 from memstream.streams.loop_clients import KafkaClients, LoopClients, quietly
 from memstream.streams.partition_task import PartitionTask
 from memstream.streams.pipeline import Pipeline
-from memstream.streams.stage import Stage, Work
+from memstream.streams.stage import NotHere, Stage, Work
 from memstream.streams.task_manager import TaskManager
 from memstream.topics.registry import registry
 
@@ -122,14 +122,14 @@ def halt(reason: str, code: int = EXIT_LOOP_FAILED) -> None:
 
 
 class _Listener(ConsumerRebalanceListener):
-    def __init__(self, tasks: TaskManager) -> None:
-        self.tasks = tasks
+    def __init__(self, task_manager: TaskManager) -> None:
+        self.task_manager = task_manager
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self.tasks.revoked()
+        await self.task_manager.revoked()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self.tasks.assigned(assigned)
+        await self.task_manager.assigned(assigned)
 
 
 class OwnedLoop:
@@ -155,19 +155,19 @@ class OwnedLoop:
         self.consumer: Any = None
         self.lock = asyncio.Lock()  # a batch, or a rebalance step: never both
         self.stopping = asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
-        self.tasks = TaskManager(settings, stage, clients or KafkaClients(settings),
+        self.runner: asyncio.Task[None] | None = None
+        self.task_manager = TaskManager(settings, stage, clients or KafkaClients(settings),
                                  self.group, self.lock, self.stopping, self._fatal)
         self.on_fatal = on_fatal
 
     @property
     def clients(self) -> LoopClients:
-        return self.tasks.clients
+        return self.task_manager.clients
 
     @clients.setter
     def clients(self, clients: LoopClients) -> None:
         """Other clients (before :meth:`connect`: the unit tests' fakes)."""
-        self.tasks.clients = clients
+        self.task_manager.clients = clients
 
     def _fatal(self, reason: str, code: int = EXIT_LOOP_FAILED) -> None:
         self.on_fatal(reason, code)
@@ -176,15 +176,15 @@ class OwnedLoop:
 
     @property
     def owned(self) -> set[int]:
-        return self.tasks.owned
+        return self.task_manager.owned
 
     @property
     def taking(self) -> set[int]:
-        return self.tasks.taking
+        return self.task_manager.taking
 
     @property
     def assignments(self) -> int:
-        return self.tasks.assignments
+        return self.task_manager.assignments
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -194,13 +194,13 @@ class OwnedLoop:
             instance = self.settings.instance_id()
             member = f"{instance}-{self.stage.name}" if instance else None
             self.consumer = self.clients.consumer(self.group, member, self.assignor)
-            self.consumer.subscribe(list(self.stage.inputs), listener=_Listener(self.tasks))
-            self.tasks.consumer = self.consumer
+            self.consumer.subscribe(list(self.stage.inputs), listener=_Listener(self.task_manager))
+            self.task_manager.consumer = self.consumer
         return self.consumer
 
     async def start(self) -> None:
         self.connect()  # its changelogs were created with the topics (memstream worker)
-        self.task = asyncio.create_task(self._connected_run(), name=f"{self.stage.name}-loop")
+        self.runner = asyncio.create_task(self._connected_run(), name=f"{self.stage.name}-loop")
 
     async def _connected_run(self) -> None:
         """The consumer started (a broker that is away is waited for: a worker started
@@ -222,17 +222,17 @@ class OwnedLoop:
         """After the batch in progress (at most ``STOP_WAIT_S``: a partition waiting for
         the broker is abandoned, its open transaction aborted by the next owner)."""
         self.stopping.set()
-        if self.task is not None:
-            done, _ = await asyncio.wait({self.task}, timeout=STOP_WAIT_S)
+        if self.runner is not None:
+            done, _ = await asyncio.wait({self.runner}, timeout=STOP_WAIT_S)
             if not done:
-                self.task.cancel()
-                await asyncio.gather(self.task, return_exceptions=True)
-        await self.tasks.stop_taking(STOP_WAIT_S)
+                self.runner.cancel()
+                await asyncio.gather(self.runner, return_exceptions=True)
+        await self.task_manager.stop_taking(STOP_WAIT_S)
         if self.consumer is not None:
             if self.settings.leave_group_on_stop:
                 kafka.leave_on_stop(self.consumer)
             await self.consumer.stop()
-        await self.tasks.close()
+        await self.task_manager.close()
 
     async def _run(self) -> None:
         try:
@@ -247,8 +247,8 @@ class OwnedLoop:
                     self.punctuated = time.monotonic()
                     async with self.lock:
                         await self.punctuate()
-                if self.tasks.fenced_here():
-                    await self.tasks.take_back()
+                if self.task_manager.fenced_here():
+                    await self.task_manager.take_back()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -278,7 +278,7 @@ class OwnedLoop:
         """Handle one poll's records, one transaction per partition (partitions at once)."""
         parts: dict[int, tuple[PartitionTask, list[list[Any]]]] = {}
         for tp, records in batch.items():
-            task = self.tasks.serving(tp.partition)
+            task = self.task_manager.serving_task(tp.partition)
             fresh = [] if task is None else task.fresh(tp, records)
             if task is not None and fresh:  # (else fetched before it served: read again)
                 parts.setdefault(tp.partition, (task, []))[1].append(fresh)
@@ -287,10 +287,9 @@ class OwnedLoop:
 
     async def _partition(self, task: PartitionTask, records: list[Any]) -> None:
         while records:
-            try:
-                work = await self.stage.handle(task.partition, records)
-            except ShardNotHere as exc:
-                await self._not_here(task, exc)
+            work = await task.processor.process(records)
+            if isinstance(work, NotHere):
+                await self._not_here(task, work)
                 return
             taken = len(records) if work.handled is None else max(1, work.handled)
             done, records = records[:taken], records[taken:]
@@ -309,12 +308,12 @@ class OwnedLoop:
         restart holds the results of jobs in flight: their timeouts count once those are
         read)."""
         now = self.clock()
-        for n in sorted(self.tasks.ready):
-            task = self.tasks.serving(n)
+        for n in sorted(self.task_manager.ready):
+            task = self.task_manager.serving_task(n)
             at = None if task is None else await self._timer_time(task, now)
             if task is None or at is None:
                 continue
-            work = await self.stage.punctuate(n, at)
+            work = await task.processor.punctuate(at)
             if work is None or not (work.out or work.placed or task.dirty()):
                 task.discard()
                 continue
@@ -342,14 +341,14 @@ class OwnedLoop:
                     or not await self._landed(offsets)):
                 tracing.settle(work.spans, "aborted")  # read again: the same traces
                 task.discard()
-                self.tasks.seek(task)
+                self.task_manager.seek(task)
                 return False
             log.warning("%s partition %d: the transaction was committed after all",
                         self.stage.name, task.partition)
         tracing.settle(work.spans, "committed")
         task.committed(offsets, newest_s)
         if written:  # (the apply stage's shards follow what it wrote)
-            self.stage.committed(task.partition, written)
+            task.processor.committed(written)
         return True
 
     async def _landed(self, offsets: dict[TopicPartition, int]) -> bool:
@@ -398,7 +397,7 @@ class OwnedLoop:
         if isinstance(exc, ProducerFenced):
             log.warning("%s partition %d is owned by another worker now (%s); letting it go "
                         "until the next assignment", self.stage.name, n, describe(exc))
-            await self.tasks.let_go(n)
+            await self.task_manager.let_go(n)
             return False
         if isinstance(exc, REFUSED):  # e.g. a dead letter its topic does not take
             self.on_fatal(f"partition {n}: transaction undeliverable ({describe(exc)})",
@@ -424,16 +423,16 @@ class OwnedLoop:
                             n, type(err).__name__)
         return True
 
-    async def _not_here(self, task: PartitionTask, exc: ShardNotHere) -> None:
+    async def _not_here(self, task: PartitionTask, not_here: NotHere) -> None:
         """The partition's store shard is not served here (yet): the group of the apply
         stage has not given it to this worker, or is restoring it. Nothing of the batch is
         committed; it is read again after a pause (or by the next owner)."""
         self.shard_waits += 1
         log.info("%s partition %d: %s; reading the batch again", self.stage.name,
-                 task.partition, describe(exc))
+                 task.partition, not_here.why)
         task.discard()
         await asyncio.sleep(SHARD_WAIT_S)
-        self.tasks.seek(task)
+        self.task_manager.seek(task)
 
     # --- metrics -------------------------------------------------------------------------
 
@@ -441,7 +440,7 @@ class OwnedLoop:
         """A poll found nothing: the inputs whose position reached their highwater are
         done up to it (what lies between the next offset and it are transaction markers)."""
         assigned = self.consumer.assignment()
-        for task in list(self.tasks.tasks.values()):
+        for task in list(self.task_manager.by_partition.values()):
             found = {}
             for tp in [tp for tp in task.inputs() if tp in assigned]:
                 high = await self._read_to(tp)
@@ -472,7 +471,7 @@ class OwnedLoop:
         found: dict[tuple[str, int], int] = {}
         if self.consumer is None:
             return found
-        for task in list(self.tasks.tasks.values()):
+        for task in list(self.task_manager.by_partition.values()):
             highs = {tp: h for tp in task.inputs()
                      if (h := self._highwater(tp)) is not None}
             found.update({(tp.topic, tp.partition): lag

@@ -3,7 +3,9 @@
 A :class:`PartitionTask` owns what the loop keeps of partition *p*: its transactional
 producer, the next offset to handle of each input, the time of the newest record it
 handled, its failed transactions in a row, what the last idle poll found read to the end,
-its slice of the stage's tables, and its state:
+its slice of the stage's tables (:class:`~streams.ingest_tables.TableSlice`: its pending
+writes are its own), the stage's processor of it (:class:`~streams.stage.Processor`: made
+when it starts serving, closed when it is let go), and its state:
 
 - ``TAKING``: its producer is being started (``init_transactions`` fences the previous
   owner); nothing of it is read.
@@ -27,7 +29,7 @@ from typing import Any
 
 from aiokafka.structs import TopicPartition
 
-from memstream.streams.ingest_tables import LoopTable
+from memstream.streams.ingest_tables import LoopTable, TableSlice
 
 
 class TaskState(enum.Enum):
@@ -56,7 +58,9 @@ class PartitionTask:
     def __init__(self, partition: int, epoch: int, tables: Sequence[LoopTable] = ()) -> None:
         self.partition = partition
         self.epoch = epoch
-        self.tables = tuple(tables)
+        self.tables = tuple(tables)  # the stage's (restored for it from their changelogs)
+        self.slices: tuple[TableSlice, ...] = tuple(t.slice(partition) for t in tables)
+        self.processor: Any = None  # the stage's processor of it, while it serves
         self.state = TaskState.TAKING
         self.producer: Any = None  # installed once the take is done
         self.offsets: dict[TopicPartition, int] = {}  # input -> the next offset to handle
@@ -87,11 +91,19 @@ class PartitionTask:
     def gone(self) -> bool:
         return self.state is TaskState.LETTING_GO
 
+    def serve(self, processor: Any) -> None:
+        """Taken: positioned, its processor opened; its records are handled from now."""
+        self.move(TaskState.SERVING)
+        self.processor = processor
+
     def let_go(self, fenced_at: float | None = None) -> Any:
-        """Given up: its table slice dropped and its positions forgotten; returns the
-        producer to close (None: it had none)."""
+        """Given up: its processor closed, its table slice dropped and its positions
+        forgotten; returns the producer to close (None: it had none)."""
         if not self.gone:
             self.move(TaskState.LETTING_GO)
+        processor, self.processor = self.processor, None
+        if processor is not None:
+            processor.close()
         self.fenced_at = fenced_at
         self.forget()
         producer, self.producer = self.producer, None
@@ -100,6 +112,8 @@ class PartitionTask:
     def forget(self) -> None:
         """Its table slice dropped and its positions forgotten (given up, or a take's
         failed attempt)."""
+        for piece in self.slices:
+            piece.discard()
         for table in self.tables:
             table.drop({self.partition})
         self.offsets.clear()
@@ -119,8 +133,8 @@ class PartitionTask:
     def committed(self, offsets: dict[TopicPartition, int], newest_s: float | None) -> None:
         """A transaction of it committed: its table writes are the tables' own, its
         inputs handled up to ``offsets``, its time at least ``newest_s``."""
-        for table in self.tables:
-            table.commit(self.partition)
+        for piece in self.slices:
+            piece.commit()
         self.offsets.update(offsets)
         if newest_s is not None:
             self.stream_time = max(self.stream_time or 0.0, newest_s)
@@ -128,8 +142,8 @@ class PartitionTask:
 
     def discard(self) -> None:
         """A transaction of it was not committed: its pending table writes go."""
-        for table in self.tables:
-            table.discard(self.partition)
+        for piece in self.slices:
+            piece.discard()
 
     def failed(self) -> int:
         """A transaction failed; returns how many have in a row."""
@@ -138,12 +152,12 @@ class PartitionTask:
 
     def dirty(self) -> bool:
         """Whether it has table writes not committed yet."""
-        return any(table.dirty(self.partition) for table in self.tables)
+        return any(piece.dirty() for piece in self.slices)
 
     def changelog(self) -> list[tuple[str, bytes, bytes | None]]:
         """Its pending table writes as (changelog topic, key, value)."""
-        return [(table.topic, key, value) for table in self.tables
-                for key, value in table.changelog(self.partition)]
+        return [(piece.topic, key, value) for piece in self.slices
+                for key, value in piece.changelog()]
 
     def inputs(self) -> list[TopicPartition]:
         return sorted(self.offsets)

@@ -113,23 +113,23 @@ ROLL_KEY = b"\x00roll"
 
 def roll_tables(*tables: Any) -> None:
     """A roll (in the ingest loop: its two tables; in the apply loop, or the jobs-only
-    worker's: the maintenance table): one append and its tombstone per table on the
-    partition being written; nothing stays in the tables."""
+    worker's: the maintenance table): one append and its tombstone per table slice of the
+    partition's task; nothing stays in the tables."""
     for table in tables:
         table[ROLL_KEY] = 1
         del table[ROLL_KEY]
 
 
 class RollSchedule:
-    """When a partition's table segments roll: every half erasure bound (first at the
-    first timer round of the partition here)."""
+    """When one partition's table segments roll (a task's processor holds one): every half
+    erasure bound (first at the first timer round of the partition here)."""
 
     def __init__(self, settings: Settings) -> None:
         self.every = settings.erasure_bound_s / 2
-        self.next: dict[int, float] = {}
+        self.next = 0.0
 
-    def due(self, partition: int, now: float) -> bool:
-        if now < self.next.get(partition, 0.0):
+    def due(self, now: float) -> bool:
+        if now < self.next:
             return False
-        self.next[partition] = now + self.every
+        self.next = now + self.every
         return True

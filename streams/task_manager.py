@@ -41,10 +41,10 @@ from memstream.core.retry import (
 )
 from memstream.streams.loop_clients import LoopClients, quietly
 from memstream.streams.partition_task import PartitionTask, TaskState
+from memstream.streams.stage import Stage, TaskContext
 
 if TYPE_CHECKING:
     from memstream.core.settings import Settings
-    from memstream.streams.stage import Stage
 
 log = logging.getLogger(__name__)
 TAKES_AT_ONCE = 3  # a take waits on the broker (a consumer, fetches) as much as it folds
@@ -65,7 +65,7 @@ class TaskManager:
         self.stopping = stopping
         self.on_fatal = on_fatal
         self.consumer: Any = None
-        self.tasks: dict[int, PartitionTask] = {}
+        self.by_partition: dict[int, PartitionTask] = {}
         self.epochs = 0  # tasks made
         self.rebalancing = False  # between the revoke and the assignment
         self.assignments = 0  # assignments seen (0: not joined yet: owns nothing known)
@@ -78,27 +78,27 @@ class TaskManager:
 
     @property
     def owned(self) -> set[int]:
-        return {n for n, t in self.tasks.items() if not t.gone}
+        return {n for n, t in self.by_partition.items() if not t.gone}
 
     @property
     def taking(self) -> set[int]:
         """Owned partitions still being taken (paused until they are)."""
-        return {n for n, t in self.tasks.items() if t.being_taken}
+        return {n for n, t in self.by_partition.items() if t.being_taken}
 
     @property
     def ready(self) -> set[int]:
         """Partitions whose records are handled now."""
         if self.rebalancing:
             return set()
-        return {n for n, t in self.tasks.items() if t.serving}
+        return {n for n, t in self.by_partition.items() if t.serving}
 
-    def serving(self, partition: int) -> PartitionTask | None:
-        task = self.tasks.get(partition)
+    def serving_task(self, partition: int) -> PartitionTask | None:
+        task = self.by_partition.get(partition)
         return task if task is not None and task.serving and not self.rebalancing else None
 
     def producer(self, partition: int) -> Any:
         """The producer of a task being served (tests and metrics)."""
-        task = self.tasks.get(partition)
+        task = self.by_partition.get(partition)
         return None if task is None else task.producer
 
     # --- the callbacks -------------------------------------------------------------------
@@ -133,12 +133,12 @@ class TaskManager:
                                    f"vs {sorted(parts)}")
         gone, new = self.owned - parts, parts - self.owned
         await self.give_up(gone)
-        for n in [n for n, t in self.tasks.items() if t.gone and n not in parts]:
-            del self.tasks[n]  # fenced, and not ours any more: nothing to take back
+        for n in [n for n, t in self.by_partition.items() if t.gone and n not in parts]:
+            del self.by_partition[n]  # fenced, and not ours any more: nothing to take back
         for n in sorted(new):
             self.epochs += 1
-            self.tasks[n] = PartitionTask(n, self.epochs, self.stage.tables)
-        for task in [self.tasks[n] for n in sorted(parts) if self.tasks[n].serving]:
+            self.by_partition[n] = PartitionTask(n, self.epochs, self.stage.tables)
+        for task in [self.by_partition[n] for n in sorted(parts) if self.by_partition[n].serving]:
             if all(tp in task.offsets for tp in assigned if tp.partition == task.partition):
                 self.seek(task)  # (only what is held: a take-back runs outside a callback)
             else:  # taken during the rebalance: not positioned yet
@@ -162,7 +162,7 @@ class TaskManager:
         if not gone:
             return
         for n in gone:
-            task = self.tasks[n] if fenced_at is not None else self.tasks.pop(n)
+            task = self.by_partition[n] if fenced_at is not None else self.by_partition.pop(n)
             producer = task.let_go(fenced_at)
             if producer is not None:
                 await quietly(producer.stop())
@@ -185,7 +185,8 @@ class TaskManager:
                 self.queued.clear()
                 if not self.stopping.is_set():
                     for n in self.stage.take_order(self.taking - set(inflight)):
-                        inflight[n] = asyncio.create_task(take(self.tasks[n]), name=f"take-{n}")
+                        inflight[n] = asyncio.create_task(take(self.by_partition[n]),
+                                                          name=f"take-{n}")
                 if not inflight:
                     return
                 queued = asyncio.ensure_future(self.queued.wait())
@@ -209,7 +210,7 @@ class TaskManager:
             await asyncio.gather(*inflight.values(), return_exceptions=True)
 
     def _current(self, task: PartitionTask) -> bool:
-        return (self.tasks.get(task.partition) is task and not task.gone
+        return (self.by_partition.get(task.partition) is task and not task.gone
                 and not self.stopping.is_set())
 
     async def _take(self, task: PartitionTask) -> None:
@@ -272,7 +273,7 @@ class TaskManager:
                 await self._position(task)
                 task.producer = producer
                 installed = True
-                task.move(TaskState.SERVING)
+                task.serve(self.stage.open(TaskContext(n, task.slices)))
                 if not self.rebalancing:
                     self.stage.assigned(self.ready)
         finally:
@@ -336,7 +337,7 @@ class TaskManager:
 
     async def close(self) -> None:
         """Every producer closed (the worker stops)."""
-        for task in list(self.tasks.values()):
+        for task in list(self.by_partition.values()):
             producer, task.producer = task.producer, None
             if producer is not None:
                 await producer.stop()
@@ -350,7 +351,7 @@ class TaskManager:
         await self.give_up({partition}, fenced_at=time.monotonic())
 
     def fenced_here(self) -> dict[int, float]:
-        return {n: t.fenced_at for n, t in self.tasks.items()
+        return {n: t.fenced_at for n, t in self.by_partition.items()
                 if t.gone and t.fenced_at is not None}
 
     async def take_back(self) -> None:
@@ -364,7 +365,7 @@ class TaskManager:
         assigned = self.consumer.assignment()
         mine = {tp.partition for tp in assigned}
         for n in [n for n in self.fenced_here() if n not in mine]:
-            del self.tasks[n]
+            del self.by_partition[n]
         fenced = self.fenced_here()
         if any(now - t >= wait for t in fenced.values()):
             log.warning("%s: partitions %s still assigned here after being fenced; taking "

@@ -115,13 +115,14 @@ async def recover(loop: Any, exc: BaseException, fetch: Any = None) -> bool:
     offsets, then each one's undecodable batch set aside. True when something moved (the
     loop polls again at once), False when nothing here explains the failure."""
     fetch = fetch or fetch_batches
-    tasks = [t for n in sorted(loop.tasks.ready) if (t := loop.tasks.serving(n)) is not None]
+    manager = loop.task_manager
+    tasks = [t for n in sorted(manager.ready) if (t := manager.serving_task(n)) is not None]
     for task in tasks:
-        loop.tasks.seek(task)
+        loop.task_manager.seek(task)
     moved = False
     for task in tasks:
         for tp in sorted(task.inputs()):
-            if loop.tasks.serving(task.partition) is not task:
+            if loop.task_manager.serving_task(task.partition) is not task:
                 break  # let go meanwhile (a rebalance)
             if tp not in loop.consumer.assignment() or await loop._read_to(tp) is not None:
                 continue  # read to its highwater: nothing there fails
@@ -152,7 +153,7 @@ async def _settle(loop: Any, task: Any, tp: TopicPartition, fetch: Any) -> bool:
             # one at a time; failing at once: nothing before the batch is handed over
             # (transaction markers, aborted records)
             stuck, one = one and await loop.consumer.position(tp) == position, True
-            loop.tasks.seek(task)
+            loop.task_manager.seek(task)
             continue
         if got:
             async with loop.lock:
@@ -169,7 +170,7 @@ async def set_aside(loop: Any, task: Any, tp: TopicPartition, d: SetAside) -> bo
                          now=datetime.fromtimestamp(loop.clock(), UTC))
     work = Work(out=[(loop.dead_letter_topic, None, letter.dumps())])
     async with loop.lock:
-        if loop.tasks.serving(task.partition) is not task:
+        if loop.task_manager.serving_task(task.partition) is not task:
             return False
         if not await loop._commit(task, work, {tp: d.last + 1}, None):
             return False

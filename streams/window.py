@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from memstream.core.settings import Settings
-from memstream.memory import short_term as window
+from memstream.memory import short_term
 from memstream.topics.schemas import ChatMessage
 
 
@@ -29,28 +29,28 @@ def record(table: Any, settings: Settings, msg: ChatMessage, seq: int) -> None:
     if n == 0:
         return
     t, u, s = msg.tenant_id, msg.user_id, msg.session_id
-    key = window.chunk_key(t, u, s, window.chunk_of(seq))
+    key = short_term.chunk_key(t, u, s, short_term.chunk_of(seq))
     row = [seq, msg.message_id, msg.role.value, msg.content, msg.ts.isoformat()]
-    table[key] = window.append(table.get(key), row)
+    table[key] = short_term.append(table.get(key), row)
     head = _head(t, u, s)
     table[head] = max(int(table.get(head) or 0), seq + 1)
-    old = window.expired_chunk(seq, n)
-    if old is not None and table.get(window.chunk_key(t, u, s, old)) is not None:
-        del table[window.chunk_key(t, u, s, old)]
+    old = short_term.expired_chunk(seq, n)
+    if old is not None and table.get(short_term.chunk_key(t, u, s, old)) is not None:
+        del table[short_term.chunk_key(t, u, s, old)]
 
 
 def forget(table: Any, settings: Settings, tenant: str, user: str, session: str) -> None:
     """Drop a session's window (the ingest machine forgot the session)."""
     head = _head(tenant, user, session)
     count = int(table.get(head) or 0)
-    for n in window.chunks_covering(count, keep(settings) + window.CHUNK):
-        key = window.chunk_key(tenant, user, session, n)
+    for n in short_term.chunks_covering(count, keep(settings) + short_term.CHUNK):
+        key = short_term.chunk_key(tenant, user, session, n)
         if table.get(key) is not None:
             del table[key]
     if table.get(head) is not None:
         del table[head]
 
 
-def rows(table: Any, tenant: str, user: str, session: str, last: int) -> list[window.Row]:
+def rows(table: Any, tenant: str, user: str, session: str, last: int) -> list[short_term.Row]:
     count = int(table.get(_head(tenant, user, session)) or 0)
-    return window.last_rows(table.get, tenant, user, session, count, last)
+    return short_term.last_rows(table.get, tenant, user, session, count, last)

@@ -28,13 +28,11 @@ from memstream.contract.http_api.api import (
     SearchResponse,
     WindowMessage,
 )
-from memstream.memory import retrieval
-from memstream.memory import short_term as windows
+from memstream.memory import retrieval, services, short_term
 from memstream.memory.hybrid import Fusion, Item, fuse, meaning_query, recall_turns
 from memstream.memory.model import Memory, MemoryType
 from memstream.memory.prompt_block import excerpt_line, fused_block, memory_line
 from memstream.memory.scoring import Scored
-from memstream.memory.services import fusion as fusion_of
 from memstream.memory.services import weights
 from memstream.memory.store import Scope, TurnWindow
 from memstream.memory.tools import TOOLS
@@ -64,7 +62,7 @@ def page_offset(cursor: str | None) -> int:
     return offset
 
 
-def window_out(rows: list[windows.Row]) -> list[WindowMessage]:
+def window_out(rows: list[short_term.Row]) -> list[WindowMessage]:
     return [WindowMessage(seq=r[0], message_id=r[1], role=r[2], content=r[3], ts=r[4])
             for r in rows]
 
@@ -137,7 +135,7 @@ class ReadBackend:
     def fusion(self, req: SearchRequest | None = None) -> Fusion | None:
         """How memories and archived turns are fused (None: the archive is off); a search
         request may narrow it to one kind or one way of matching turns."""
-        f = fusion_of(self.p.settings, self.p.services.embedder)
+        f = services.fusion(self.p.settings, self.p.services.embedder)
         if f is None:
             return None
         if req is not None:

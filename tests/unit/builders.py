@@ -265,9 +265,9 @@ async def serving(loop: Any, partitions: set[int],
     clients = FakeClients(FakeConsumer(set(tps), committed))
     loop.clients = clients
     loop.connect()
-    await loop.tasks.revoked()
-    await loop.tasks.assigned(tps)
-    await loop.tasks.settled()
+    await loop.task_manager.revoked()
+    await loop.task_manager.assigned(tps)
+    await loop.task_manager.settled()
     clients.the_consumer.seeks.clear()  # (the takes' own)
     return clients
 

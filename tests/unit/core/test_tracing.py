@@ -359,6 +359,7 @@ def _ingest_batch(tmp_path, headers_of):
 
     from memstream.streams.app import build_app
     from memstream.streams.ingest import IngestStage
+    from memstream.streams.stage import processor_of
     from memstream.topics.schemas import ChatMessage
 
     settings = Settings(data_dir=tmp_path, embedder="hashing", web_enabled=False,
@@ -375,7 +376,7 @@ def _ingest_batch(tmp_path, headers_of):
             records.append(SimpleNamespace(
                 topic=p.topics.messages.name, partition=0, offset=n, key=m.key().encode(),
                 value=m.dumps(), headers=headers_of(n), timestamp=0))
-        work = asyncio.run(stage.handle(0, records))
+        work = asyncio.run(processor_of(stage, 0).process(records))
         tracing.settle(work.spans, "committed")
         return p, work
     finally:

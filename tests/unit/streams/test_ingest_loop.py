@@ -18,11 +18,12 @@ from pydantic import SecretStr
 
 from memstream.core.retry import RetryPolicy
 from memstream.core.settings import Settings
-from memstream.streams import owned_loop
+from memstream.streams import owned_loop, window
 from memstream.streams.app import build_app
 from memstream.streams.dead_letters import EXIT_UNDELIVERABLE
 from memstream.streams.ingest import ingest_loop
 from memstream.streams.ingest_tables import LoopTable
+from memstream.streams.stage import TaskContext
 from memstream.topics.schemas import (
     ChatMessage,
     ExtractionJob,
@@ -43,26 +44,52 @@ ADMIN = SecretStr("k-admin-0123456789abcdef0123456789")
 
 def test_pending_writes_are_read_at_once_and_kept_only_when_committed():
     t = LoopTable("x-changelog")
-    t.partition = 1
-    t[b"a"] = {"v": 1}
-    t[b"b"] = {"v": 2}
-    del t[b"b"]
-    t.partition = None
-    assert t.get(b"a") == {"v": 1} and t.get(b"b") is None and b"a" in t
-    assert sorted(t.changelog(1)) == [(b"a", b'{"v":1}'), (b"b", None)]
-    assert list(t.items()) == []  # nothing committed yet
-    t.discard(1)
-    assert t.get(b"a") is None and t.changelog(1) == []
-    t.partition = 1
-    t[b"a"] = {"v": 3}
-    t.partition = None
-    t.commit(1)
-    assert dict(t.items()) == {b"a": {"v": 3}} and t.changelog(1) == []
+    mine = t.slice(1)
+    mine[b"a"] = {"v": 1}
+    mine[b"b"] = {"v": 2}
+    del mine[b"b"]
+    assert mine.get(b"a") == {"v": 1} and mine.get(b"b") is None and b"a" in mine
+    assert sorted(mine.changelog()) == [(b"a", b'{"v":1}'), (b"b", None)]
+    assert list(t.items()) == [] and mine.items() == []  # nothing committed yet
+    mine.discard()
+    assert mine.get(b"a") is None and mine.changelog() == [] and not mine.dirty()
+    mine[b"a"] = {"v": 3}
+    mine.commit()
+    assert dict(t.items()) == {b"a": {"v": 3}} and mine.changelog() == []
+    assert mine.items() == [(b"a", {"v": 3})] and t.items_of(1) == [(b"a", {"v": 3})]
 
 
-def test_written_outside_a_batch_is_an_error():
-    with pytest.raises(RuntimeError):
-        LoopTable("x")[b"a"] = 1
+def test_a_task_sees_only_its_own_pending_writes():
+    """Two partitions' batches in flight at once (awaits between their writes): neither
+    sees, commits nor discards the other's pending writes (no shared "current partition")."""
+    t = LoopTable("x")
+    one, two = t.slice(1), t.slice(2)
+    one[b"u1"] = 1
+    two[b"u2"] = 2
+    assert one.get(b"u2") is None and two.get(b"u1") is None
+    two.discard()
+    one.commit()
+    assert dict(t.items()) == {b"u1": 1} and t.items_of(2) == [] and two.get(b"u1") == 1
+
+
+def test_the_api_reads_committed_state_only(tmp_path):
+    """The HTTP API reads the tables themselves (web.backend_reads, web.backend: the window,
+    the ingest state): a pending write of a batch in flight is not seen there (its
+    transaction may yet abort and the batch be read again); once committed it is."""
+    settings = Settings(data_dir=tmp_path, partitions=1, cluster_secret=CLUSTER_SECRET)
+    state, window_table = LoopTable("state"), LoopTable("window")
+    msg = ChatMessage(tenant_id="t", user_id="u", session_id="s", message_id="m1",
+                      role="user", content="I moved to Lisbon", ts=T0)
+    in_flight, writes = window_table.slice(0), state.slice(0)
+    window.record(in_flight, settings, msg, 0)
+    writes[b"t/u"] = {"tenant_id": "t"}
+    assert window.rows(in_flight, "t", "u", "s", 5)  # the batch itself reads its writes
+    assert window.rows(window_table, "t", "u", "s", 5) == []  # the API does not
+    assert state.committed(b"t/u") is None and state.get(b"t/u") is None
+    in_flight.commit()
+    writes.commit()
+    assert [r[1] for r in window.rows(window_table, "t", "u", "s", 5)] == ["m1"]
+    assert state.committed(b"t/u") == {"tenant_id": "t"}
 
 
 def test_restore_and_drop_follow_the_partition_that_holds_a_key():
@@ -94,7 +121,7 @@ async def _loop(tmp_path):
 
 def _next(loop, tp: TopicPartition) -> int:
     """The next offset of ``tp`` the loop handles."""
-    return loop.tasks.tasks[tp.partition].offsets[tp]
+    return loop.task_manager.by_partition[tp.partition].offsets[tp]
 
 
 def _msg(p, n: int, *, offset: int, user: str = "u1", content: str | None = None, ts: int = 0):
@@ -125,7 +152,7 @@ def _sent(producer: FakeProducer, topic: str) -> list:
 async def test_a_batch_commits_its_jobs_state_and_offsets_in_one_transaction(tmp_path):
     p, loop, _ = await _loop(tmp_path)
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
-    producer = loop.tasks.producer(0)
+    producer = loop.task_manager.producer(0)
     assert len(producer.committed) == 1  # one transaction for the batch
     jobs = _sent(producer, p.topics.jobs.name)
     assert len(jobs) == 1  # the threshold (2) reached: one job
@@ -139,7 +166,7 @@ async def test_a_batch_commits_its_jobs_state_and_offsets_in_one_transaction(tmp
 
 async def test_a_failed_transaction_leaves_the_tables_and_offsets_and_reads_again(tmp_path):
     p, loop, fatal = await _loop(tmp_path)
-    loop.tasks.producer(0).fail = KafkaConnectionError()
+    loop.task_manager.producer(0).fail = KafkaConnectionError()
     renewed = FakeProducer()
     loop.clients.renewals.append(renewed)
     tp = TopicPartition(p.topics.messages.name, 0)
@@ -147,7 +174,7 @@ async def test_a_failed_transaction_leaves_the_tables_and_offsets_and_reads_agai
     assert p.state.get(b"acme/u1") is None and len(p.state) == 0  # nothing of the batch
     assert p.window.get(b"acme/u1/s1") is None
     assert _next(loop, tp) == 0 and (tp, 0) in loop.consumer.seeks  # read again from 0
-    assert loop.tasks.producer(0) is renewed and loop.failed_commits == 1 and not fatal
+    assert loop.task_manager.producer(0) is renewed and loop.failed_commits == 1 and not fatal
     # read again: the same batch now commits, and the user gets exactly one job
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
     assert len(_sent(renewed, p.topics.jobs.name)) == 1 and _next(loop, tp) == 2
@@ -157,11 +184,12 @@ async def test_a_fenced_partition_is_let_go_and_the_worker_goes_on(tmp_path):
     """Another worker's producer took partition 0 (this worker's generation is stale): the
     partition is dropped as if revoked, nothing of the batch is committed, no exit."""
     p, loop, fatal = await _loop(tmp_path)
-    loop.tasks.producer(0).fail = ProducerFenced()
+    loop.task_manager.producer(0).fail = ProducerFenced()
     await loop.process(_batch(_msg(p, 1, offset=0)))
-    assert not fatal and len(p.state) == 0 and loop.tasks.fenced == 1
-    assert 0 not in loop.tasks.ready and 0 not in loop.owned and loop.tasks.producer(0) is None
-    assert not loop.tasks.tasks[0].offsets and loop.tasks.tasks[0].gone
+    assert not fatal and len(p.state) == 0 and loop.task_manager.fenced == 1
+    tm = loop.task_manager
+    assert 0 not in tm.ready and 0 not in loop.owned and tm.producer(0) is None
+    assert not loop.task_manager.by_partition[0].offsets and loop.task_manager.by_partition[0].gone
     await loop.process(_batch(_msg(p, 2, offset=1)))  # its records are no longer handled
     assert len(p.state) == 0
 
@@ -169,7 +197,7 @@ async def test_a_fenced_partition_is_let_go_and_the_worker_goes_on(tmp_path):
 async def test_a_transaction_the_broker_refuses_for_good_stops_the_worker(tmp_path):
     """A dead letter its topic does not take (too large): exit 75, nothing passed."""
     p, loop, fatal = await _loop(tmp_path)
-    loop.tasks.producer(0).fail = MessageSizeTooLargeError()
+    loop.task_manager.producer(0).fail = MessageSizeTooLargeError()
     await loop.process(_batch(_msg(p, 1, offset=0)))
     assert fatal == [(fatal[0][0], EXIT_UNDELIVERABLE)] and "undeliverable" in fatal[0][0]
     assert _next(loop, TopicPartition(p.topics.messages.name, 0)) == 0 and len(p.state) == 0
@@ -179,7 +207,7 @@ async def test_transactions_failing_again_and_again_end_the_worker(tmp_path, mon
     p, loop, fatal = await _loop(tmp_path)
     monkeypatch.setattr(owned_loop, "RETRY", RetryPolicy(0.0, 0.0))
 
-    loop.tasks.producer(0).fail = KafkaConnectionError()
+    loop.task_manager.producer(0).fail = KafkaConnectionError()
     loop.clients.renewals += [FakeProducer(fail=KafkaConnectionError())
                               for _ in range(owned_loop.MAX_FAILED_IN_ROW)]
     for _ in range(owned_loop.MAX_FAILED_IN_ROW):
@@ -196,14 +224,14 @@ async def test_records_below_the_next_offset_are_not_handled_again(tmp_path):
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
     state = p.state.get(b"acme/u1")
     assert state["sessions"]["s1"]["count"] == 2  # each message counted once
-    assert len(_sent(loop.tasks.producer(0), p.topics.jobs.name)) == 1
+    assert len(_sent(loop.task_manager.producer(0), p.topics.jobs.name)) == 1
 
 
 async def test_records_of_a_partition_not_ready_are_left_for_its_seek(tmp_path):
     p, loop, _ = await _loop(tmp_path)
-    await loop.tasks.revoked()  # a rebalance is under way
+    await loop.task_manager.revoked()  # a rebalance is under way
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
-    assert loop.tasks.producer(0).committed == [] and len(p.state) == 0
+    assert loop.task_manager.producer(0).committed == [] and len(p.state) == 0
     assert _next(loop, TopicPartition(p.topics.messages.name, 0)) == 0
 
 
@@ -233,7 +261,7 @@ async def test_a_bad_record_is_a_dead_letter_in_the_batch_and_the_batch_goes_on(
     good = _msg(p, 1, offset=1)
     bad = SimpleNamespace(**{**good.__dict__, "offset": 0, "value": b"{not json"})
     await loop.process(_batch(bad, good))
-    dead = _sent(loop.tasks.producer(0), p.topics.dead_letters.name)
+    dead = _sent(loop.task_manager.producer(0), p.topics.dead_letters.name)
     assert len(dead) == 1 and json.loads(dead[0][2])["kind"] == "not_json"
     assert p.state.get(b"acme/u1")["sessions"]["s1"]["count"] == 1
     assert _next(loop, TopicPartition(p.topics.messages.name, 0)) == 2
@@ -242,7 +270,7 @@ async def test_a_bad_record_is_a_dead_letter_in_the_batch_and_the_batch_goes_on(
 async def test_a_job_result_in_the_next_batch_frees_the_user(tmp_path):
     p, loop, _ = await _loop(tmp_path)
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
-    (job_record,) = _sent(loop.tasks.producer(0), p.topics.jobs.name)
+    (job_record,) = _sent(loop.task_manager.producer(0), p.topics.jobs.name)
     job = ExtractionJob.model_validate_json(job_record[2])
     result = JobResult.for_job(job, JobStatus.DONE, T0 + timedelta(seconds=9))
     await loop.process(_batch(_record(p.topics.job_results.name, 0, result, 9)))
@@ -257,7 +285,7 @@ async def test_a_forged_result_or_tool_request_changes_nothing(tmp_path):
 
     p, loop, _ = await _loop(tmp_path)
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
-    (job_record,) = _sent(loop.tasks.producer(0), p.topics.jobs.name)
+    (job_record,) = _sent(loop.task_manager.producer(0), p.topics.jobs.name)
     job = ExtractionJob.model_validate_json(job_record[2])
     result = JobResult.for_job(job, JobStatus.DONE, T0 + timedelta(seconds=9))
     forget = ToolRequest(request_id="forged-1", tenant_id="acme", user_id="u1",
@@ -267,7 +295,7 @@ async def test_a_forged_result_or_tool_request_changes_nothing(tmp_path):
     for r in forged:
         r.headers = ()
     await loop.process(_batch(*forged, _msg(p, 3, offset=2)))
-    producer = loop.tasks.producer(0)
+    producer = loop.task_manager.producer(0)
     assert p.state.get(b"acme/u1")["in_flight"]["job_id"] == job.job_id  # not freed
     assert not p.state.get(b"acme/u1").get("tools")  # no forget-me queued
     assert len(_sent(producer, p.topics.jobs.name)) == 1  # no job for it either
@@ -288,18 +316,19 @@ async def test_a_job_in_flight_is_timed_from_the_takeover(tmp_path):
     await loop.process(_batch(_msg(p, 1, offset=0), _msg(p, 2, offset=1)))
     timeout = p.settings.job_timeout_s
     p.clock = lambda: sent_at + timeout - 5  # a restart after a long outage: the job's
-    loop.stage.assigned(set())  # partition had left, and is taken over (its tables as
-    loop.stage.assigned({0})  # they were: a take restores them from their changelog)
+    task = loop.task_manager.by_partition[0]  # partition had left, and is taken over
+    task.processor.close()  # (its tables as they were: a take restores them from their
+    task.processor = loop.stage.open(TaskContext(0, task.slices))  # changelog)
 
     async def timers_at(at: float) -> None:
         p.clock = loop.clock = lambda: at
         await loop.punctuate()
 
     await timers_at(sent_at + timeout + 5)  # due by the send, not yet
-    assert len(_sent(loop.tasks.producer(0), p.topics.jobs.name)) == 1  # not re-sent
+    assert len(_sent(loop.task_manager.producer(0), p.topics.jobs.name)) == 1  # not re-sent
     await timers_at(sent_at + 2 * timeout)  # due since the takeover
     jobs = [ExtractionJob.model_validate_json(v[2])
-            for v in _sent(loop.tasks.producer(0), p.topics.jobs.name)]
+            for v in _sent(loop.task_manager.producer(0), p.topics.jobs.name)]
     assert len(jobs) == 2 and jobs[1].job_id == jobs[0].job_id and jobs[1].attempt == 2
 
 
@@ -309,7 +338,7 @@ async def test_a_timer_round_is_a_transaction_of_its_partition_without_offsets(t
     nothing; the changelog segments roll at the partition's first round."""
     p, loop, _ = await _loop(tmp_path)
     await loop.process(_batch(_msg(p, 1, offset=0)))  # below the threshold: no job
-    producer = loop.tasks.producer(0)
+    producer = loop.task_manager.producer(0)
     loop.clock = lambda: T0.timestamp() + 10
     await loop.punctuate()  # nothing due but the first roll
     assert len(producer.committed) == 2 and producer.offsets == [
@@ -338,10 +367,10 @@ async def test_a_partition_behind_runs_its_timers_on_the_time_of_what_it_read(tm
     late = T0.timestamp() + 10 + 10 * p.settings.job_timeout_s
     loop.clock = lambda: late
     await loop.punctuate()
-    assert len(_sent(loop.tasks.producer(0), p.topics.jobs.name)) == 1  # not re-sent
+    assert len(_sent(loop.task_manager.producer(0), p.topics.jobs.name)) == 1  # not re-sent
     loop.consumer.positions[results] = 5  # read to the end, none was its result
     await loop.punctuate()
-    assert len(_sent(loop.tasks.producer(0), p.topics.jobs.name)) == 2  # re-sent now
+    assert len(_sent(loop.task_manager.producer(0), p.topics.jobs.name)) == 2  # re-sent now
 
 
 async def test_a_timer_round_whose_transaction_fails_is_run_again(tmp_path):
@@ -350,11 +379,11 @@ async def test_a_timer_round_whose_transaction_fails_is_run_again(tmp_path):
     p, loop, _ = await _loop(tmp_path)
     await loop.process(_batch(_msg(p, 1, offset=0)))
     loop.clock = lambda: T0.timestamp() + 10 + p.settings.idle_timeout_s + 1
-    loop.tasks.producer(0).fail = KafkaConnectionError()
+    loop.task_manager.producer(0).fail = KafkaConnectionError()
     await loop.punctuate()
     assert p.state.get(b"acme/u1")["in_flight"] is None  # the write was dropped
     await loop.punctuate()
-    assert len(_sent(loop.tasks.producer(0), p.topics.jobs.name)) == 1
+    assert len(_sent(loop.task_manager.producer(0), p.topics.jobs.name)) == 1
     assert p.state.get(b"acme/u1")["in_flight"] is not None
 
 
@@ -362,14 +391,15 @@ async def test_a_partition_let_go_is_taken_back_when_no_rebalance_takes_it(tmp_p
     """The fence came from a worker with a stale assignment: no rebalance follows, so after
     two session timeouts the partition, still assigned here, is taken again as a new one."""
     p, loop, fatal = await _loop(tmp_path)
-    loop.tasks.producer(0).fail = ProducerFenced()
+    loop.task_manager.producer(0).fail = ProducerFenced()
     await loop.process(_batch(_msg(p, 1, offset=0)))
-    await loop.tasks.take_back()
-    assert 0 in loop.tasks.fenced_here() and 0 not in loop.owned  # too soon: a rebalance
-    loop.tasks.tasks[0].fenced_at -= 2 * loop.settings.session_timeout_s + 1  # may come
-    await loop.tasks.take_back()
-    await loop.tasks.settled()
-    assert loop.tasks.ready == {0} and not loop.tasks.fenced_here() and not fatal
+    await loop.task_manager.take_back()
+    assert 0 in loop.task_manager.fenced_here() and 0 not in loop.owned  # too soon: a rebalance
+    fenced = loop.task_manager.by_partition[0]
+    fenced.fenced_at -= 2 * loop.settings.session_timeout_s + 1  # may come
+    await loop.task_manager.take_back()
+    await loop.task_manager.settled()
+    assert loop.task_manager.ready == {0} and not loop.task_manager.fenced_here() and not fatal
     assert len(loop.clients.made) == 2  # taken again as new: a new producer (the fence)
     await loop.process(_batch(_msg(p, 1, offset=0)))
     assert p.state.get(b"acme/u1")["sessions"]["s1"]["count"] == 1

@@ -20,9 +20,18 @@ def task(*, serving: bool = True) -> tuple[PartitionTask, LoopTable]:
     t = PartitionTask(3, epoch=1, tables=[table])
     if serving:
         t.move(TaskState.RESTORING)
-        t.move(TaskState.SERVING)
+        t.serve(Closing())
         t.offsets[TP] = 5
     return t, table
+
+
+class Closing:
+    """A processor that notes its close."""
+
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def rec(offset: int) -> SimpleNamespace:
@@ -53,8 +62,7 @@ def test_a_task_hands_only_records_at_or_after_its_next_offset_and_only_when_ser
 
 def test_a_commit_moves_offsets_time_and_tables_and_a_discard_drops_the_pending():
     t, table = task()
-    with table.writing(3):
-        table[b"u1"] = {"n": 1}
+    t.slices[0][b"u1"] = {"n": 1}
     assert t.dirty() and t.changelog() == [("state-changelog", b"u1", b'{"n":1}')]
     t.failed()
     t.committed({TP: 7}, newest_s=20.0)
@@ -62,8 +70,7 @@ def test_a_commit_moves_offsets_time_and_tables_and_a_discard_drops_the_pending(
     assert table.get(b"u1") == {"n": 1} and not t.dirty()
     t.committed({}, newest_s=10.0)  # a timer round, or an older record: time stays
     assert t.stream_time == 20.0
-    with table.writing(3):
-        table[b"u2"] = {"n": 2}
+    t.slices[0][b"u2"] = {"n": 2}
     t.discard()
     assert table.get(b"u2") is None and not t.dirty()
     assert [t.failed() for _ in range(3)] == [1, 2, 3]
@@ -73,10 +80,11 @@ def test_letting_go_drops_its_slice_and_positions_and_returns_its_producer():
     t, table = task()
     producer = object()
     t.producer = producer
-    with table.writing(3):
-        table[b"u1"] = {"n": 1}
+    t.slices[0][b"u1"] = {"n": 1}
     t.committed({TP: 6}, 1.0)
+    processor = t.processor
     assert t.let_go(fenced_at=12.5) is producer
+    assert processor.closed and t.processor is None
     assert t.gone and t.fenced_at == 12.5 and t.producer is None
     assert t.offsets == {} and table.get(b"u1") is None and t.stream_time is None
     assert t.fresh(TP, [rec(7)]) == []  # nothing of it is handled again

@@ -77,7 +77,7 @@ async def test_a_message_off_its_partition_is_re_routed_not_handled_there(tmp_pa
     records = [_record(p.topics.messages.name, crc, i, _msg(user, i), ts=1000 + i)
                for i in range(2)]
     await loop.process(_batch(*records))
-    producer = loop.tasks.producer(crc)
+    producer = loop.task_manager.producer(crc)
     rerouted = _sent(producer, p.topics.repartition.name)
     assert [(r[1], r[2], r[3]) for r in rerouted] == [
         (rec.key, rec.value, right) for rec in records]  # the bytes as produced, its partition
@@ -100,11 +100,12 @@ async def test_a_re_routed_message_is_handled_with_the_users_state(tmp_path):
         SimpleNamespace(topic=p.topics.repartition.name, partition=right, offset=i, key=key,
                         value=value, timestamp=1000 + i, headers=tuple(stamp[3]))
         for i, ((_, key, value, _p), stamp) in enumerate(zip(
-            _sent(loop.tasks.producer(crc), p.topics.repartition.name),
-            [s for s in loop.tasks.producer(crc).stamped if s[0] == p.topics.repartition.name],
+            _sent(loop.task_manager.producer(crc), p.topics.repartition.name),
+            [s for s in loop.task_manager.producer(crc).stamped
+             if s[0] == p.topics.repartition.name],
             strict=True))]
     await loop.process(_batch(*rerouted))
-    owner = loop.tasks.producer(right)
+    owner = loop.task_manager.producer(right)
     assert len(_sent(owner, p.topics.jobs.name)) == 1  # the threshold (2) reached there
     assert p.state.get(f"acme/{user}".encode())["sessions"]["s1"]["count"] == 2
     assert not _sent(owner, p.topics.repartition.name)  # never re-routed again
@@ -116,7 +117,7 @@ async def test_a_session_end_off_its_partition_follows_the_same_way(tmp_path):
     user, crc, right = _user_off_its_partition()
     end = SessionEvent(tenant_id="acme", user_id=user, session_id="s1", kind="ended", ts=T0)
     await loop.process(_batch(_record(p.topics.session_events.name, crc, 0, end)))
-    rerouted = _sent(loop.tasks.producer(crc), p.topics.repartition.name)
+    rerouted = _sent(loop.task_manager.producer(crc), p.topics.repartition.name)
     assert len(rerouted) == 1 and rerouted[0][3] == right
 
 
@@ -125,7 +126,7 @@ async def test_a_record_where_it_belongs_is_handled_in_place(tmp_path):
     user, _, right = _user_off_its_partition()
     await loop.process(_batch(*(_record(p.topics.messages.name, right, i, _msg(user, i))
                                 for i in range(2))))
-    producer = loop.tasks.producer(right)
+    producer = loop.task_manager.producer(right)
     assert not _sent(producer, p.topics.repartition.name)
     assert len(_sent(producer, p.topics.jobs.name)) == 1 and p.counters.misplaced_records == 0
 
@@ -136,7 +137,7 @@ async def test_an_invalid_record_off_its_partition_is_a_dead_letter_there(tmp_pa
     bad = _record(p.topics.messages.name, crc, 0, _msg(user, 1))
     bad.value = b"{not json"
     await loop.process(_batch(bad))
-    producer = loop.tasks.producer(crc)
+    producer = loop.task_manager.producer(crc)
     assert len(_sent(producer, p.topics.dead_letters.name)) == 1
     assert not _sent(producer, p.topics.repartition.name) and p.counters.misplaced_records == 0
 
@@ -144,7 +145,7 @@ async def test_an_invalid_record_off_its_partition_is_a_dead_letter_there(tmp_pa
 async def test_a_failed_transaction_counts_nothing_and_reads_the_records_again(tmp_path):
     p, loop = await _loop(tmp_path)
     user, crc, _ = _user_off_its_partition()
-    loop.tasks.producer(crc).fail = KafkaConnectionError()
+    loop.task_manager.producer(crc).fail = KafkaConnectionError()
     renewed = FakeProducer()
     loop.clients.renewals.append(renewed)
     record = _record(p.topics.messages.name, crc, 0, _msg(user, 1))
@@ -164,7 +165,7 @@ async def test_the_repartition_topic_takes_only_what_names_a_producers_topic(tmp
     headers = () if source is None else ((placement.SOURCE, p.settings.topic(source).encode()),)
     forged = _record(p.topics.repartition.name, right, 0, _msg(user, 1), headers=headers)
     await loop.process(_batch(forged))
-    producer = loop.tasks.producer(right)
+    producer = loop.task_manager.producer(right)
     assert len(_sent(producer, p.topics.dead_letters.name)) == 1
     assert p.state.get(f"acme/{user}".encode()) is None
 

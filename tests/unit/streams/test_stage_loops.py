@@ -57,7 +57,7 @@ async def loop_of(p: Pipeline, name: str, committed: dict[TopicPartition, int] |
 
 def _next(loop: OwnedLoop, tp: TopicPartition) -> int:
     """The next offset of ``tp`` the loop handles."""
-    return loop.tasks.tasks[tp.partition].offsets[tp]
+    return loop.task_manager.by_partition[tp.partition].offsets[tp]
 
 
 def record(topic: str, offset: int, key: bytes, value: bytes, ts: int | None = None) -> Any:
@@ -89,7 +89,7 @@ async def decided(p: Pipeline, *jobs: Any) -> list[Any]:
     """The jobs through the extract loop: their decisions, as records of the topic."""
     loop, _ = await loop_of(p, "extract")
     await loop.process(batch(*jobs))
-    values = sent(loop.tasks.producer(0), p.topics.decisions.name)
+    values = sent(loop.task_manager.producer(0), p.topics.decisions.name)
     return [record(p.topics.decisions.name, n, JobDecision.model_validate_json(v).key().encode(),
                    v) for n, v in enumerate(values)]
 
@@ -99,7 +99,7 @@ async def test_extract_commits_a_batch_of_decisions_with_its_offsets(p):
     bad = record(p.topics.jobs.name, 1, b"t1/u2", b"{not json")
     await loop.process(batch(job_record(p, 0, ["I live in Oslo"]), bad,
                              job_record(p, 2, ["I am allergic to nuts"], user="u3")))
-    producer = loop.tasks.producer(0)
+    producer = loop.task_manager.producer(0)
     assert len(producer.committed) == 1 and not fatal
     decisions = [JobDecision.model_validate_json(v)
                  for v in sent(producer, p.topics.decisions.name)]
@@ -116,7 +116,7 @@ async def test_apply_sends_events_then_the_result_and_one_decision_per_user_per_
                                   job_record(p, 1, ["I am allergic to nuts"], seq=2))
     loop, fatal = await loop_of(p, "apply")
     await loop.process(batch(first, second))
-    producer = loop.tasks.producer(0)
+    producer = loop.task_manager.producer(0)
     assert len(producer.committed) == 2 and not fatal  # the user's second: its own txn
     for txn in (0, 1):
         kinds = [r[0] for r in producer.committed[txn]
@@ -136,7 +136,7 @@ async def test_apply_sends_events_then_the_result_and_one_decision_per_user_per_
 async def test_a_failed_apply_transaction_is_read_again_and_republishes_the_kept_events(p):
     (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo"]))
     loop, fatal = await loop_of(p, "apply")
-    loop.tasks.producer(0).fail = KafkaConnectionError()
+    loop.task_manager.producer(0).fail = KafkaConnectionError()
     renewed = FakeProducer()
     loop.clients.renewals.append(renewed)
     resolved: list[str] = []
@@ -161,7 +161,7 @@ async def test_a_bad_decision_is_a_dead_letter_and_the_batch_goes_on(p):
     bad = record(p.topics.decisions.name, 0, b"t1/u9", b'{"job_id": 3}')
     loop, _ = await loop_of(p, "apply")
     await loop.process(batch(bad, good))
-    producer = loop.tasks.producer(0)
+    producer = loop.task_manager.producer(0)
     (dead,) = sent(producer, p.topics.dead_letters.name)
     assert json.loads(dead)["kind"] == "schema"
     assert len(sent(producer, p.topics.job_results.name)) == 1
@@ -186,7 +186,7 @@ async def test_a_forged_decision_or_job_changes_nothing_and_the_batch_goes_on(p,
     forged.offset, good.offset = 0, 1
     loop, fatal = await loop_of(p, "apply")
     await loop.process(batch(forged, good))
-    producer = loop.tasks.producer(0)
+    producer = loop.task_manager.producer(0)
     (dead,) = [json.loads(v) for v in sent(producer, p.topics.dead_letters.name)]
     assert dead["kind"] == "unauthenticated" and dead["value_b64"] == ""
     assert dead["value_length"] == len(forged.value) and dead["offset"] == 0
@@ -197,7 +197,7 @@ async def test_a_forged_decision_or_job_changes_nothing_and_the_batch_goes_on(p,
     assert p.services.store.list(Scope("t1", "u3"))
     (extract,) = [x for x in p.loops if x.stage.name == "extract"]
     await extract.process(batch(forged_job))
-    decisions = sent(extract.tasks.producer(0), p.topics.decisions.name)
+    decisions = sent(extract.task_manager.producer(0), p.topics.decisions.name)
     assert len(decisions) == 2  # the two of before: none for the forged job
     assert p.counters.records_unauthenticated == {"decisions": 1, "extraction-jobs": 1}
 
@@ -205,15 +205,16 @@ async def test_a_forged_decision_or_job_changes_nothing_and_the_batch_goes_on(p,
 async def test_the_maintenance_table_takes_folds_only_with_a_committed_transaction(p):
     (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo", "I work at Acme"]))
     loop, _ = await loop_of(p, "apply")
-    loop.tasks.producer(0).fail = KafkaConnectionError()
+    loop.task_manager.producer(0).fail = KafkaConnectionError()
     await loop.process(batch(rec))
     assert p.maintenance.get(b"t1/u1") is None and len(p.maintenance) == 0
     await loop.process(batch(rec))  # again: the republished events are folded now
     folded = p.maintenance.get(b"t1/u1")
     assert folded is not None and len(p.maintenance) == 1
-    (state,) = sent(loop.tasks.producer(0), p.maintenance.topic)
+    (state,) = sent(loop.task_manager.producer(0), p.maintenance.topic)
     assert json.loads(state) == folded
-    requests = [json.loads(v) for v in sent(loop.tasks.producer(0), p.topics.tool_requests.name)]
+    requests = [json.loads(v)
+                for v in sent(loop.task_manager.producer(0), p.topics.tool_requests.name)]
     assert requests and {r["write"]["name"] for r in requests} == {"reflect"}  # threshold 1
 
 
@@ -223,7 +224,7 @@ async def test_the_apply_loops_timer_round_sends_the_due_windowed_jobs(p):
     (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo"]))
     loop, _ = await loop_of(p, "apply")
     await loop.process(batch(rec))
-    producer = loop.tasks.producer(0)
+    producer = loop.task_manager.producer(0)
     loop.clock = lambda: NOW
     await loop.punctuate()  # the first round rolls the table's segment, nothing is due
     assert len(producer.committed) == 2 and len(producer.offsets) == 1
@@ -250,7 +251,7 @@ async def test_a_commit_that_timed_out_but_landed_counts_as_committed(p):
     (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo"]))
     loop, fatal = await loop_of(p, "apply")
     dtp = TopicPartition(p.topics.decisions.name, 0)
-    loop.tasks.producer(0).fail = KafkaTimeoutError()
+    loop.task_manager.producer(0).fail = KafkaTimeoutError()
 
     async def committed(tp: TopicPartition) -> int:
         return {dtp: 1}[tp]  # what the broker has: the batch's offsets
@@ -277,7 +278,7 @@ async def test_a_decision_the_store_took_is_never_set_aside(p, monkeypatch):
     monkeypatch.setattr(privacy, "seal_all", broken)
     with pytest.raises(apply.Unpublished):
         await loop.process(batch(rec))
-    assert loop.tasks.producer(0).committed == [] and p.services.store.count() == 1
+    assert loop.task_manager.producer(0).committed == [] and p.services.store.count() == 1
     assert _next(loop, TopicPartition(p.topics.decisions.name, 0)) == 0
 
 
@@ -335,7 +336,8 @@ async def test_another_decision_of_an_applied_job_is_not_folded_twice(p):
     await loop.process(batch(second))
     assert p.counters.decisions_duplicate == 1  # DONE
     assert p.maintenance.get(b"t1/u1") == folded
-    assert len(sent(loop.tasks.producer(0), p.topics.memory_changes.name)) == 2  # republished
+    changes = sent(loop.task_manager.producer(0), p.topics.memory_changes.name)
+    assert len(changes) == 2  # republished
 
 
 async def test_sealing_waits_until_the_user_keys_are_read(p, monkeypatch):
@@ -348,7 +350,7 @@ async def test_sealing_waits_until_the_user_keys_are_read(p, monkeypatch):
     (rec,) = await decided(p, job_record(p, 0, ["I live in Oslo"]))
     loop, _ = await loop_of(p, "apply")
     await loop.process(batch(rec))
-    (value,) = sent(loop.tasks.producer(0), p.topics.memory_changes.name)
+    (value,) = sent(loop.task_manager.producer(0), p.topics.memory_changes.name)
     change = MemoryChange.model_validate_json(value)
     monkeypatch.setattr(privacy, "READY_S", 0.01)
     made: list[str] = []
@@ -458,5 +460,5 @@ async def test_a_failed_access_fold_sets_aside_each_record_once(p, monkeypatch):
                       memory_ids=["m1"], query_id="q1", ts=datetime.fromtimestamp(NOW, UTC))
     await loop.process(batch(record(topic, 0, b"t1/u1", b"{not json"),
                              record(topic, 1, b"t1/u1", hit.dumps())))
-    dead = [json.loads(v) for v in sent(loop.tasks.producer(0), p.topics.dead_letters.name)]
+    dead = [json.loads(v) for v in sent(loop.task_manager.producer(0), p.topics.dead_letters.name)]
     assert sorted((d["offset"], d["kind"]) for d in dead) == [(0, "not_json"), (1, "internal")]

@@ -16,7 +16,7 @@ from aiokafka.structs import TopicPartition
 from memstream.core.retry import RetryPolicy
 from memstream.core.settings import Settings
 from memstream.streams.owned_loop import OwnedLoop
-from memstream.streams.stage import StageBase, Work
+from memstream.streams.stage import ProcessorBase, StageBase, Work
 from tests.unit.builders import FakeClients, FakeConsumer
 
 pytestmark = pytest.mark.unit
@@ -61,7 +61,7 @@ class SlowStage(StageBase):
     def assigned(self, partitions: set[int]) -> None:
         self.seen_assigned.append(set(partitions))
 
-    async def handle(self, partition: int, records: list[Any]) -> Work:
+    async def handle(self, records: list[Any]) -> Work:
         return Work()
 
 
@@ -75,7 +75,7 @@ def make(tmp_path, stage: SlowStage, **settings: Any,
     clients = FakeClients(consumer)
     loop = OwnedLoop(Settings(data_dir=tmp_path, embedder="hashing", **settings),
                      stage, clients=clients)  # type: ignore[arg-type]
-    loop.tasks.retry = RetryPolicy(first_delay_s=0.01, max_delay_s=0.01)
+    loop.task_manager.retry = RetryPolicy(first_delay_s=0.01, max_delay_s=0.01)
     fatal: list[Any] = []
     loop.on_fatal = lambda reason, code=70: fatal.append(reason)
     loop.connect()
@@ -84,18 +84,18 @@ def make(tmp_path, stage: SlowStage, **settings: Any,
 
 def taken(loop: OwnedLoop) -> set[int]:
     """The partitions whose take is done (serving, or waiting for the assignment)."""
-    return {n for n, task in loop.tasks.tasks.items() if task.serving}
+    return {n for n, task in loop.task_manager.by_partition.items() if task.serving}
 
 
 def offsets(loop: OwnedLoop, n: int) -> dict[TopicPartition, int]:
-    task = loop.tasks.tasks.get(n)
+    task = loop.task_manager.by_partition.get(n)
     return {} if task is None else dict(task.offsets)
 
 
 async def assign(loop: OwnedLoop, consumer: FakeConsumer, *parts: int) -> None:
-    await loop.tasks.revoked()
+    await loop.task_manager.revoked()
     consumer.assigned = tps(*parts)
-    await loop.tasks.assigned(tps(*parts))
+    await loop.task_manager.assigned(tps(*parts))
 
 
 async def until(check, timeout: float = 5.0) -> None:
@@ -109,13 +109,13 @@ async def test_the_callback_returns_while_the_take_waits_with_the_partition_paus
     stage = SlowStage()
     loop, consumer, fatal, made = make(tmp_path, stage)
     await asyncio.wait_for(assign(loop, consumer, 0), 1.0)  # the gate is shut: no waiting
-    assert loop.owned == {0} and loop.tasks.ready == set() and loop.taking == {0}
+    assert loop.owned == {0} and loop.task_manager.ready == set() and loop.taking == {0}
     assert consumer.paused_tps == tps(0)
     await until(lambda: made)  # the producer (the fence) comes first
-    assert loop.tasks.producer(0) is None  # not installed before the take is done
+    assert loop.task_manager.producer(0) is None  # not installed before the take is done
     stage.gate(0).set()
-    await until(lambda: loop.tasks.ready == {0})
-    assert consumer.paused_tps == set() and loop.tasks.producer(0) is made[0][1]
+    await until(lambda: loop.task_manager.ready == {0})
+    assert consumer.paused_tps == set() and loop.task_manager.producer(0) is made[0][1]
     assert offsets(loop, 0) == {tp: 10 for tp in tps(0)}  # committed
     assert dict(consumer.seeks) == {tp: 10 for tp in tps(0)}
     assert stage.seen_assigned[-1] == {0} and not fatal
@@ -126,12 +126,12 @@ async def test_each_partition_serves_as_soon_as_it_is_taken_quickest_first(tmp_p
     loop, consumer, fatal, _ = make(tmp_path, stage)
     await assign(loop, consumer, 0, 1, 2)
     stage.gate(2).set()
-    await until(lambda: loop.tasks.ready == {2})
+    await until(lambda: loop.task_manager.ready == {2})
     assert consumer.paused_tps == tps(0, 1)
     stage.gate(0).set()
-    await until(lambda: loop.tasks.ready == {0, 2})
+    await until(lambda: loop.task_manager.ready == {0, 2})
     stage.gate(1).set()
-    await until(lambda: loop.tasks.ready == {0, 1, 2})
+    await until(lambda: loop.task_manager.ready == {0, 1, 2})
     assert [new for new, _ in stage.prepared] == [{2}, {0}, {1}] and not fatal
 
 
@@ -143,8 +143,8 @@ async def test_a_partition_given_up_while_being_taken_is_undone(tmp_path):
     await assign(loop, consumer, 1)  # 0 goes to another worker mid-take
     stage.gate(0).set()
     stage.gate(1).set()
-    await until(lambda: loop.tasks.ready == {1})
-    assert loop.tasks.producer(0) is None and 0 not in taken(loop)
+    await until(lambda: loop.task_manager.ready == {1})
+    assert loop.task_manager.producer(0) is None and 0 not in taken(loop)
     assert (set(), {0}) in stage.prepared[-2:]  # its shard (say) closed again
     assert not offsets(loop, 0) and not fatal
 
@@ -154,15 +154,15 @@ async def test_a_partition_taken_during_a_rebalance_is_positioned_by_the_assignm
     loop, consumer, fatal, made = make(tmp_path, stage)
     await assign(loop, consumer, 0)
     await until(lambda: made)
-    await loop.tasks.revoked()  # a rebalance begins; the consumer holds nothing meanwhile
+    await loop.task_manager.revoked()  # a rebalance begins; the consumer holds nothing meanwhile
     consumer.assigned = set()
     stage.gate(0).set()
     await until(lambda: 0 in taken(loop))
-    assert loop.tasks.ready == set()  # not before the assignment
+    assert loop.task_manager.ready == set()  # not before the assignment
     consumer.assigned = tps(0)
     consumer.seeks.clear()
-    await loop.tasks.assigned(tps(0))
-    assert loop.tasks.ready == {0} and not fatal
+    await loop.task_manager.assigned(tps(0))
+    assert loop.task_manager.ready == {0} and not fatal
     assert dict(consumer.seeks) == {tp: 10 for tp in tps(0)}
 
 
@@ -172,8 +172,8 @@ async def test_a_take_that_fails_ends_the_worker(tmp_path):
     loop, consumer, fatal, made = make(tmp_path, stage)
     await assign(loop, consumer, 0)
     await until(lambda: fatal)
-    assert "restore failed" in fatal[0] and loop.tasks.ready == set()
-    assert made and loop.tasks.producer(0) is None  # fenced, then not installed
+    assert "restore failed" in fatal[0] and loop.task_manager.ready == set()
+    assert made and loop.task_manager.producer(0) is None  # fenced, then not installed
 
 
 def bare_kafka_error() -> KafkaError:
@@ -202,14 +202,14 @@ async def test_a_take_that_fails_while_the_broker_is_away_is_undone_and_taken_ag
         stage.away = 2
     stage.gate(0).set()
     await assign(loop, consumer, 0)
-    await until(lambda: loop.tasks.ready == {0})
+    await until(lambda: loop.task_manager.ready == {0})
     assert not fatal and loop.taking == set()
     if where == "restore":
         assert stage.prepared == [({0}, set()), (set(), {0})] * 2 + [({0}, set())]
         assert [producer.stopped for _, producer in made] == [True, True, False]
     else:
         assert stage.prepared == [(set(), {0})] * 2 + [({0}, set())] and len(made) == 1
-    assert loop.tasks.producer(0) is made[-1][1]
+    assert loop.task_manager.producer(0) is made[-1][1]
     assert dict(consumer.seeks) == {tp: 10 for tp in tps(0)}
 
 
@@ -220,7 +220,7 @@ async def test_a_take_that_fails_past_broker_wait_ends_the_worker(tmp_path):
     await assign(loop, consumer, 0)
     await until(lambda: fatal)
     assert "gave up after" in fatal[0] and "broker_wait_s" in fatal[0]
-    assert loop.tasks.ready == set() and all(producer.stopped for _, producer in made)
+    assert loop.task_manager.ready == set() and all(producer.stopped for _, producer in made)
     assert len(made) > 1  # tried again before giving up
 
 
@@ -229,7 +229,7 @@ async def waiting_to_try_again(tmp_path):
     stage = SlowStage()
     stage.away = 1
     loop, consumer, fatal, made = make(tmp_path, stage)
-    loop.tasks.retry = RetryPolicy(first_delay_s=0.3, max_delay_s=0.3)
+    loop.task_manager.retry = RetryPolicy(first_delay_s=0.3, max_delay_s=0.3)
     await assign(loop, consumer, 0)
     await until(lambda: stage.prepared == [({0}, set()), (set(), {0})])
     return stage, loop, consumer, fatal, made
@@ -239,10 +239,10 @@ async def test_a_take_given_up_while_it_waits_to_try_again_is_not_taken(tmp_path
     stage, loop, consumer, fatal, made = await waiting_to_try_again(tmp_path)
     await assign(loop, consumer, 1)  # 0 revoked during the wait
     stage.gate(1).set()
-    await loop.tasks.settled()
-    assert loop.tasks.ready == {1} and not fatal
+    await loop.task_manager.settled()
+    assert loop.task_manager.ready == {1} and not fatal
     assert ({0}, set()) not in stage.prepared[2:]  # never taken again
-    assert loop.tasks.producer(0) is None
+    assert loop.task_manager.producer(0) is None
     # no second fence: it would fence the partition's new owner
     assert [tid for tid, _ in made].count(f"{loop.group}-0") == 1
 
@@ -251,17 +251,17 @@ async def test_a_partition_revoked_and_assigned_again_while_its_take_waits(tmp_p
     """The old take, waiting to try again, ends without touching the new task of its
     partition; the new one is taken once the old take returns; no failure."""
     stage, loop, consumer, fatal, made = await waiting_to_try_again(tmp_path)
-    old = loop.tasks.tasks[0]
+    old = loop.task_manager.by_partition[0]
     await assign(loop, consumer, 1)  # revoked ...
     await assign(loop, consumer, 0, 1)  # ... and assigned again, while the old take waits
-    assert loop.tasks.tasks[0] is not old and old.gone
+    assert loop.task_manager.by_partition[0] is not old and old.gone
     stage.gate(0).set()
     stage.gate(1).set()
-    await until(lambda: loop.tasks.ready == {0, 1})
+    await until(lambda: loop.task_manager.ready == {0, 1})
     assert not fatal and old.gone
-    assert loop.tasks.producer(0) is made[-1][1] or loop.tasks.producer(0) is made[-2][1]
+    assert loop.task_manager.producer(0) in (made[-1][1], made[-2][1])
     assert all(producer.stopped for tid, producer in made
-               if producer not in (loop.tasks.producer(0), loop.tasks.producer(1)))
+               if producer not in (loop.task_manager.producer(0), loop.task_manager.producer(1)))
 
 
 async def test_a_partition_queued_while_a_take_retries_is_taken_meanwhile(tmp_path):
@@ -271,26 +271,26 @@ async def test_a_partition_queued_while_a_take_retries_is_taken_meanwhile(tmp_pa
     stage.fail_only = 0
     stage.away = 10**6
     loop, consumer, fatal, _ = make(tmp_path, stage)
-    loop.tasks.retry = RetryPolicy(first_delay_s=0.05, max_delay_s=0.05)
+    loop.task_manager.retry = RetryPolicy(first_delay_s=0.05, max_delay_s=0.05)
     await assign(loop, consumer, 0)
     await until(lambda: len(stage.prepared) >= 2)
     consumer.assigned = tps(0, 1)
-    await loop.tasks.assigned(tps(0, 1))  # an assignment that adds 1 (0 kept)
+    await loop.task_manager.assigned(tps(0, 1))  # an assignment that adds 1 (0 kept)
     stage.gate(1).set()
-    await until(lambda: loop.tasks.ready == {1})
+    await until(lambda: loop.task_manager.ready == {1})
     assert loop.taking == {0} and not fatal
     stage.away = 0
     stage.gate(0).set()
-    await until(lambda: loop.tasks.ready == {0, 1})
+    await until(lambda: loop.task_manager.ready == {0, 1})
 
 
 async def test_stop_lets_the_take_in_progress_finish_or_cancels_it(tmp_path):
     stage = SlowStage()
     loop, consumer, fatal, _ = make(tmp_path, stage)
     await assign(loop, consumer, 0)
-    await loop.tasks.stop_taking(0.05)  # the gate never opens: cancelled
-    assert loop.tasks.taker is not None and loop.tasks.taker.cancelled()
-    assert loop.tasks.ready == set()
+    await loop.task_manager.stop_taking(0.05)  # the gate never opens: cancelled
+    assert loop.task_manager.taker is not None and loop.task_manager.taker.cancelled()
+    assert loop.task_manager.ready == set()
     assert not fatal  # a shutdown, not a failure
 
 
@@ -304,14 +304,14 @@ async def test_no_take_outlives_a_stop_that_begins_while_several_are_in_flight(t
     await until(lambda: len(made) == 2)
     loop.stopping.set()
     stage.gate(0).set()  # ends after the stop began: given up, not installed
-    await loop.tasks.stop_taking(0.2)
-    assert loop.tasks.taker is not None and loop.tasks.taker.done()
+    await loop.task_manager.stop_taking(0.2)
+    assert loop.task_manager.taker is not None and loop.task_manager.taker.done()
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("take-")]
-    assert loop.tasks.producer(0) is loop.tasks.producer(1) is None
-    assert loop.tasks.ready == set() and not fatal
+    assert loop.task_manager.producer(0) is loop.task_manager.producer(1) is None
+    assert loop.task_manager.ready == set() and not fatal
     stage.gate(1).set()  # the cancelled take cannot come back
     await asyncio.sleep(0)
-    assert loop.tasks.producer(0) is loop.tasks.producer(1) is None
+    assert loop.task_manager.producer(0) is loop.task_manager.producer(1) is None
 
 
 async def test_a_rebalance_that_begins_while_offsets_are_read_leaves_the_seek_to_it(tmp_path):
@@ -332,7 +332,7 @@ async def test_a_rebalance_that_begins_while_offsets_are_read_leaves_the_seek_to
     assert not fatal and dict(consumer.seeks) == {}
     consumer.committed = real  # type: ignore[method-assign]
     await assign(loop, consumer, 0)
-    assert loop.tasks.ready == {0} and not fatal
+    assert loop.task_manager.ready == {0} and not fatal
     assert dict(consumer.seeks) == {tp: 10 for tp in tps(0)}
 
 
@@ -342,17 +342,23 @@ async def test_the_stage_learns_the_offsets_its_committed_transaction_wrote(tmp_
 
     stage = SlowStage()
     seen: list[tuple[int, dict[str, int]]] = []
-    stage.committed = lambda partition, offsets: seen.append((partition, offsets))  # type: ignore[attr-defined]
     outs = [("changes", b"k", b"1"), ("changes", b"k", b"2"), ("results", b"k", b"3")]
 
-    async def handle(partition: int, records: list[Any]) -> Work:
-        return Work(out=list(outs))
+    class Noting(ProcessorBase):
+        def __init__(self, partition: int) -> None:
+            self.partition = partition
 
-    stage.handle = handle  # type: ignore[method-assign]
+        async def process(self, records: list[Any]) -> Work:
+            return Work(out=list(outs))
+
+        def committed(self, offsets: dict[str, int]) -> None:
+            seen.append((self.partition, offsets))
+
+    stage.open = lambda context: Noting(context.partition)  # type: ignore[method-assign]
     loop, consumer, fatal, _ = make(tmp_path, stage)
     await assign(loop, consumer, 0)
     stage.gate(0).set()
-    await until(lambda: loop.tasks.ready == {0})
+    await until(lambda: loop.task_manager.ready == {0})
     tp = TopicPartition(TOPICS[0], 0)
     await loop.process({tp: [SimpleNamespace(topic=tp.topic, partition=0, offset=10,
                                              key=b"k", value=b"v", timestamp=1)]})
@@ -369,7 +375,38 @@ async def test_a_long_take_does_not_hold_back_the_others(tmp_path):
     loop, consumer, fatal, _ = make(tmp_path, stage)
     await assign(loop, consumer, 0, 1)
     stage.gate(1).set()  # 0, first in the order, still restoring
-    await until(lambda: loop.tasks.ready == {1})
+    await until(lambda: loop.task_manager.ready == {1})
     assert loop.taking == {0} and not fatal
     stage.gate(0).set()
-    await until(lambda: loop.tasks.ready == {0, 1})
+    await until(lambda: loop.task_manager.ready == {0, 1})
+
+
+async def test_a_batch_whose_shard_is_not_here_is_a_value_and_read_again(tmp_path, monkeypatch):
+    """Shard ownership is a value: the store's ShardNotHere, raised by a store call of the
+    batch, comes back from the task's processor as NotHere; the loop commits nothing of the
+    batch and seeks the partition back to its next offset (read again after a pause)."""
+    from types import SimpleNamespace
+
+    from memstream.memory.store.partitioned import ShardNotHere
+    from memstream.streams import owned_loop
+    from memstream.streams.stage import NotHere, processor_of
+
+    monkeypatch.setattr(owned_loop, "SHARD_WAIT_S", 0.0)
+    stage = SlowStage()
+
+    async def handle(records: list[Any]) -> Work:
+        raise ShardNotHere(0)
+
+    stage.handle = handle  # type: ignore[method-assign]
+    got = await processor_of(stage, 0).process([])
+    assert isinstance(got, NotHere) and got.partition == 0 and "not owned here" in got.why
+    loop, consumer, fatal, _ = make(tmp_path, stage)
+    await assign(loop, consumer, 0)
+    stage.gate(0).set()
+    await until(lambda: loop.task_manager.ready == {0})
+    consumer.seeks.clear()
+    tp = TopicPartition(TOPICS[0], 0)
+    await loop.process({tp: [SimpleNamespace(topic=tp.topic, partition=0, offset=10,
+                                             key=b"k", value=b"v", timestamp=1)]})
+    assert loop.shard_waits == 1 and loop.task_manager.producer(0).committed == []
+    assert (tp, 10) in consumer.seeks and offsets(loop, 0)[tp] == 10 and not fatal

@@ -78,7 +78,7 @@ async def test_a_record_of_the_topics_tenant_is_handled(tmp_path):
     part = partition_of("acme", "ana", N)
     await _process(loop, *(_record(_topic(p, "acme"), part, i, _msg("acme", "ana", i))
                            for i in range(2)))
-    producer = loop.tasks.producer(part)
+    producer = loop.task_manager.producer(part)
     assert len(_sent(producer, p.topics.jobs.name)) == 1  # the threshold (2)
     assert not _sent(producer, p.topics.dead_letters.name)
 
@@ -88,7 +88,7 @@ async def test_a_record_of_another_tenant_is_dead_lettered_not_handled(tmp_path)
     part = partition_of("globex", "bo", N)
     forged = [_record(_topic(p, "acme"), part, i, _msg("globex", "bo", i)) for i in range(2)]
     await _process(loop, *forged)
-    producer = loop.tasks.producer(part)
+    producer = loop.task_manager.producer(part)
     letters = [json.loads(r[2]) for r in _sent(producer, p.topics.dead_letters.name)]
     assert [d["kind"] for d in letters] == ["tenant", "tenant"]
     assert "'globex'" in letters[0]["reason"] and "'acme'" in letters[0]["reason"]
@@ -110,13 +110,13 @@ async def test_a_misplaced_record_is_re_routed_and_checked_against_its_source(tm
     right = partition_of("acme", user, N)
     crc = (zlib.crc32(f"acme/{user}".encode()) & 0xFFFFFFFF) % N
     await _process(loop, _record(_topic(p, "acme"), crc, 0, _msg("acme", user, 0)))
-    rerouted = _sent(loop.tasks.producer(crc), p.topics.repartition.name)
+    rerouted = _sent(loop.task_manager.producer(crc), p.topics.repartition.name)
     assert len(rerouted) == 1 and rerouted[0][3] == right
     # a re-routed record names its source topic: the tenant check applies there too
     forged = _msg("globex", user, 1)
     source = ((placement.SOURCE, _topic(p, "acme").encode()),)
     await _process(loop, _record(p.topics.repartition.name, partition_of("globex", user, N), 0,
                                  forged, headers=source))
-    owner = loop.tasks.producer(partition_of("globex", user, N))
+    owner = loop.task_manager.producer(partition_of("globex", user, N))
     assert [json.loads(r[2])["kind"] for r in _sent(owner, p.topics.dead_letters.name)] == [
         "tenant"]

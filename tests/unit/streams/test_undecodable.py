@@ -77,7 +77,7 @@ async def test_an_undecodable_batch_is_set_aside_with_the_offset_past_it(p, monk
     monkeypatch.setattr(undecodable, "fetch_batches",
                         _fetching(tp, [Batch(0, 4, error=CODEC), Batch(5, 9)]))
     assert await loop._poll() == {}
-    producer = loop.tasks.producer(0)
+    producer = loop.task_manager.producer(0)
     (dead,) = sent(producer, p.topics.dead_letters.name)
     letter = json.loads(dead)
     assert letter["kind"] == "undecodable" and letter["value_length"] == 0
@@ -102,7 +102,7 @@ async def test_records_before_the_bad_batch_are_handled_first(p, monkeypatch):
     monkeypatch.setattr(undecodable, "fetch_batches",
                         _fetching(tp, [Batch(0, 0), Batch(1, 3, error=CODEC)]))
     await loop._poll()
-    producer = loop.tasks.producer(0)
+    producer = loop.task_manager.producer(0)
     assert len(sent(producer, p.topics.decisions.name)) == 1  # the good job was decided
     (dead,) = sent(producer, p.topics.dead_letters.name)
     ref = parse_reference(json.loads(dead)["reason"])
@@ -122,4 +122,4 @@ async def test_a_failure_nothing_explains_is_waited_out_not_an_exit(p, monkeypat
     assert await loop._poll() == {}
     assert not fatal and loop.failed_polls == 2
     assert p.counters.fetch_failures == {("extract", "KafkaConnectionError"): 2}
-    assert not loop.tasks.producer(0).committed
+    assert not loop.task_manager.producer(0).committed
