@@ -42,7 +42,6 @@ from memstream.streams.counters import Counters, add
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.extract import store_policy
 from memstream.streams.ingest_tables import LoopTable, TableSlice
-from memstream.streams.owned_loop import run_with_app
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import (
     NotHere,
@@ -332,8 +331,3 @@ class ApplyProcessor(ProcessorBase):
             return
         assert self.fold is not None
         work.out += self.fold.fold(change)
-
-
-def register(p: Pipeline, fold: Fold | None, *, decisions: bool = True) -> None:
-    """Run the apply loop (or the jobs-only loop) in the worker."""
-    run_with_app(p, ApplyStage(p, fold, decisions=decisions))

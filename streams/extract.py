@@ -30,7 +30,6 @@ from memstream.streams import record_checks
 from memstream.streams.counters import Counters
 from memstream.streams.dead_letters import INTERNAL_MAX_BYTES, set_aside
 from memstream.streams.ingest_tables import LoopTable
-from memstream.streams.owned_loop import run_with_app
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import StageBase, Work, until_handled
 from memstream.topics.codec import decode
@@ -171,8 +170,3 @@ class ExtractStage(StageBase):
             return await skip_decided(self.p, job) or await decide_with_retries(self.p, job)
 
         return decide
-
-
-def register(p: Pipeline) -> None:
-    """Run the extract loop in the worker."""
-    run_with_app(p, ExtractStage(p))

@@ -30,7 +30,7 @@ from memstream.streams import placement, privacy, record_checks, window
 from memstream.streams.counters import add
 from memstream.streams.dead_letters import decode_input, set_aside
 from memstream.streams.ingest_tables import LoopTable
-from memstream.streams.owned_loop import OwnedLoop, run_with_app
+from memstream.streams.owned_loop import OwnedLoop
 from memstream.streams.pipeline import Pipeline
 from memstream.streams.stage import NotHere, ProcessorBase, StageBase, TaskContext, Work
 from memstream.topics.schemas import (
@@ -307,8 +307,3 @@ class IngestProcessor(ProcessorBase):
 
 def ingest_loop(p: Pipeline, **kwargs: Any) -> OwnedLoop:
     return OwnedLoop(p.settings, IngestStage(p), **kwargs)
-
-
-def register(p: Pipeline) -> None:
-    """Run the ingest loop (:mod:`streams.owned_loop`) in the worker."""
-    run_with_app(p, IngestStage(p))

@@ -140,8 +140,3 @@ class TaskFold:
                 ts=datetime.fromtimestamp(now, UTC))
             out.append((p.topics.tool_requests.name, key, request.dumps()))
         return out
-
-
-def register(p: Pipeline) -> MaintenanceFold:
-    """The windowed jobs' fold, run by the apply loop (:mod:`streams.apply`)."""
-    return MaintenanceFold(p)

@@ -19,12 +19,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from memstream.contract.events import MemoryEvent
-from memstream.core.errors import InvalidRecord
 from memstream.core.settings import Settings
 from memstream.memory.crypto import change_sealing
 from memstream.memory.model import Memory
 from memstream.sealing import envelope as crypto
-from memstream.streams import lifecycle
 from memstream.streams.pipeline import Pipeline
 from memstream.topics.publishing import is_public, public_event
 from memstream.topics.schemas import MemoryChange
@@ -32,28 +30,6 @@ from memstream.topics.schemas import MemoryChange
 log = logging.getLogger(__name__)
 READY_S = 60.0
 
-
-def register(p: Pipeline) -> None:
-    """Follow the user-keys topic when a master key is configured."""
-    if p.settings.master_key is None:
-        return
-    from memstream.memory.crypto.user_keys import UserKeys
-    from memstream.memory.governance_metrics import DEAD_LETTER_CLASSES, bounded
-    from memstream.streams.counters import add
-
-    def rejected(exc: InvalidRecord) -> None:  # a record set aside: a dead letter's count
-        add(p.counters.dead_letters_by_class, bounded(exc.kind, DEAD_LETTER_CLASSES))
-
-    keys = UserKeys(p.settings, p.topics.user_keys.name,
-                    dead_letters=p.topics.dead_letters.name, on_reject=rejected)
-    p.user_keys = keys
-
-    async def follow() -> None:
-        await keys.start()
-        if not await keys.wait_ready(READY_S):
-            log.warning("user keys not read within %.0fs", READY_S)
-
-    lifecycle.run(p.app, "user-keys", follow, keys.stop, background=True)
 
 
 async def seal_all(p: Pipeline, changes: Sequence[MemoryChange]

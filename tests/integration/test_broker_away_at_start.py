@@ -67,7 +67,7 @@ class Echo(StageBase):
         self.inputs = [topic]
         self.handled: list[Any] = []
 
-    async def handle(self, partition: int, records: list[Any]) -> Work:
+    async def handle(self, records: list[Any]) -> Work:
         self.handled.extend(records)
         return Work()
 

@@ -56,10 +56,10 @@ async def test_each_partition_is_taken_with_a_producer_of_its_own_transactional_
     loop.on_fatal = lambda reason, code=70: pytest.fail(reason)
     loop.connect()
     consumer.assigned = _tps(0, 1)
-    await loop.tasks.assigned(_tps(0, 1))
-    await asyncio.wait_for(loop.tasks.settled(), 5.0)
+    await loop.task_manager.assigned(_tps(0, 1))
+    await asyncio.wait_for(loop.task_manager.settled(), 5.0)
     assert sorted(tid for tid, _ in clients.made) == ["memstream-apply-0", "memstream-apply-1"]
-    assert {loop.tasks.producer(0), loop.tasks.producer(1)} == {p for _, p in clients.made}
+    assert {loop.task_manager.producer(0), loop.task_manager.producer(1)} == {p for _, p in clients.made}
 
 
 TOPICS = ["in-a", "in-b"]
@@ -71,7 +71,7 @@ class _Stage(StageBase):
     tables = ()
     max_records = 10
 
-    async def handle(self, partition: int, records: list[Any]) -> Work:
+    async def handle(self, records: list[Any]) -> Work:
         return Work()
 
 
