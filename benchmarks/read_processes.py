@@ -28,7 +28,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -46,33 +45,13 @@ from benchmarks.retrieval import ADMIN_KEY, query_pool
 from benchmarks.scale import follow_results
 from benchmarks.scale_checks import TENANT, Coverage
 from memstream.core.settings import Settings
-from memstream.dev.process import WorkerProcess
+from memstream.dev.process import WorkerProcess, free_port_block
 from memstream.ops.status import serves_what_it_owns
 from memstream.topics.layout import create_topics
 from memstream.topics.registry import all_topic_names, delete_topics
 
 SMOKE = {"users": 8, "messages": 200, "requests": 100, "runs": 1}
 TIMEOUT_S = 1800.0
-
-
-def free_block(n: int) -> int:
-    """A port p with p .. p+n free (the front port and the children's own)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + n > 65535:
-            continue
-        free = True
-        for p in range(port, port + n + 1):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    free = False
-                    break
-        if free:
-            return port
 
 
 class Deployment:
@@ -176,7 +155,7 @@ async def fill(settings: Settings, args: argparse.Namespace, work: Path) -> None
 async def one_run(settings: Settings, processes: int, label: str, work: Path,
                   requests: list[bytes], clients: int) -> dict[str, Any]:
     run = f"{label}-{uuid.uuid4().hex[:6]}"
-    port = free_block(processes)
+    port = free_port_block(processes)
     d = Deployment(settings.model_copy(update={
         "processes": processes, "data_dir": work / run, "web_port": port,
         "group_instance_id": run}), processes, work / f"{run}.log")
