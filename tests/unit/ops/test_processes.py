@@ -180,3 +180,22 @@ async def test_two_servers_share_the_front_port() -> None:
     finally:
         await a.stop()
         await b.stop()
+
+
+def test_one_process_is_the_plain_worker(monkeypatch: pytest.MonkeyPatch,
+                                         tmp_path: Path) -> None:
+    """N=1 (the default, or MEMSTREAM_PROCESSES=1): the worker runs in this process, as
+    before; no supervisor is started."""
+    import memstream.cli as cli
+    import memstream.ops.supervisor as supervisor
+
+    ran: list[str] = []
+    monkeypatch.setattr(cli, "_run_worker", lambda s, level: ran.append("worker"))
+    monkeypatch.setattr(supervisor, "supervise", lambda *a: ran.append("supervisor") or 0)
+    env = {"MEMSTREAM_DATA_DIR": str(tmp_path / "d")}
+    assert CliRunner().invoke(main, ["worker"], env=env).exit_code == 0
+    assert CliRunner().invoke(main, ["worker"], env={**env, "MEMSTREAM_PROCESSES": "1"}
+                              ).exit_code == 0
+    assert ran == ["worker", "worker"]
+    got = CliRunner().invoke(main, ["worker", "--processes", "2"], env=env)
+    assert got.exit_code == 0 and ran[-1] == "supervisor"
