@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/chaos.py [--users 40] [--kills 6] [--rate 100]
         [--workers 1] [--partitions 4]   # N workers on the partitioned store
+        [--processes 2]   # the worker runs as `memstream worker --processes 2`
         [--seed 7] [--no-broker-restart] [--port 29092]
         [--job-timeout 60] [--settle-timeout 900] [--keep-broker] [--reuse-broker]
         [--seeds 1-10]   # one run per seed, a table of the runs and one JSON line
@@ -21,9 +22,12 @@ idempotent producer while the worker is SIGKILLed ``--kills`` times (while runni
 start-up and right after it is ready, i.e. during recovery) and the broker is stopped and
 started once. With ``--workers N`` the workers share the load on the partitioned store (a
 shard per partition restored from the change topic, standbys on the others) and each kill
-hits one of them. Then it ends every session, waits until every message is covered by a
-done/trivial job result, and ``check`` compares the truth with each user's live memories
-from the worker's HTTP view and from the memory-change topic replayed into an empty store.
+hits one of them. With ``--processes N`` (one worker) the worker is a supervisor of N member
+processes (docs/processes.md): a kill SIGKILLs one child at random and the supervisor
+restarts it; the HTTP view is read through the front port. Then it ends every session,
+waits until every message is covered by a done/trivial job result, and ``check`` compares
+the truth with each user's live memories from the worker's HTTP view and from the
+memory-change topic replayed into an empty store.
 
 Every message id whose send a producer acknowledged is kept: after the run each must be on
 the messages topic (read committed) in a covered session. A send that fails is retried with
@@ -89,7 +93,7 @@ from memstream.core import kafka
 from memstream.core.kafka_io import start_producer
 from memstream.core.settings import Settings
 from memstream.dev import broker as local_broker
-from memstream.dev.process import WorkerProcess
+from memstream.dev.process import CHILD_RESTARTED, WorkerProcess, free_port_block
 from memstream.dev.tls import write_dev_tls
 from memstream.memory.archive import ARCHIVE_OP, TURN_STATUS, turn_id
 from memstream.memory.rules import extract_text
@@ -685,14 +689,27 @@ def tls_settings(work: Path) -> dict[str, Any]:
     return {"web_tls_cert": files.cert, "web_tls_key": files.key, "web_tls_ca": files.ca}
 
 
-def cluster_settings(settings: Settings, workers: int) -> list[Settings]:
-    """One worker: ``settings``. Several: each on the partitioned store (a shard per
-    partition, standbys on the others) with its own data dir, API port and instance id."""
+def cluster_settings(settings: Settings, workers: int, processes: int = 1) -> list[Settings]:
+    """One worker: ``settings`` (with ``processes`` > 1: a supervisor of that many children
+    on the partitioned store, its front port with free ports above it). Several: each on
+    the partitioned store (a shard per partition, standbys on the others) with its own data
+    dir, API port and instance id."""
+    if workers == 1 and processes > 1:
+        return [settings.model_copy(update={
+            "processes": processes, "store_partitioned": True,
+            "web_port": free_port_block(processes)})]
     if workers == 1:
         return [settings]
     return [settings.model_copy(update={
         "data_dir": settings.data_dir / f"w{i}", "web_port": free_port(),
         "group_instance_id": f"w{i}", "store_partitioned": True}) for i in range(workers)]
+
+
+def children_of(node: Settings) -> list[Settings]:
+    """The settings a supervisor's children answer on (their own ports)."""
+    n = node.processes if isinstance(node.processes, int) else 1
+    return [node.model_copy(update={"web_port": node.web_port + 1 + i, "processes": 1})
+            for i in range(n)]
 
 
 async def cluster_serving(nodes: Sequence[Settings], timeout: float = 300.0) -> float:
@@ -976,6 +993,7 @@ class Chaos:
         self.turns: list[int] = []
         self.misplaced_before_kills: list[int | None] = []  # its counter, scraped
         self.killed_at: list[tuple[float, int, str]] = []  # wall time, worker, moment
+        self.child_kills: Counter[int] = Counter()  # --processes: kills per child
 
     async def _revive(self, worker: WorkerProcess) -> None:
         self.self_exits += 1
@@ -986,6 +1004,10 @@ class Chaos:
         for worker in self.workers:
             if worker.poll() == "exited":
                 await self._revive(worker)
+
+    @staticmethod
+    def _ready(worker: WorkerProcess) -> bool:
+        return worker.all_ready()  # a supervisor's: every child in its current run
 
     async def hold(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -998,7 +1020,7 @@ class Chaos:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             await self._revive_exited()
-            if all(w.poll() == "ready" for w in self.workers):
+            if all(self._ready(w) for w in self.workers):
                 return True
             await asyncio.sleep(0.1)
         return False
@@ -1016,6 +1038,11 @@ class Chaos:
         self.kills[f"{moment}/{worker.poll()}"] += 1
         self.killed_at.append((round(time.time(), 1), self.last, moment))
         self.by_worker[self.last] += 1
+        if worker.processes() > 1:  # one child, at random: its supervisor restarts it
+            child = self.rng.randrange(worker.processes())
+            self.child_kills[child] += 1
+            await asyncio.to_thread(worker.kill_child, child)
+            return
         worker.kill()
         worker.spawn()
 
@@ -1328,7 +1355,10 @@ def worker_store_turns(nodes: Sequence[Settings], dim: int) -> list[dict[str, An
     from memstream.memory.store.switch import current_store_path
 
     paths: list[Path] = []
-    for node in nodes:
+    members = [n.model_copy(update={"data_dir": n.data_dir / f"p{i}"})
+               for n in nodes if isinstance(n.processes, int) and n.processes > 1
+               for i in range(n.processes)]
+    for node in [n for n in nodes if n.processes in (1, "1")] + members:
         if node.store_partitioned:
             root = node.data_dir / SHARDS_DIR
             paths += sorted(d for d in root.iterdir() if d.is_dir() and (
@@ -1384,7 +1414,8 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
                     *, kills: int, work: Path, rate: float = 100.0, seed: int = 7,
                     broker: Settings | None = None, settle_timeout: float = 900.0,
                     keep_topics: bool = False, shuffle: bool = False,
-                    workers: int = 1, cluster: local_broker.Cluster | None = None,
+                    workers: int = 1, processes: int = 1,
+                    cluster: local_broker.Cluster | None = None,
                     kill_leader: int = 0, leader_down_s: float = 5.0,
                     producer: str = "aiokafka", broker_in_take: bool = False) -> Outcome:
     """Produce ``events`` at ``rate`` with ``producer``'s kind of client while the
@@ -1398,7 +1429,7 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
     if shuffle:
         events = shuffle_producers(events, random.Random(seed + 1), rate)
     layout = await prepare(settings)
-    nodes = cluster_settings(settings, workers)
+    nodes = cluster_settings(settings, workers, processes)
     procs = [WorkerProcess(n, work / f"{n.app_id}-{i}.log") for i, n in enumerate(nodes)]
     chaos = Chaos(procs, random.Random(seed))
     producing = Producing(settings, producer, seed)
@@ -1416,6 +1447,8 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
             time.time() - min(p.incarnations[0].spawned_at for p in procs), 1)
         if workers > 1:  # every worker serving its partitions before the first crash
             figures["cluster_serving_s"] = await cluster_serving(nodes)
+        if processes > 1:  # every child serving its partitions before the first crash
+            figures["cluster_serving_s"] = await cluster_serving(children_of(nodes[0]))
         produce_s = len(events) / rate
         produced = asyncio.Event()
 
@@ -1472,6 +1505,8 @@ async def run_chaos(settings: Settings, events: Sequence[Event], truth: Mapping[
             "sessions_covered": sessions - len(left),
             "uncovered_examples": [list(x) for x in left[:5]],
             "kills_done": sum(chaos.kills.values()),
+            "child_kills": dict(sorted(chaos.child_kills.items())),
+            "child_restarts": sum(p.log_text().count(CHILD_RESTARTED) for p in procs),
             "kills_by_moment": dict(sorted(chaos.kills.items())),
             "kills_by_worker": [chaos.by_worker[i] for i in range(workers)],
             "worker_kills_at": chaos.killed_at,
@@ -1729,6 +1764,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1,
                     help="workers on the partitioned store; kills hit one at random")
     ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--processes", type=int, default=1,
+                    help="the worker as a supervisor of N member processes (one worker "
+                    "only); a kill SIGKILLs one child, which the supervisor restarts")
     ap.add_argument("--shuffle-producers", action="store_true",
                     help="each user's messages delivered out of event-time order")
     ap.add_argument("--producer", choices=PRODUCERS, default="aiokafka",
@@ -1780,6 +1818,8 @@ def main() -> None:
         raise SystemExit("--brokers N starts its own cluster: leave out --bootstrap")
     if args.kill_leader and args.brokers < 2:
         raise SystemExit("--kill-leader needs a cluster: --brokers 3")
+    if args.processes > 1 and args.workers > 1:
+        raise SystemExit("--processes N runs one worker of N processes: leave out --workers")
     # Brokers are taken away on purpose: their clients' reconnect errors are expected.
     logging.basicConfig(level=logging.WARNING)
     for noisy in ("aiokafka", "librdkafka"):
@@ -1802,6 +1842,7 @@ def main() -> None:
             meta = {"users": args.users,
                     "messages": sum(isinstance(e, ChatMessage) for e in events),
                     "kills": args.kills, "rate": args.rate, "workers": args.workers,
+                    "processes": args.processes,
                     "partitions": args.partitions,
                     "seed": seed, "broker_restart": restart_broker,
                     "shuffle_producers": args.shuffle_producers,
@@ -1814,7 +1855,8 @@ def main() -> None:
                 settings, events, truth, kills=args.kills, work=work, rate=args.rate,
                 seed=seed, broker=broker if restart_broker else None,
                 settle_timeout=args.settle_timeout, shuffle=args.shuffle_producers,
-                workers=args.workers, cluster=cluster, kill_leader=args.kill_leader,
+                workers=args.workers, processes=args.processes, cluster=cluster,
+                kill_leader=args.kill_leader,
                 leader_down_s=args.leader_down, producer=args.producer,
                 broker_in_take=args.broker_in_take))
             print_report(outcome, meta)

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/pipeline.py [--users 400] [--messages 24000] [--runs 3]
         [--compare before=/path/to/an/older/checkout] [--archive-off]
-        [--bootstrap HOST:PORT] [--smoke]
+        [--processes N] [--bootstrap HOST:PORT] [--smoke]
 
 The conversations of ``--users`` users (benchmarks/chaos.py's people: sessions of facts
 and chit-chat, each ended, so every message has a known session to be covered in) are
@@ -22,6 +22,13 @@ are measured side by side in the same minutes; the table gives medians and the r
 ``--archive-off`` adds this code with the episodic archive off (``archive=False``, code
 "no-archive") to the alternation: the archive's cost end to end (docs/archive.md).
 ``changes`` counts memory changes; the archive's turns are ``archived``.
+``--processes N`` adds this code run as ``memstream worker --processes N`` (code "<N>proc":
+one supervisor, N member processes) to the alternation, and prints the ratio to one process
+(docs/processes.md).
+
+Every run must be exact, or the benchmark fails: every session covered by done or trivial
+results, no memory change twice (its deterministic ``change_id``), no version of a memory
+opened by two changes.
 Prints a table and, last, one JSON line. ``--smoke``: tiny sizes, to check it runs.
 """
 
@@ -35,6 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from itertools import pairwise
 from pathlib import Path
 from statistics import median
@@ -120,11 +128,30 @@ def hops(jobs: list[tuple[float, dict]], decisions: list[tuple[float, dict]],
                             ("result_to_next_job", ingest))}
 
 
+def inexact(changes: list[tuple[float, dict]]) -> dict[str, int]:
+    """What breaks exactness in the committed memory changes: a change twice, or a version
+    of a memory opened by two different changes (both 0 in an exact run)."""
+    ids = Counter(v["change_id"] for _, v in changes)
+    opened: dict[tuple, set[str]] = {}
+    for _, v in changes:
+        if v.get("op") in ("add", "update"):
+            key = (v["tenant_id"], v["user_id"], v["memory_id"], v["version"])
+            opened.setdefault(key, set()).add(v["change_id"])
+    return {"changes_twice": sum(1 for n in ids.values() if n > 1),
+            "versions_opened_twice": sum(1 for c in opened.values() if len(c) > 1)}
+
+
+def processes_of(label: str) -> int:
+    """The member processes a code label runs with (``<N>proc``; else 1)."""
+    return int(label[:-4]) if label.endswith("proc") and label[:-4].isdigit() else 1
+
+
 async def one_run(base: Settings, stream: Stream, events: list[Event], work: Path,
                   label: str) -> dict:
     name = f"pipe-{label}-{uuid.uuid4().hex[:6]}"
     settings = base.model_copy(update={"topic_prefix": name, "app_id": name,
-                                       "data_dir": work / name})
+                                       "data_dir": work / name,
+                                       "processes": processes_of(label)})
     await create_topics(settings)
     messages = sum(isinstance(e, ChatMessage) for e in events)
     coverage = Coverage()
@@ -144,6 +171,9 @@ async def one_run(base: Settings, stream: Stream, events: list[Event], work: Pat
         seconds = max(1e-3, last - first)
         t = registry(settings)
         every = await committed(settings, t.memory_changes.name)
+        broken = inexact(every)
+        if any(broken.values()):
+            raise RuntimeError(f"{label}: not exact: {broken}")
         archived = sum(v.get("op") == "archive" for _, v in every)
         changes = len(every) - archived
         jobs = sum(coverage.statuses.values())
@@ -156,7 +186,7 @@ async def one_run(base: Settings, stream: Stream, events: list[Event], work: Pat
                 "changes": changes, "changes_per_s": round(changes / seconds, 1),
                 "archived": archived,
                 "job_results": jobs, "jobs_per_s": round(jobs / seconds, 1),
-                "hops": breakdown}
+                "exact": True, **broken, "hops": breakdown}
     finally:
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
@@ -170,6 +200,9 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=400)
     ap.add_argument("--messages", type=int, default=24_000)
     ap.add_argument("--runs", type=int, default=3, help="runs per code (median reported)")
+    ap.add_argument("--processes", type=int, default=None, metavar="N",
+                    help="also run this code with N member processes (code '<N>proc'), "
+                    "side by side with one process")
     side_by_side_options(ap)
     args = smoke.parse(ap, SMOKE)
     base = with_broker(Settings(partitions=4, web_enabled=False, idle_timeout_s=5.0,
@@ -177,6 +210,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="memstream-pipeline-"))
     stream, events = backlog(args.users, args.messages)
     codes = codes_of(args)
+    if args.processes is not None and args.processes > 1:
+        codes.append((f"{args.processes}proc", None))
     runs: dict[str, list[dict]] = {label: [] for label, _ in codes}
     for _ in range(args.runs):
         for label, path in codes:
@@ -201,13 +236,19 @@ def main() -> None:
             p50 = median(r["hops"][hop]["p50_ms"] for r in results)
             p99 = median(r["hops"][hop]["p99_ms"] for r in results)
             print(f"{label:8} {hop:28} {p50:>8.0f} {p99:>8.0f}")
+    ratios = {}
     for label, _ in codes[1:]:
-        ratio = summary["this"]["msg_per_s_median"] / summary[label]["msg_per_s_median"]
-        print(f"end to end this / {label}: {ratio:.2f}x")
+        if processes_of(label) > 1:
+            ratio = summary[label]["msg_per_s_median"] / summary["this"]["msg_per_s_median"]
+            print(f"end to end {label} / this (1 process): {ratio:.2f}x")
+        else:
+            ratio = summary["this"]["msg_per_s_median"] / summary[label]["msg_per_s_median"]
+            print(f"end to end this / {label}: {ratio:.2f}x")
+        ratios[label] = round(ratio, 3)
     if args.smoke:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"users": args.users, "messages": args.messages, "smoke": args.smoke,
-                      "codes": summary}))
+                      "ratios": ratios, "codes": summary}))
 
 
 if __name__ == "__main__":

@@ -512,10 +512,30 @@ def keys_rotate_master(settings: Settings) -> None:
 
 @main.command()
 @click.option("--loglevel", default="info")
+@click.option("--processes", default=None, metavar="N|auto",
+              help="Member processes under one supervisor (default: MEMSTREAM_PROCESSES, "
+              "1; auto: one per CPU); see docs/processes.md")
 @click.pass_obj
-def worker(settings: Settings, loglevel: str) -> None:
+def worker(settings: Settings, loglevel: str, processes: str | None) -> None:
     """Run the stream-processing worker (ingest, extract/apply, jobs, API per settings)."""
-    _run_worker(settings, loglevel)
+    from memstream.ops.processes import Refusal, cpu_count, resolve
+
+    try:
+        n = resolve(processes if processes is not None else settings.processes, cpu_count())
+    except Refusal as exc:
+        click.echo(f"memstream worker refuses to start: {exc}", err=True)
+        sys.exit(EXIT_LAYOUT)
+    if n == 1:
+        _run_worker(settings, loglevel)
+        return
+    from memstream.ops.supervisor import supervise
+
+    try:
+        code = supervise(settings, n, loglevel)
+    except Refusal as exc:
+        click.echo(f"memstream worker refuses to start: {exc}", err=True)
+        sys.exit(EXIT_LAYOUT)
+    sys.exit(code)
 
 
 @main.group()

@@ -140,12 +140,15 @@ def build_http_app(backend: Backend, authoriser: Authoriser, *,
 class HttpServer:
     """The app on a TCP port, started and stopped by the worker. With ``port=0`` the OS picks
     a free port (give a literal address: "localhost" may bind two sockets, two ports). With
+    ``shared_port`` it also serves that port, bound with SO_REUSEPORT. With
     ``ssl_context`` (:func:`memstream.web.forwarding.server_ssl`) it serves HTTPS."""
 
     def __init__(self, app: web.Application, host: str, port: int,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None,
+                 shared_port: int | None = None) -> None:
         self._app, self._host, self._port = app, host, port
         self._ssl = ssl_context
+        self._shared = shared_port  # also served, with SO_REUSEPORT (docs/processes.md)
         self._runner: web.AppRunner | None = None
 
     @property
@@ -160,11 +163,16 @@ class HttpServer:
         await runner.setup()
         try:
             await web.TCPSite(runner, self._host, self._port, ssl_context=self._ssl).start()
+            port = runner.addresses[0][1]
+            if self._shared is not None:  # the front port of `--processes N`: the kernel
+                # spreads its connections over every process that serves it
+                await web.TCPSite(runner, self._host, self._shared, ssl_context=self._ssl,
+                                  reuse_port=True).start()
         except BaseException:
             await runner.cleanup()
             raise
         self._runner = runner
-        self._port = runner.addresses[0][1]
+        self._port = port
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None

@@ -55,7 +55,7 @@ def register(p: Pipeline) -> None:
     deps = metrics.attach(http_app, p, follower.rejected)  # /metrics, /v1/metrics/summary
     http_app[metrics.METRICS] = replace(deps, cluster=lambda: cluster_status(p, router))
     tls = server_ssl(s.web_tls_cert, s.web_tls_key) if s.web_tls_cert and s.web_tls_key else None
-    server = HttpServer(http_app, s.web_host, s.web_port, tls)
+    server = HttpServer(http_app, s.web_host, s.web_port, tls, shared_port=s.web_shared_port)
     p.api = backend
     audit = AuditLog(s, p.topics.memory_changes.name)
     backend.audit_log = audit
@@ -72,8 +72,10 @@ def register(p: Pipeline) -> None:
         await asyncio.to_thread(probes.hand_over)  # the startup probes free the port
         await server.start()
         backend.started = True
-        log.info("HTTP API on %s://%s:%d/v1 (OpenAPI: /v1/openapi.json)",
-                 "https" if tls else "http", s.web_host, server.port)
+        log.info("HTTP API on %s://%s:%d/v1 (OpenAPI: /v1/openapi.json)%s",
+                 "https" if tls else "http", s.web_host, server.port,
+                 f"; also on the shared front port {s.web_shared_port}"
+                 if s.web_shared_port is not None else "")
 
     async def stop() -> None:
         backend.started = False

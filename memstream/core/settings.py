@@ -77,9 +77,17 @@ class Settings(BaseSettings):
     log_throttle_s: float = Field(
         10.0, ge=0, description="Repeated Kafka client log lines: one per this many s (0: all)")
     data_dir: Path = Field(Path(".memstream"), description="Local state (tables, store)")
+    processes: int | Literal["auto"] = Field(
+        1, description="Member processes of `memstream worker` (1: this process, as always; "
+        "N: a supervisor runs N children, each a worker of its own data_dir/p<i>, instance "
+        "id and API port, sharing web_port; 'auto': one per CPU this process may use); "
+        "see docs/processes.md")
     web_enabled: bool = Field(False, description="Serve the HTTP API from the worker")
     web_port: int = Field(6066, description="Port of the worker's HTTP API")
     web_host: str = Field("127.0.0.1", description="Address the HTTP API binds (0.0.0.0: all)")
+    web_shared_port: int | None = Field(
+        None, description="A second port the HTTP API binds with SO_REUSEPORT, shared with "
+        "the sibling processes (set by the `--processes` supervisor on its children)")
     mcp_enabled: bool = Field(
         True, description="Serve the MCP endpoint (streamable HTTP, /mcp on the HTTP API's "
         "port, tenant keys as the API) when web_enabled; see docs/mcp.md")

@@ -24,6 +24,27 @@ from memstream.core.errors import MemstreamError
 from memstream.core.settings import Settings
 
 READY_MARKER = "[^Worker]: Ready"
+CHILD_RESTARTED = " restarted (pid "  # the supervisor's line (memstream.ops.supervisor)
+
+
+def free_port_block(n: int, host: str = "127.0.0.1") -> int:
+    """A port p with p .. p+n free now (``--processes n``: the front port and the
+    children's own ports above it)."""
+    import socket
+
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port + n > 65535:
+            continue
+        try:
+            for p in range(port, port + n + 1):
+                with socket.socket() as s:
+                    s.bind((host, p))
+        except OSError:
+            continue
+        return port
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -104,6 +125,38 @@ class WorkerProcess:
         if run.ready_at is None and READY_MARKER in self.log_text():
             run.ready_at = time.time()
         return "ready" if run.ready_at is not None else "starting"
+
+    def processes(self) -> int:
+        """The member processes it runs (``memstream worker --processes``; 1: itself)."""
+        n = self.settings.processes
+        return n if isinstance(n, int) else os.cpu_count() or 1
+
+    def children(self) -> dict[int, int]:
+        """Child index -> pid of a supervisor's children now (empty: none, or not yet)."""
+        try:
+            found = json.loads((self.settings.data_dir / "processes.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return {int(i): int(pid) for i, pid in found.get("children", {}).items()}
+
+    def all_ready(self) -> bool:
+        """Every member ready: the worker itself, or each of a supervisor's children in
+        its current run (as many Ready lines as child starts, restarts included)."""
+        if self.poll() != "ready":
+            return False
+        n = self.processes()
+        if n == 1:
+            return True
+        text = self.log_text()
+        return text.count(READY_MARKER) >= n + text.count(CHILD_RESTARTED)
+
+    def kill_child(self, index: int) -> int | None:
+        """SIGKILL one child of a supervisor (a crash its supervisor restarts); its pid."""
+        pid = self.children().get(index)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pid
 
     def wait_ready(self, timeout: float = 90.0) -> WorkerProcess:
         """Block until the current run is ready; raises if it exits or times out."""
