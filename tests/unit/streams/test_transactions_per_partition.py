@@ -59,7 +59,8 @@ async def test_each_partition_is_taken_with_a_producer_of_its_own_transactional_
     await loop.task_manager.assigned(_tps(0, 1))
     await asyncio.wait_for(loop.task_manager.settled(), 5.0)
     assert sorted(tid for tid, _ in clients.made) == ["memstream-apply-0", "memstream-apply-1"]
-    assert {loop.task_manager.producer(0), loop.task_manager.producer(1)} == {p for _, p in clients.made}
+    tasks = loop.task_manager
+    assert {tasks.producer(0), tasks.producer(1)} == {p for _, p in clients.made}
 
 
 TOPICS = ["in-a", "in-b"]
