@@ -22,6 +22,9 @@ COPY streams ./streams
 COPY jobs ./jobs
 COPY web ./web
 COPY memory ./memory
+COPY core ./core
+COPY ops ./ops
+COPY dev ./dev
 # the client distribution (memstream.client, memstream.contract): the server depends on it
 COPY clients/python ./clients/python
 # No compiler in this image: on x86-64 every dependency is a wheel; on arm64 faust-streaming

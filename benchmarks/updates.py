@@ -16,8 +16,8 @@ the change (often without naming the old value), one more filler session, then t
 question, e.g. "Where does the user live?", asked once through ``context`` (k 5, a budget
 of 1,500 characters). Kinds: ``update`` (A -> B), ``chain`` (A -> B -> C) and ``control``
 (nothing changes: the value must still come back). The stories are
-``benchmarks/data/updates_stories.json`` (their format: memstream/dev/updates_stories.py;
-``--stories`` runs another set the same way); the figures (memstream/dev/updates_score.py)
+``benchmarks/data/updates_stories.json`` (their format: dev/updates_stories.py;
+``--stories`` runs another set the same way); the figures (dev/updates_score.py)
 are string checks, so no judge is needed:
 
 - current in block %: the block mentions a current form of the value;

@@ -1,4 +1,4 @@
-"""The knowledge-update run's delivery order (memstream/dev/updates_run.py): sessions in
+"""The knowledge-update run's delivery order (dev/updates_run.py): sessions in
 rounds, each user's order kept (the run itself: benchmarks/updates.py --smoke)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The knowledge-update benchmark's scoring (memstream/dev/updates_score.py) on hand-written
+"""The knowledge-update benchmark's scoring (dev/updates_score.py) on hand-written
 prompt blocks: no broker, no worker (the run itself: benchmarks/updates.py --smoke)."""
 
 from __future__ import annotations

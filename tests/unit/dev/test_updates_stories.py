@@ -1,5 +1,5 @@
 """The knowledge-update stories (benchmarks/data/updates_stories.json) and their loader
-(memstream/dev/updates_stories.py): the shipped set is valid, a broken one is refused,
+(dev/updates_stories.py): the shipped set is valid, a broken one is refused,
 and a story becomes the events a chat service would produce."""
 
 from __future__ import annotations

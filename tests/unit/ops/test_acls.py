@@ -1,5 +1,5 @@
 """``memstream acls``: the ACLs of every principal, decided as plain data and rendered as
-kafka-acls.sh commands and Strimzi KafkaUser YAML (memstream/ops/acls.py); no broker."""
+kafka-acls.sh commands and Strimzi KafkaUser YAML (ops/acls.py); no broker."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``memstream worker --processes N``: the children's plan and the restart policy, as plain
-data (memstream/ops/processes.py); no process is started."""
+data (ops/processes.py); no process is started."""
 
 from __future__ import annotations
 

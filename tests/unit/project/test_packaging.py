@@ -23,7 +23,8 @@ def copy_of_the_repository(tmp_path: Path) -> Path:
     src.mkdir()
     for name in ("pyproject.toml", "README.md", "VERSION", "LICENSE", "NOTICE"):
         shutil.copy(ROOT / name, src / name)
-    for name in ("memstream", "memory", "streams", "topics", "jobs", "web", "clients"):
+    for name in ("memstream", "core", "memory", "streams", "topics", "jobs", "web", "ops", "dev",
+                 "clients"):
         shutil.copytree(ROOT / name, src / name, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
     return src
@@ -105,10 +106,10 @@ def test_the_client_wheel_holds_the_client_distributions_packages_only(tmp_path:
 
 
 def test_a_users_own_memory_module_does_not_shadow_ours(tmp_path: Path) -> None:
-    for name in ("memory", "topics", "streams", "jobs", "web"):
+    for name in ("memory", "topics", "streams", "jobs", "web", "core", "ops", "dev"):
         (tmp_path / f"{name}.py").write_text("raise SystemExit('user module imported')\n")
     code = ("import memstream.memory.store, memstream.topics.schemas, memstream.jobs, "
-            "memstream.web, memstream.client; "
+            "memstream.web, memstream.client, memstream.core, memstream.ops, memstream.dev; "
             "print(memstream.memory.store.__name__)")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120)
