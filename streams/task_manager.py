@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 TAKES_AT_ONCE = 3  # a take waits on the broker (a consumer, fetches) as much as it folds
 TAKE_RETRY = RetryPolicy(first_delay_s=0.5, max_delay_s=5.0)  # a take that failed, again
+FENCE_WAIT_S = 10.0  # a rebalance waits this long at most for the fences this worker started
 
 
 class TaskManager:
@@ -68,6 +69,9 @@ class TaskManager:
         self.by_partition: dict[int, PartitionTask] = {}
         self.epochs = 0  # tasks made
         self.rebalancing = False  # between the revoke and the assignment
+        self.steady = asyncio.Event()  # set: no rebalance under way (a take may fence)
+        self.steady.set()
+        self.fencing: set[asyncio.Future[Any]] = set()  # producers being made (the fences)
         self.assignments = 0  # assignments seen (0: not joined yet: owns nothing known)
         self.fenced = 0  # partitions let go: another worker's producer fenced them
         self.taker: asyncio.Task[None] | None = None
@@ -106,6 +110,13 @@ class TaskManager:
     async def revoked(self) -> None:
         async with self.lock:  # waits for the batch in progress to commit
             self.rebalancing = True
+            self.steady.clear()
+        # A fence this worker started must land before it rejoins: made after the new
+        # owner's, it would fence the owner (which then serves nothing for two session
+        # timeouts) although this worker gives the partition up. No new one starts until
+        # the assignment (_take_once waits for steady).
+        if self.fencing:
+            await asyncio.wait(set(self.fencing), timeout=FENCE_WAIT_S)
 
     async def assigned(self, assigned: set[TopicPartition]) -> None:
         try:
@@ -148,6 +159,7 @@ class TaskManager:
         if waiting:
             self.consumer.pause(*waiting)
         self.rebalancing = False
+        self.steady.set()
         self.assignments += 1
         self.stage.assigned(self.ready)
         log.info("%s loop: partitions %s (new %s, being taken %s)", self.stage.name,
@@ -255,7 +267,16 @@ class TaskManager:
     async def _take_once(self, task: PartitionTask) -> bool:
         """One attempt: False if the partition was given up meanwhile (undone)."""
         n = task.partition
-        producer = await self.clients.producer(f"{self.group}-{n}")  # fences the last owner
+        await self._steady()
+        if not self._current(task):
+            log.info("%s partition %d: given up while being taken", self.stage.name, n)
+            return False
+        making = asyncio.ensure_future(self.clients.producer(f"{self.group}-{n}"))
+        self.fencing.add(making)  # (it fences the last owner)
+        try:
+            producer = await making
+        finally:
+            self.fencing.discard(making)
         installed = False
         try:
             if not self._current(task):
@@ -280,6 +301,18 @@ class TaskManager:
             if not installed:
                 await quietly(producer.stop())
         return True
+
+    async def _steady(self) -> None:
+        """Until no rebalance is under way (or the loop stops)."""
+        if self.steady.is_set() or self.stopping.is_set():
+            return
+        waits = {asyncio.ensure_future(self.steady.wait()),
+                 asyncio.ensure_future(self.stopping.wait())}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
 
     async def _reset(self, task: PartitionTask) -> None:
         """What a failed attempt restored, dropped before the next (the partition paused

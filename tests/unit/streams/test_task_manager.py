@@ -16,6 +16,7 @@ from aiokafka.structs import TopicPartition
 from memstream.core.retry import RetryPolicy
 from memstream.core.settings import Settings
 from memstream.streams.owned_loop import OwnedLoop
+from memstream.streams.partition_task import PartitionTask
 from memstream.streams.stage import ProcessorBase, StageBase, Work
 from tests.unit.builders import FakeClients, FakeConsumer
 
@@ -410,3 +411,64 @@ async def test_a_batch_whose_shard_is_not_here_is_a_value_and_read_again(tmp_pat
                                              key=b"k", value=b"v", timestamp=1)]})
     assert loop.shard_waits == 1 and loop.task_manager.producer(0).committed == []
     assert (tp, 10) in consumer.seeks and offsets(loop, 0)[tp] == 10 and not fatal
+
+
+class GatedClients(FakeClients):
+    """Producers (the fences) made only when their gate opens."""
+
+    def __init__(self, consumer: FakeConsumer) -> None:
+        super().__init__(consumer)
+        self.asked: list[str] = []
+        self.open = asyncio.Event()
+
+    async def producer(self, transactional_id: str) -> Any:
+        self.asked.append(transactional_id)
+        await self.open.wait()
+        return await super().producer(transactional_id)
+
+
+def gated(tmp_path, stage: SlowStage) -> tuple[OwnedLoop, FakeConsumer, GatedClients]:
+    consumer = FakeConsumer(set(), {tp: 10 + tp.partition for tp in tps(0, 1, 2)})
+    clients = GatedClients(consumer)
+    loop = OwnedLoop(Settings(data_dir=tmp_path, embedder="hashing"), stage,
+                     clients=clients)  # type: ignore[arg-type]
+    loop.on_fatal = lambda reason, code=70: pytest.fail(reason)
+    loop.connect()
+    return loop, consumer, clients
+
+
+async def test_a_rebalance_waits_for_the_fence_in_flight_before_it_rejoins(tmp_path):
+    """A fence (a producer's init) that lands after this worker rejoined could land after
+    the new owner's and fence it: the revoke waits for the one in flight."""
+    loop, consumer, clients = gated(tmp_path, SlowStage())
+    await assign(loop, consumer, 0)
+    await until(lambda: clients.asked)
+    revoking = asyncio.create_task(loop.task_manager.revoked())
+    await asyncio.sleep(0.05)
+    assert not revoking.done(), "the revoke returned while a fence was in flight"
+    clients.open.set()
+    await asyncio.wait_for(revoking, 2.0)
+    assert clients.made  # the fence landed before the revoke returned
+
+
+async def test_no_fence_starts_while_a_rebalance_is_under_way(tmp_path):
+    """A take that begins after the revoke makes its producer only once the assignment
+    says the partition is still this worker's (and none if it is not)."""
+    stage = SlowStage()
+    loop, consumer, clients = gated(tmp_path, stage)
+    clients.open.set()
+    stage.gate(0).set()
+    await assign(loop, consumer, 0)
+    await until(lambda: loop.task_manager.ready == {0})
+    manager = loop.task_manager
+    await manager.revoked()  # a rebalance begins while a take of 2 is about to start
+    late = PartitionTask(2, 99, ())
+    manager.by_partition[2] = late
+    asked = len(clients.asked)
+    taking = asyncio.create_task(manager._take_once(late))
+    await asyncio.sleep(0.05)
+    assert len(clients.asked) == asked, "a fence started during the rebalance"
+    consumer.assigned = tps(0)
+    await manager.assigned(tps(0))  # 2 is not this worker's after all
+    assert await asyncio.wait_for(taking, 2.0) is False
+    assert len(clients.asked) == asked
