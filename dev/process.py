@@ -23,7 +23,8 @@ from pathlib import Path
 from memstream.core.errors import MemstreamError
 from memstream.core.settings import Settings
 
-READY_MARKER = "[^Worker]: Ready"
+READY_MARKER = "[^Worker]: Ready"  # Faust's: every part started (the loops still join)
+API_MARKER = "HTTP API on "  # memstream.web.serve: the API took its port over
 CHILD_RESTARTED = " restarted (pid "  # the supervisor's line (memstream.ops.supervisor)
 
 
@@ -122,7 +123,7 @@ class WorkerProcess:
             if run.ended_at is None:
                 run.ended_at, run.exit_code = time.time(), code
             return "exited"
-        if run.ready_at is None and READY_MARKER in self.log_text():
+        if run.ready_at is None and self._ready_lines(self.log_text()) >= 1:
             run.ready_at = time.time()
         return "ready" if run.ready_at is not None else "starting"
 
@@ -148,7 +149,14 @@ class WorkerProcess:
         if n == 1:
             return True
         text = self.log_text()
-        return text.count(READY_MARKER) >= n + text.count(CHILD_RESTARTED)
+        return self._ready_lines(text) >= n + text.count(CHILD_RESTARTED)
+
+    def _ready_lines(self, text: str) -> int:
+        """Member starts that are ready: Faust's Ready line, and with ``web_enabled`` the
+        API serving (Faust's line comes before the API takes over from the startup probes,
+        which answer nothing but /v1/live and /v1/health)."""
+        ready = text.count(READY_MARKER)
+        return min(ready, text.count(API_MARKER)) if self.settings.web_enabled else ready
 
     def kill_child(self, index: int) -> int | None:
         """SIGKILL one child of a supervisor (a crash its supervisor restarts); its pid."""
