@@ -1700,7 +1700,7 @@ def print_runs(rows: Sequence[Mapping[str, Any]]) -> None:
               f"{row['change_ids_differing_payloads']:>10} {row['replay_failed_changes']:>10} "
               f"{row['job_records_resent_by_timeout']:>7} {row['stall_restarts']:>6} "
               f"{row['worker_self_exits']:>5} "
-              f"{st['to_first_output_p50_s']}/{str(st['to_first_output_max_s']):<7} "
+              f"{st['to_first_output_p50_s']}/{st['to_first_output_max_s']!s:<7} "
               f"{row['settle_s']:>8} {row.get('acked_lost', '-'):>10} "
               f"{pair(row, 'misplaced_on_topics', 'repartition_records'):>18} "
               f"{pair(row, 'producer_failures', 'producer_resent'):>12} "
