@@ -22,6 +22,7 @@ from pathlib import Path
 
 from memstream.core.errors import MemstreamError
 from memstream.core.settings import Settings
+from memstream.ops.processes import cpu_count, resolve
 
 READY_MARKER = "[^Worker]: Ready"  # Faust's: every part started (the loops still join)
 API_MARKER = "HTTP API on "  # memstream.web.serve: the API took its port over
@@ -129,8 +130,7 @@ class WorkerProcess:
 
     def processes(self) -> int:
         """The member processes it runs (``memstream worker --processes``; 1: itself)."""
-        n = self.settings.processes
-        return n if isinstance(n, int) else os.cpu_count() or 1
+        return resolve(self.settings.processes, cpu_count())  # as the supervisor counts
 
     def children(self) -> dict[int, int]:
         """Child index -> pid of a supervisor's children now (empty: none, or not yet)."""
